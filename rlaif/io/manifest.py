@@ -1,0 +1,82 @@
+"""Stage manifests: the commit marker of a stage output.
+
+`manifest.json` is written last and atomically. A stage output without a manifest does not exist. Its digest (over
+the content fields, not timestamps) is what downstream stages key their caches on.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+from rlaif import __version__
+from rlaif.config import sha256_json
+from rlaif.errors import UserError
+from rlaif.io import storage
+
+SCHEMA_VERSION = 1
+MANIFEST = "manifest.json"
+_DIGEST_FIELDS = ("schema_version", "stage", "config_hash", "inputs", "shards", "files", "num_samples")
+
+
+def digest(manifest: dict) -> str:
+    return sha256_json({k: manifest.get(k) for k in _DIGEST_FIELDS})
+
+
+def read(stage_url: str) -> dict | None:
+    url = storage.join(stage_url, MANIFEST)
+    try:
+        data = storage.read_bytes(url)
+    except FileNotFoundError:
+        return None
+    try:
+        manifest = json.loads(data)
+    except json.JSONDecodeError:
+        raise UserError(f"{url} is not valid JSON: delete it and re-run the stage") from None
+    if manifest.get("schema_version") != SCHEMA_VERSION:
+        raise UserError(f"{url} has schema version {manifest.get('schema_version')}, expected {SCHEMA_VERSION}: re-run the stage")
+    return manifest
+
+
+def require(stage_url: str, stage: str) -> dict:
+    manifest = read(stage_url)
+    if manifest is None:
+        raise UserError(f"input of stage missing: {storage.join(stage_url, MANIFEST)} does not exist; run stage '{stage}' first")
+    return manifest
+
+
+def invalidate(stage_url: str) -> None:
+    """Start of a stage run: the old output stops existing before anything new is written."""
+    storage.remove(storage.join(stage_url, MANIFEST))
+    for shard in storage.glob(storage.join(stage_url, "shard-*.tar")):
+        storage.remove(shard)
+
+
+def write(
+    stage_url: str,
+    *,
+    stage: str,
+    run_id: str,
+    config_hash: str,
+    inputs: dict[str, str],
+    shards: list[dict] | None = None,
+    files: list[dict] | None = None,
+    num_samples: int | None = None,
+    summary: dict | None = None,
+) -> dict:
+    shards = shards or []
+    manifest = {
+        "schema_version": SCHEMA_VERSION,
+        "stage": stage,
+        "run_id": run_id,
+        "config_hash": config_hash,
+        "inputs": inputs,
+        "shards": shards,
+        "files": files or [],
+        "num_samples": num_samples if num_samples is not None else sum(s["count"] for s in shards),
+        "code_version": __version__,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "summary": summary or {},
+    }
+    manifest["digest"] = digest(manifest)
+    storage.write_bytes_atomic(storage.join(stage_url, MANIFEST), json.dumps(manifest, indent=2).encode())
+    return manifest

@@ -1,0 +1,197 @@
+"""Object storage through fsspec URLs: `file://` and `s3://`.
+
+The S3 endpoint comes from config (`storage.endpoint_url`) or AWS_ENDPOINT_URL; credentials only from the environment.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+
+import fsspec
+
+from rlaif.errors import UserError
+
+_s3_options: dict = {}
+
+
+def configure(endpoint_url: str | None) -> None:
+    """Set the S3 endpoint for this process (config wins over AWS_ENDPOINT_URL)."""
+    endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL")
+    _s3_options.clear()
+    if endpoint:
+        _s3_options["client_kwargs"] = {"endpoint_url": endpoint}
+        os.environ["AWS_ENDPOINT_URL"] = endpoint  # child processes (torchrun ranks) inherit it
+    _register_webdataset_s3()
+
+
+def normalize(url: str) -> str:
+    """Absolute URL: bare paths and relative file:// paths resolve against the working directory."""
+    if "://" not in url:
+        return "file://" + str(Path(url).resolve())
+    scheme, rest = url.split("://", 1)
+    if scheme == "file":
+        return "file://" + str(Path(rest).resolve())
+    if scheme != "s3":
+        raise UserError(f"storage URL {url!r}: only file:// and s3:// are supported")
+    return url.rstrip("/")
+
+
+def join(url: str, *parts: str) -> str:
+    return "/".join([url.rstrip("/"), *[p.strip("/") for p in parts]])
+
+
+def filesystem(url: str):
+    fs, _ = fsspec.core.url_to_fs(url, **(_s3_options if url.startswith("s3://") else {}))
+    return fs
+
+
+def _path(url: str) -> str:
+    return fsspec.core.url_to_fs(url, **(_s3_options if url.startswith("s3://") else {}))[1]
+
+
+def is_local(url: str) -> bool:
+    return "://" not in url or url.startswith("file://")
+
+
+def local_path(url: str) -> Path:
+    return Path(url[len("file://"):] if url.startswith("file://") else url)
+
+
+def exists(url: str) -> bool:
+    return filesystem(url).exists(_path(url))
+
+
+def open_url(url: str, mode: str = "rb"):
+    return fsspec.open(url, mode, **(_s3_options if url.startswith("s3://") else {})).open()
+
+
+def read_bytes(url: str) -> bytes:
+    with open_url(url, "rb") as f:
+        return f.read()
+
+
+def read_text(url: str) -> str:
+    return read_bytes(url).decode("utf-8")
+
+
+def write_bytes_atomic(url: str, data: bytes) -> None:
+    """Readers never see a partial object: local files go through a temp file + rename; an S3 PUT is atomic."""
+    if is_local(url):
+        path = local_path(url)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    else:
+        with open_url(url, "wb") as f:
+            f.write(data)
+
+
+def remove(url: str, recursive: bool = False) -> None:
+    fs = filesystem(url)
+    path = _path(url)
+    if fs.exists(path):
+        fs.rm(path, recursive=recursive)
+
+
+def glob(url_pattern: str) -> list[str]:
+    fs = filesystem(url_pattern)
+    scheme = "s3://" if url_pattern.startswith("s3://") else "file://"
+    return sorted(scheme + p for p in fs.glob(_path(url_pattern)))
+
+
+def check_writable(root: str) -> None:
+    """Fail early, with one line, when the storage root cannot be written."""
+    probe = join(root, f".rlaif-probe-{uuid.uuid4().hex}")
+    try:
+        write_bytes_atomic(probe, b"ok")
+        remove(probe)
+    except Exception as exc:  # PermissionError, botocore errors, ...: all mean the same to a user
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UserError(
+            f"storage root {root} is not writable ({reason}): check the path's permissions, or for s3:// the bucket, "
+            "endpoint and AWS_* credentials"
+        ) from None
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def upload_file(local: Path, url: str) -> None:
+    if is_local(url):
+        dest = local_path(url)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.tmp")
+        shutil.copyfile(local, tmp)
+        os.replace(tmp, dest)
+    else:
+        filesystem(url).put_file(str(local), _path(url))
+
+
+def upload_dir(local_dir: Path, url: str) -> list[dict]:
+    """Copy a local directory to `url`; returns [{path, bytes, sha256}] for the manifest."""
+    entries = []
+    for file in sorted(p for p in Path(local_dir).rglob("*") if p.is_file()):
+        rel = file.relative_to(local_dir).as_posix()
+        if not (is_local(url) and local_path(url).resolve() == Path(local_dir).resolve()):
+            upload_file(file, join(url, rel))
+        entries.append({"path": rel, "bytes": file.stat().st_size, "sha256": sha256_file(file)})
+    return entries
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("RLAIF_CACHE", Path.home() / ".cache" / "rlaif"))
+
+
+def download_dir(url: str, files: list[dict]) -> Path:
+    """A local copy of a model directory listed in a manifest, verified by sha256 where the entry has one (local
+    directories are verified in place)."""
+    if is_local(url):
+        target = local_path(url)
+        for entry in files:
+            if entry["sha256"] and sha256_file(target / entry["path"]) != entry["sha256"]:
+                raise UserError(f"{join(url, entry['path'])} does not match its manifest checksum: re-run the stage that wrote it")
+        return target
+    digest = hashlib.sha256((url + "".join(str(e["sha256"]) for e in files)).encode()).hexdigest()[:16]
+    if any(e["sha256"] is None for e in files):
+        digest += "-unverified"  # a plain directory: no manifest vouches for it, so its copy is refreshed per process
+        shutil.rmtree(cache_dir() / "downloads" / digest, ignore_errors=True)
+    target = cache_dir() / "downloads" / digest
+    if (target / ".complete").exists():
+        return target
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=cache_dir()))
+    fs = filesystem(url)
+    for entry in files:
+        dest = tmp / entry["path"]
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fs.get_file(_path(join(url, entry["path"])), str(dest))
+        if entry["sha256"] and sha256_file(dest) != entry["sha256"]:
+            raise UserError(f"{join(url, entry['path'])} does not match its manifest checksum: re-run the stage that wrote it")
+    (tmp / ".complete").write_text("ok")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.replace(tmp, target)
+    except OSError:  # another process finished the same download first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _register_webdataset_s3() -> None:
+    """webdataset has no s3:// handler: open s3 URLs through s3fs (with our endpoint) for any wds pipeline."""
+    schemes = importlib.import_module("webdataset.gopen").gopen_schemes
+
+    def gopen_s3(url, mode="rb", bufsize=8192, **kw):
+        return open_url(url, mode)
+
+    schemes["s3"] = gopen_s3

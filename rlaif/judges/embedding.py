@@ -1,0 +1,56 @@
+"""Embedding judge: the offline default labeler.
+
+A pretrained sentence encoder (all-MiniLM-L6-v2) scores a response by its cosine similarity to the sampled
+constitution principle plus, weighted, to the prompt (on-topic answers). The soft label for "first response better"
+is sigmoid((score_first - score_second) / temperature).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from rlaif.models.loading import resolve
+
+
+class EmbeddingJudge:
+    name = "embedding:all-MiniLM-L6-v2"
+
+    def __init__(self, temperature: float, relevance_weight: float, batch_size: int = 64, backbone: str = "builtin:minilm"):
+        from transformers import AutoModel, AutoTokenizer
+
+        path = resolve(backbone, "judge model")
+        self.tokenizer = AutoTokenizer.from_pretrained(str(path))
+        self.model = AutoModel.from_pretrained(str(path), use_safetensors=True).eval()
+        self.temperature = temperature
+        self.relevance_weight = relevance_weight
+        self.batch_size = batch_size
+        self._cache: dict[str, torch.Tensor] = {}
+
+    @torch.no_grad()
+    def embed(self, texts: list[str]) -> torch.Tensor:
+        """Mean-pooled, L2-normalised embeddings; repeated texts (prompts, principles) are embedded once."""
+        missing = list(dict.fromkeys(t for t in texts if t not in self._cache))
+        for i in range(0, len(missing), self.batch_size):
+            chunk = missing[i : i + self.batch_size]
+            enc = self.tokenizer(chunk, padding=True, truncation=True, max_length=128, return_tensors="pt")
+            hidden = self.model(**enc).last_hidden_state
+            mask = enc["attention_mask"].unsqueeze(-1).float()
+            pooled = F.normalize((hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0), dim=-1)
+            for text, vec in zip(chunk, pooled):
+                self._cache[text] = vec
+        if len(self._cache) > 50_000:  # responses rarely repeat: keep the cache from growing without bound
+            keep = set(texts)
+            self._cache = {k: v for k, v in self._cache.items() if k in keep}
+        return torch.stack([self._cache[t] for t in texts])
+
+    def score(self, prompts: list[str], responses: list[str], principles: list[str]) -> torch.Tensor:
+        r = self.embed(responses)
+        principle_sim = (r * self.embed(principles)).sum(-1)
+        prompt_sim = (r * self.embed(prompts)).sum(-1)
+        return principle_sim + self.relevance_weight * prompt_sim
+
+    def prefer_first(self, prompts: list[str], first: list[str], second: list[str], principles: list[str]) -> torch.Tensor:
+        """P(first response is better), one comparison in the order given."""
+        s1 = self.score(prompts, first, principles)
+        s2 = self.score(prompts, second, principles)
+        return torch.sigmoid((s1 - s2) / self.temperature)

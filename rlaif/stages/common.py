@@ -1,0 +1,71 @@
+"""What every stage shares: where its output lives, its cache key, its inputs, and committing its manifest."""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlaif.config import PipelineConfig, stage_config_hash
+from rlaif.graph import STAGE_BY_NAME, Stage
+from rlaif.io import manifest, storage
+from rlaif.io.storage import sha256_file
+
+
+def run_url(cfg: PipelineConfig) -> str:
+    return storage.join(storage.normalize(cfg.storage.root), cfg.run_id)
+
+
+def stage_url(cfg: PipelineConfig, name: str) -> str:
+    return storage.join(run_url(cfg), name)
+
+
+@dataclass
+class StageContext:
+    cfg: PipelineConfig
+    stage: Stage
+    url: str  # <root>/<run_id>/<stage>
+    inputs: dict[str, dict]  # upstream stage name -> its manifest
+    input_digests: dict[str, str]
+    config_hash: str
+
+    def input_url(self, name: str) -> str:
+        return stage_url(self.cfg, name)
+
+    def commit(self, **fields) -> dict:
+        """Write the manifest: the last write of a stage, which makes its output exist."""
+        return manifest.write(
+            self.url, stage=self.stage.name, run_id=self.cfg.run_id, config_hash=self.config_hash,
+            inputs=self.input_digests, **fields,
+        )
+
+    def write_json(self, name: str, obj) -> dict:
+        data = json.dumps(obj, indent=2).encode()
+        storage.write_bytes_atomic(storage.join(self.url, name), data)
+        return {"path": name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def context(cfg: PipelineConfig, name: str) -> StageContext:
+    """Reads (and so requires) the upstream manifests; raises UserError if one is missing."""
+    stage = STAGE_BY_NAME[name]
+    inputs = {dep: manifest.require(stage_url(cfg, dep), dep) for dep in stage.inputs}
+    digests = {dep: m["digest"] for dep, m in inputs.items()}
+    if stage.uses_prompts:
+        path = Path(cfg.data.prompts)
+        digests["prompts"] = sha256_file(path) if path.is_file() else "missing"
+    return StageContext(cfg, stage, stage_url(cfg, name), inputs, digests, stage_config_hash(cfg, stage.config_sections, digests))
+
+
+def cached(ctx: StageContext) -> dict | None:
+    """The existing manifest if it was made from the same config and inputs (a cache hit), else None."""
+    existing = manifest.read(ctx.url)
+    if existing and existing["config_hash"] == ctx.config_hash and existing["inputs"] == ctx.input_digests:
+        return existing
+    return None
+
+
+def model_dir(ctx: StageContext, upstream: str, subdir: str) -> Path:
+    """A verified local copy of a model directory that an upstream stage listed in its manifest."""
+    m = ctx.inputs[upstream]
+    files = [dict(f, path=f["path"][len(subdir) + 1:]) for f in m["files"] if f["path"].startswith(subdir + "/")]
+    return storage.download_dir(storage.join(ctx.input_url(upstream), subdir), files)

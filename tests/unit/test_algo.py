@@ -1,0 +1,131 @@
+"""The PPO math against plain loops written here, with masks and padding."""
+import math
+
+import pytest
+import torch
+
+from rlaif.algo import ppo
+
+
+def _right_padded(batch=5, steps=9, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, steps + 1, (batch,), generator=g)
+    mask = (torch.arange(steps)[None, :] < lengths[:, None]).float()
+    return torch.randn(batch, steps, generator=g), torch.randn(batch, steps, generator=g), mask
+
+
+def _gae_loop(rewards, values, mask, gamma, lam):
+    adv = torch.zeros_like(values)
+    for b in range(values.shape[0]):
+        n = int(mask[b].sum())
+        last = 0.0
+        for t in reversed(range(n)):
+            next_v = values[b, t + 1].item() if t + 1 < n else 0.0
+            delta = rewards[b, t].item() + gamma * next_v - values[b, t].item()
+            last = delta + gamma * lam * last
+            adv[b, t] = last
+    return adv, (adv + values) * mask
+
+
+@pytest.mark.parametrize("gamma,lam", [(1.0, 0.95), (1.0, 1.0), (0.99, 0.9), (0.5, 0.0)])
+def test_gae_matches_loop(gamma, lam):
+    rewards, values, mask = _right_padded()
+    adv, ret = ppo.gae(rewards, values, mask, gamma, lam)
+    ref_adv, ref_ret = _gae_loop(rewards, values, mask, gamma, lam)
+    torch.testing.assert_close(adv, ref_adv, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ret, ref_ret, atol=1e-5, rtol=1e-5)
+    assert torch.all(adv[mask == 0] == 0) and torch.all(ret[mask == 0] == 0)
+
+
+def test_gae_ignores_garbage_in_padding():
+    rewards, values, mask = _right_padded(seed=3)
+    noisy_r = torch.where(mask.bool(), rewards, torch.full_like(rewards, 1e6))
+    noisy_v = torch.where(mask.bool(), values, torch.full_like(values, -1e6))
+    torch.testing.assert_close(ppo.gae(noisy_r, noisy_v, mask, 1.0, 0.95)[0], ppo.gae(rewards, values, mask, 1.0, 0.95)[0])
+
+
+def test_masked_whiten_matches_manual():
+    x, _, mask = _right_padded(batch=6, steps=7, seed=1)
+    valid = x[mask.bool()]
+    expected = (x - valid.mean()) / valid.std()
+    out = ppo.masked_whiten(x, mask)
+    torch.testing.assert_close(out[mask.bool()], expected[mask.bool()], atol=1e-4, rtol=1e-4)
+    assert torch.all(out[~mask.bool()] == 0)
+
+
+def test_masked_whiten_across_ranks_equals_whole_batch():
+    x, _, mask = _right_padded(batch=8, steps=6, seed=2)
+    halves = [(x[:4], mask[:4]), (x[4:], mask[4:])]
+    totals = sum(torch.stack([ppo.masked_sum(a, m), ppo.masked_sum(a * a, m), m.sum()]).double() for a, m in halves)
+    parts = [ppo.masked_whiten(a, m, all_reduce=lambda _s: totals) for a, m in halves]
+    torch.testing.assert_close(torch.cat(parts), ppo.masked_whiten(x, mask))
+
+
+def test_kl_estimators():
+    logp, ref, _ = _right_padded(seed=4)
+    logp, ref = logp * 0.3, ref * 0.3
+    for b in range(logp.shape[0]):
+        for t in range(logp.shape[1]):
+            d = logp[b, t].item() - ref[b, t].item()
+            assert math.isclose(ppo.kl_penalty(logp, ref, "k1")[b, t].item(), d, abs_tol=1e-6)
+            assert math.isclose(ppo.kl_penalty(logp, ref, "k2")[b, t].item(), 0.5 * d * d, abs_tol=1e-6)
+            assert math.isclose(ppo.kl_penalty(logp, ref, "k3")[b, t].item(), math.exp(-d) - 1 + d, abs_tol=1e-5)
+    assert torch.all(ppo.kl_penalty(logp, ref, "k3") >= 0)
+    with pytest.raises(ValueError):
+        ppo.kl_penalty(logp, ref, "k4")
+
+
+def test_token_rewards_put_score_on_last_real_token():
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 1, 1]]).float()
+    kl = torch.full((3, 5), 0.5)
+    score = torch.tensor([1.0, 2.0, 3.0])
+    r = ppo.token_rewards(score, kl, mask, kl_coef=0.1)
+    for b, last in enumerate([2, 0, 4]):
+        for t in range(5):
+            expected = (-0.05 if mask[b, t] else 0.0) + (score[b].item() if t == last else 0.0)
+            assert math.isclose(r[b, t].item(), expected, abs_tol=1e-6), (b, t)
+
+
+def test_policy_loss_matches_loop():
+    logp, old, mask = _right_padded(seed=5)
+    logp, old = logp * 0.2, old * 0.2
+    adv = torch.randn(logp.shape, generator=torch.Generator().manual_seed(9))
+    loss, stats = ppo.policy_loss(logp, old, adv, mask, 0.2)
+    total, n, clipped = 0.0, 0, 0
+    for b in range(logp.shape[0]):
+        for t in range(logp.shape[1]):
+            if mask[b, t]:
+                rho = math.exp(logp[b, t].item() - old[b, t].item())
+                a = adv[b, t].item()
+                total += -min(rho * a, min(max(rho, 0.8), 1.2) * a)
+                clipped += min(max(rho, 0.8), 1.2) * a < rho * a
+                n += 1
+    assert math.isclose(loss.item(), total / n, rel_tol=1e-5)
+    assert math.isclose(stats["clip_frac"], clipped / n, rel_tol=1e-5)
+
+
+def test_value_loss_matches_loop():
+    v, old, mask = _right_padded(seed=6)
+    ret = torch.randn(v.shape, generator=torch.Generator().manual_seed(7))
+    loss = ppo.value_loss(v, old, ret, mask, 0.2)
+    total, n = 0.0, 0
+    for b in range(v.shape[0]):
+        for t in range(v.shape[1]):
+            if mask[b, t]:
+                vc = old[b, t].item() + min(max(v[b, t].item() - old[b, t].item(), -0.2), 0.2)
+                total += 0.5 * max((v[b, t].item() - ret[b, t].item()) ** 2, (vc - ret[b, t].item()) ** 2)
+                n += 1
+    assert math.isclose(loss.item(), total / n, rel_tol=1e-5)
+
+
+def test_adaptive_kl_controller_moves_toward_target():
+    ctl = ppo.AdaptiveKLController(0.1, target=1.0, horizon=100)
+    ctl.update(current_kl=3.0, n_steps=10)
+    assert math.isclose(ctl.value, 0.1 * 1.02)
+    ctl = ppo.AdaptiveKLController(0.1, target=1.0, horizon=100)
+    ctl.update(current_kl=0.5, n_steps=10)
+    assert math.isclose(ctl.value, 0.1 * (1 - 0.02))  # error -0.5 clipped to -0.2
+
+
+def test_entropy_of_uniform_is_log_vocab():
+    assert math.isclose(ppo.entropy_from_logits(torch.zeros(2, 3, 11))[0, 0].item(), math.log(11), rel_tol=1e-6)
