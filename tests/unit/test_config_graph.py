@@ -41,7 +41,7 @@ def test_stage_hash_covers_its_sections_and_inputs_only():
     sections = STAGE_BY_NAME["train_rm"].config_sections
     h = stage_config_hash(base, sections, {"label": "d1"})
     assert h == stage_config_hash(PipelineConfig(), sections, {"label": "d1"})
-    assert h != stage_config_hash(PipelineConfig(train_rm={"lr": 1e-4}), sections, {"label": "d1"})
+    assert h != stage_config_hash(PipelineConfig(train_rm={"lr": 3e-4}), sections, {"label": "d1"})
     assert h != stage_config_hash(base, sections, {"label": "d2"})
     assert h != stage_config_hash(PipelineConfig(seed=1), sections, {"label": "d1"})
     assert h == stage_config_hash(PipelineConfig(ppo={"lr": 1.0}), sections, {"label": "d1"})  # not its section
