@@ -3,14 +3,12 @@
 so re-running after a failure or a kill continues from the first incomplete stage."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import time
 
 from rlaif.config import PipelineConfig, dump_config
-from rlaif.errors import UserError
 from rlaif.graph import Stage, topological_order
 from rlaif.io import manifest, storage
 from rlaif.io.prompts import load_prompts
@@ -56,7 +54,10 @@ def run(cfg: PipelineConfig) -> dict:
         cmd = launch_command(stage, config_url, cfg)
         print(f"[{stage.name}] running: {' '.join(cmd[1:])}", flush=True)
         start = time.time()
-        code = subprocess.call(cmd, env=env)
+        stage_env = env
+        if stage.resources.torchrun and "OMP_NUM_THREADS" not in env:  # ranks share this machine's cores
+            stage_env = dict(env, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // getattr(cfg, stage.name).nproc)))
+        code = subprocess.call(cmd, env=stage_env)
         if code != 0:
             raise StageFailed(stage.name, code)
         timings[stage.name] = time.time() - start
@@ -74,21 +75,18 @@ def run_stage(cfg: PipelineConfig, name: str) -> None:
     """What a container runs: one stage, skipped if its output already exists for this config and inputs."""
     import importlib
 
-    from rlaif import distributed
     from rlaif.models.loading import quiet_transformers
 
     quiet_transformers()
     storage.configure(cfg.storage.endpoint_url)
     ctx = common.context(cfg, name)
+    first_rank = int(os.environ.get("RANK", "0")) == 0  # the process group is not up yet: torchrun's env says
     if common.cached(ctx):
-        if distributed.rank() == 0 and int(os.environ.get("RANK", "0")) == 0:
+        if first_rank:
             print(f"[{name}] cache hit: output exists for this config and inputs, skipped")
         return
-    if int(os.environ.get("RANK", "0")) == 0:
+    if first_rank:
         manifest.invalidate(ctx.url)
     module = importlib.import_module(f"rlaif.stages.{name}")
     module.run(ctx)
 
-
-def print_json(obj) -> None:
-    print(json.dumps(obj, indent=2))

@@ -80,3 +80,9 @@ def resolve_policy(policy) -> Path:
 
         return ensure_tiny_policy(policy)
     return resolve(policy.model, "policy model")
+
+
+def load_policy(policy):
+    """(tokenizer, model) of the starting policy; the model in eval mode."""
+    path = resolve_policy(policy)
+    return load_tokenizer(path, policy.trust_remote_code), load_causal_lm(path, policy.trust_remote_code).eval()

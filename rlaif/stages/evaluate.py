@@ -13,12 +13,11 @@ import json
 import math
 
 import torch
-from tqdm import tqdm
 
 from rlaif.io import storage
 from rlaif.io.prompts import split
 from rlaif.models.generation import decode, encode_prompts, response_logits_and_hidden, response_mask, sample, token_logprobs
-from rlaif.models.loading import load_causal_lm, load_tokenizer, resolve_policy
+from rlaif.models.loading import load_causal_lm, load_policy
 from rlaif.stages.common import StageContext, model_dir
 from rlaif.stages.label import debiased, load_constitution, make_judge, sample_principle
 from rlaif.stages.train_rm import batched_rewards, load_reward_model
@@ -66,9 +65,7 @@ def kl_to_reference(tuned, reference, batches, temperature) -> tuple[float, floa
 def run(ctx: StageContext) -> dict:
     cfg, e = ctx.cfg, ctx.cfg.evaluate
     prompts = split(cfg.data, "eval")[: e.n_prompts]
-    ref_dir = resolve_policy(cfg.policy)
-    tokenizer = load_tokenizer(ref_dir, cfg.policy.trust_remote_code)
-    reference = load_causal_lm(ref_dir, cfg.policy.trust_remote_code).eval()
+    tokenizer, reference = load_policy(cfg.policy)
     tuned = load_causal_lm(model_dir(ctx, "ppo", "policy")).eval()
 
     seed = cfg.seed * 7919 + 17

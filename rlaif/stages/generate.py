@@ -7,22 +7,19 @@ from __future__ import annotations
 
 import time
 
-import torch
 from tqdm import tqdm
 
 from rlaif.io.prompts import split
 from rlaif.io.shards import ShardWriter
 from rlaif.models.generation import decode, encode_prompts, response_mask, sample
-from rlaif.models.loading import load_causal_lm, load_tokenizer, resolve_policy
+from rlaif.models.loading import load_policy
 from rlaif.stages.common import StageContext
 
 
 def run(ctx: StageContext) -> dict:
     cfg, g = ctx.cfg, ctx.cfg.generate
     prompts = split(cfg.data, "train")[: g.max_prompts]
-    policy_dir = resolve_policy(cfg.policy)
-    tokenizer = load_tokenizer(policy_dir, cfg.policy.trust_remote_code)
-    model = load_causal_lm(policy_dir, cfg.policy.trust_remote_code).eval()
+    tokenizer, model = load_policy(cfg.policy)
 
     start, n_tokens, identical = time.time(), 0, 0
     with ShardWriter(ctx.url, g.shard_size) as writer:

@@ -25,7 +25,7 @@ from rlaif.errors import UserError
 from rlaif.io import storage
 from rlaif.io.prompts import split
 from rlaif.models.generation import decode, encode_prompts, response_logits_and_hidden, response_mask, sample, token_logprobs
-from rlaif.models.loading import load_causal_lm, load_tokenizer, resolve_policy
+from rlaif.models.loading import load_policy
 from rlaif.stages.common import StageContext, model_dir
 from rlaif.stages.train_rm import batched_rewards, load_reward_model
 
@@ -50,9 +50,7 @@ class PolicyWithValue(nn.Module):
 def build_policy(cfg, device):
     """(trainable PolicyWithValue, function giving reference logits). LoRA: the reference is the adapter disabled."""
     c = cfg.ppo
-    path = resolve_policy(cfg.policy)
-    tokenizer = load_tokenizer(path, cfg.policy.trust_remote_code)
-    lm = load_causal_lm(path, cfg.policy.trust_remote_code)
+    tokenizer, lm = load_policy(cfg.policy)
     if c.lora_rank > 0:
         from peft import LoraConfig, get_peft_model
 
@@ -73,7 +71,7 @@ def build_policy(cfg, device):
 
 
 @torch.no_grad()
-def rollout(cfg, ctx, policy, reference_logits, tokenizer, rm, rm_tokenizer, rm_stats, prompts, seed, device):
+def rollout(cfg, policy, reference_logits, tokenizer, rm, rm_tokenizer, rm_stats, prompts, seed, device):
     c, timings = cfg.ppo, {}
     t0 = time.time()
     policy.eval()
@@ -106,7 +104,7 @@ def rollout(cfg, ctx, policy, reference_logits, tokenizer, rm, rm_tokenizer, rm_
     stats = {"reward_raw": raw.mean().item(), "score": score.mean().item(), "kl": (kl.sum(1)).mean().item(),
              "response_length": maskf.sum(1).mean().item(),
              "explained_variance": algo.explained_variance(values, returns, maskf)}
-    return batch, stats, timings, decoded
+    return batch, stats, timings
 
 
 def update(cfg, model, policy, optimizer, batch, seed):
@@ -186,7 +184,7 @@ def run(ctx: StageContext) -> dict:
         global_ids = [order[(start + k) % len(prompts)] for k in range(c.rollout_batch_size)]
         my_prompts = [prompts[i] for i in global_ids[rank * local : (rank + 1) * local]]
         t_iter = time.time()
-        batch, stats, timings, _ = rollout(cfg, ctx, policy, reference_logits, tokenizer, rm, rm_tokenizer, rm_stats,
+        batch, stats, timings = rollout(cfg, policy, reference_logits, tokenizer, rm, rm_tokenizer, rm_stats,
                                            my_prompts, seed=cfg.seed * 1_000_003 + it * 1009 + rank, device=device)
         t0 = time.time()
         train_stats = update(cfg, model, policy, optimizer, batch, seed=cfg.seed + it)

@@ -1,5 +1,4 @@
 """Errors a user can cause: one line, exit code 2, no traceback, nothing written that a later stage would trust."""
-import os
 import subprocess
 import sys
 from pathlib import Path
