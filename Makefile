@@ -4,6 +4,8 @@ VENV ?= .venv
 # torch first, pinned: on this project's CPU machines it resolves to the local CPU build; elsewhere to PyPI's build.
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
+# DeepSpeed JIT-compiles ops on first use; keep them with the environment that built them.
+export TORCH_EXTENSIONS_DIR := $(abspath $(VENV))/torch-extensions
 
 .PHONY: demo test test-fast clean-runs
 
@@ -12,6 +14,8 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
 	$(BIN)/pip install -q -e ".[dev]"
+	# The deepspeed extra, without prebuilt ops (CPU here; the CUDA image builds them): its setup imports torch.
+	DS_BUILD_OPS=0 $(BIN)/pip install -q --no-build-isolation "deepspeed>=0.15"
 	touch $@
 
 demo: $(VENV)/.installed

@@ -133,6 +133,32 @@ class TrainRMConfig(Strict):
     """Tokens of (prompt, response) shown to the reward model."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this."""
+    grad_accum_steps: int = 1
+    """Micro-batches per optimizer step (the global batch is split across processes and these)."""
+    margin: float = 0.0
+    """Bradley-Terry margin: the pair's logit is shifted by margin * (2p - 1), demanding a wider gap on confident
+    labels (Llama 2's margin loss, for soft labels). 0 turns it off."""
+    lora_rank: int = 0
+    """LoRA rank on all linear layers of the backbone (the score head is trained fully); 0 trains all weights."""
+    lora_alpha: int = 32
+    """LoRA scaling numerator."""
+    strategy: Literal["ddp", "deepspeed"] = "ddp"
+    """Data parallelism: PyTorch DDP, or DeepSpeed ZeRO (needs the `deepspeed` extra)."""
+    zero_stage: Literal[2, 3] = 2
+    """DeepSpeed ZeRO stage when strategy is deepspeed: 2 shards optimizer state and gradients, 3 also parameters."""
+    data_split: Literal["batch", "shard"] = "batch"
+    """batch: every process streams the same seeded order and takes its slice of each global batch (identical results
+    for any process count; each process reads all labels). shard: processes and workers stream disjoint shards."""
+    data_workers: int = 0
+    """DataLoader workers per process in `shard` mode."""
+    shuffle_buffer: int = 1024
+    """Shuffle-buffer size of the label stream (samples held in memory)."""
+    held_out_fraction: float = 0.1
+    """Pairs held out for accuracy and calibration, chosen by a hash of the pair key."""
+    checkpoint_every: int = 25
+    """Optimizer steps between checkpoints (0: none). A restarted stage resumes from the newest one."""
+    keep_checkpoints: int = 2
+    """Checkpoints kept; older ones are deleted."""
 
 
 class PPOConfig(Strict):

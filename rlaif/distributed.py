@@ -50,6 +50,14 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def all_reduce_min(t: torch.Tensor) -> torch.Tensor:
+    if not dist.is_initialized():
+        return t
+    out = t.clone()
+    dist.all_reduce(out, op=dist.ReduceOp.MIN)
+    return out
+
+
 def all_reduce_mean(values: dict[str, float]) -> dict[str, float]:
     if not dist.is_initialized() or not values:
         return values

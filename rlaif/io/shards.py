@@ -53,7 +53,8 @@ class ShardWriter:
             raise ValueError("sample needs a __key__")
         if self._writer is None:
             self._path = Path(self._tmpdir.name) / f"shard-{self.index:06d}.tar"
-            self._writer = wds.TarWriter(str(self._path))
+            # A fixed mtime makes shards byte-identical for identical samples, so digests (and caches) are reproducible.
+            self._writer = wds.TarWriter(str(self._path), mtime=0)
             self._count = 0
         self._writer.write({k: v if k == "__key__" else _encode(v) for k, v in sample.items()})
         self._count += 1
@@ -168,3 +169,26 @@ def read_samples(
 
 def read_all(stage_url: str, manifest: dict) -> list[dict]:
     return list(read_samples(stage_url, manifest, 0, 1, 0, 1))
+
+
+def shuffled(samples: Iterator[dict], buffer_size: int, rng) -> Iterator[dict]:
+    """A shuffle buffer: memory bounded by buffer_size, order decided by `rng` (a random.Random)."""
+    buffer: list[dict] = []
+    for sample in samples:
+        buffer.append(sample)
+        if len(buffer) >= buffer_size:
+            i = rng.randrange(len(buffer))
+            buffer[i], buffer[-1] = buffer[-1], buffer[i]
+            yield buffer.pop()
+    rng.shuffle(buffer)
+    yield from buffer
+
+
+def shuffled_stream(stage_url: str, manifest: dict, seed, buffer_size: int) -> Iterator[dict]:
+    """Every sample once, in an order fixed by `seed`: shards in a seeded order, then a shuffle buffer."""
+    import random
+
+    rng = random.Random(str(seed))
+    order = list(range(len(manifest["shards"])))
+    rng.shuffle(order)
+    return shuffled((s for i in order for s in iter_shard(stage_url, manifest["shards"][i])), buffer_size, rng)

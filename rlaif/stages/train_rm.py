@@ -1,40 +1,55 @@
-"""Stage 3: train the preference (reward) model on the soft AI labels, DDP under torchrun.
+"""Stage 3: train the preference (reward) model on the soft AI labels, DDP (or DeepSpeed ZeRO) under torchrun.
 
-Bradley-Terry on soft labels: loss = BCE(sigmoid(r(x, a) - r(x, b)), p_a). Every rank reads the labels, the epoch
-order comes from a seeded permutation of the whole training set, and each global batch is split across ranks, so
-1 and N processes see the same global batches. A stable key-hash split holds pairs out for accuracy and calibration.
-Exports a Hugging Face directory (safetensors) with reward_stats.json (mean/std of rewards on the training set).
+Bradley-Terry on soft labels: loss = BCE(sigmoid(r(x, a) - r(x, b) - margin * (2p - 1)), p), p = P(a preferred).
+Labels stream from the label stage's shards with a seeded shuffle buffer; a key-hash split holds pairs out.
+Data modes (`train_rm.data_split`):
+  batch: every rank streams the same seeded order and trains on its slice of each global batch, so 1 and N
+         processes take identical steps (the default; each rank reads the whole label set, which is small text).
+  shard: each rank and DataLoader worker streams disjoint shards; ranks agree on the number of steps each epoch.
+Checkpoints every `checkpoint_every` steps (model, optimizer, schedule, RNG, data position) and resumes from the
+newest one on restart. Exports a Hugging Face directory (safetensors) with reward_stats.json (mean/std of rewards on
+the training pairs, which PPO uses to normalise), and reports held-out accuracy and calibration.
 """
 from __future__ import annotations
 
 import json
+import random
 import tempfile
 import time
+from itertools import islice
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from rlaif import distributed as dist
+from rlaif import faults
 from rlaif.errors import UserError
 from rlaif.io import storage
 from rlaif.io.prompts import is_held_out
-from rlaif.io.shards import read_all
+from rlaif.io.shards import read_samples, shuffled, shuffled_stream
 from rlaif.models.loading import resolve
 from rlaif.stages.common import StageContext
+from rlaif.training import Checkpoints, Engine, MetricsLog
 
-HELD_OUT_FRACTION = 0.1
 
-
-def load_reward_model(path: Path):
+def load_reward_model(path: Path, lora_rank: int = 0, lora_alpha: int = 32):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     model = AutoModelForSequenceClassification.from_pretrained(str(path), num_labels=1, use_safetensors=True)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
+    if lora_rank > 0:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(task_type="SEQ_CLS", r=lora_rank, lora_alpha=lora_alpha, target_modules="all-linear"))
+    # A pairwise loss sees only r(a) - r(b): the score head's bias gets no true gradient, and Adam would turn the
+    # rounding noise in it into lr-sized steps. It stays at its initial value.
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear) and module.out_features == 1 and module.bias is not None:
+            module.bias.requires_grad_(False)
     return tokenizer, model
 
 
@@ -48,102 +63,185 @@ def batched_rewards(model, tokenizer, prompts, responses, max_length, device, ba
     model.eval()
     out = [reward(model, tokenizer, prompts[i : i + batch_size], responses[i : i + batch_size], max_length, device)
            for i in range(0, len(prompts), batch_size)]
-    return torch.cat(out) if out else torch.zeros(0)
+    return torch.cat(out).float().cpu() if out else torch.zeros(0)
+
+
+def checked(sample: dict) -> dict:
+    if "label.json" not in sample or "p_a" not in sample["label.json"] or "response_b.txt" not in sample:
+        raise UserError(f"label sample {sample['__key__']} lacks label.json/p_a or a response: re-run stage 'label'")
+    return sample
+
+
+class _ShardSplitStream(torch.utils.data.IterableDataset):
+    """`shard` mode: this rank's and this DataLoader worker's disjoint shards, shuffled with a seeded buffer."""
+
+    def __init__(self, url, manifest, rank, world, seed, buffer_size, keep):
+        self.args = (url, manifest, rank, world, seed, buffer_size, keep)
+
+    def __iter__(self):
+        url, manifest, rank, world, seed, buffer_size, keep = self.args
+        info = torch.utils.data.get_worker_info()
+        worker = info.id if info else 0
+        samples = (checked(s) for s in read_samples(url, manifest, rank, world) if keep(s))
+        return shuffled(samples, buffer_size, random.Random(f"{seed}:{rank}:{worker}"))
+
+
+def micro_batches(ctx: StageContext, epoch: int, rank: int, world: int, micro_local: int):
+    """This rank's micro-batches for one epoch of training pairs."""
+    c, url, m = ctx.cfg.train_rm, ctx.input_url("label"), ctx.inputs["label"]
+    keep = lambda s: not is_held_out(s["__key__"], c.held_out_fraction, salt="train_rm:")  # noqa: E731
+    if c.data_split == "shard":
+        data = _ShardSplitStream(url, m, rank, world, (ctx.cfg.seed, epoch), c.shuffle_buffer, keep)
+        yield from torch.utils.data.DataLoader(data, batch_size=micro_local, num_workers=c.data_workers, collate_fn=list, drop_last=True)
+        return
+    stream = (checked(s) for s in shuffled_stream(url, m, (ctx.cfg.seed, epoch), c.shuffle_buffer) if keep(s))
+    micro_global = micro_local * world
+    while len(batch := list(islice(stream, micro_global))) == micro_global:
+        yield batch[rank * micro_local : (rank + 1) * micro_local]
 
 
 def run(ctx: StageContext) -> dict:
     cfg, c = ctx.cfg, ctx.cfg.train_rm
     rank, world, device = dist.setup()
+    if c.batch_size % (world * c.grad_accum_steps):
+        raise UserError(f"train_rm.batch_size={c.batch_size} must be divisible by processes x grad_accum_steps "
+                        f"({world} x {c.grad_accum_steps})")
+    micro_local = c.batch_size // (world * c.grad_accum_steps)
+    n_label = ctx.inputs["label"]["num_samples"]
+    est_steps_per_epoch = int(n_label * (1 - c.held_out_fraction)) // c.batch_size
+    if est_steps_per_epoch == 0:
+        raise UserError(f"only about {int(n_label * (1 - c.held_out_fraction))} training pairs for train_rm.batch_size="
+                        f"{c.batch_size}: lower the batch size")
+    total_steps = est_steps_per_epoch * c.epochs  # for the schedule and the progress bar; the data decides the end
+
     torch.manual_seed(cfg.seed)
-    if c.batch_size % world:
-        raise UserError(f"train_rm.batch_size={c.batch_size} must be divisible by the {world} processes")
-
-    samples = read_all(ctx.input_url("label"), ctx.inputs["label"])
-    for s in samples:
-        if "label.json" not in s or "p_a" not in s["label.json"]:
-            raise UserError(f"label sample {s['__key__']} has no label.json with p_a: re-run stage 'label'")
-    held_flags = [is_held_out(s["__key__"], HELD_OUT_FRACTION, salt="train_rm:") for s in samples]
-    train = [s for s, h in zip(samples, held_flags) if not h]
-    held = [s for s, h in zip(samples, held_flags) if h]
-    steps_per_epoch = len(train) // c.batch_size
-    if steps_per_epoch == 0:
-        raise UserError(f"only {len(train)} training pairs for train_rm.batch_size={c.batch_size}: lower the batch size")
-    total_steps = steps_per_epoch * c.epochs
-
-    tokenizer, model = load_reward_model(resolve(c.backbone, "reward-model backbone"))
+    tokenizer, model = load_reward_model(resolve(c.backbone, "reward-model backbone"), c.lora_rank, c.lora_alpha)
     model.to(device).train()
-    ddp = DDP(model) if world > 1 else model
-    opt = torch.optim.AdamW(model.parameters(), lr=c.lr, weight_decay=c.weight_decay)
-    warmup = max(1, int(c.warmup_fraction * total_steps))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min((s + 1) / warmup, max(0.0, (total_steps - s) / max(1, total_steps - warmup)))
-    )
-    use_amp = device.type == "cuda"
-    local = c.batch_size // world
+    engine = Engine(model, strategy=c.strategy, zero_stage=c.zero_stage, lr=c.lr, weight_decay=c.weight_decay,
+                    grad_clip=c.grad_clip, accum_steps=c.grad_accum_steps, micro_batch=micro_local,
+                    warmup_steps=int(c.warmup_fraction * total_steps), total_steps=total_steps, device=device)
+    checkpoints = Checkpoints(ctx.url, ctx.config_hash, keep=c.keep_checkpoints)
+    position = checkpoints.restore(engine) or {"epoch": 0, "step_in_epoch": 0, "step": 0, "seconds": 0.0}
+    metrics = MetricsLog(enabled=rank == 0)
+    use_amp = device.type == "cuda" and c.strategy == "ddp"  # DeepSpeed runs bf16 itself on GPUs
 
-    metrics_path = Path(tempfile.mkdtemp()) / "metrics.jsonl"
-    bar = tqdm(total=total_steps, desc="train_rm", unit="step", disable=rank != 0)
-    start, step = time.time(), 0
-    for epoch in range(c.epochs):
-        order = torch.randperm(len(train), generator=torch.Generator().manual_seed(cfg.seed * 1000 + epoch)).tolist()
-        for b in range(steps_per_epoch):
-            ids = order[b * c.batch_size : (b + 1) * c.batch_size][rank * local : (rank + 1) * local]
-            batch = [train[i] for i in ids]
-            prompts = [s["prompt.txt"] for s in batch]
-            target = torch.tensor([s["label.json"]["p_a"] for s in batch], device=device)
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_amp):
-                r = reward(ddp, tokenizer, prompts + prompts, [s["response_a.txt"] for s in batch] + [s["response_b.txt"] for s in batch],
-                           c.max_length, device).float()
-            margin = r[:local] - r[local:]
-            loss = F.binary_cross_entropy_with_logits(margin, target)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), c.grad_clip)
-            opt.step()
-            sched.step()
-            opt.zero_grad(set_to_none=True)
-            step += 1
-            stats = dist.all_reduce_mean({"loss": loss.item(), "accuracy": ((margin > 0) == (target > 0.5)).float().mean().item()})
-            if rank == 0:
-                row = {"step": step, "epoch": epoch, **stats, "lr": sched.get_last_lr()[0], "grad_norm": float(grad_norm),
-                       "samples_per_s": step * c.batch_size / (time.time() - start)}
-                with open(metrics_path, "a") as f:
-                    f.write(json.dumps(row) + "\n")
-                bar.set_postfix(loss=f"{stats['loss']:.3f}", acc=f"{stats['accuracy']:.2f}")
-                bar.update()
+    bar = tqdm(total=total_steps, initial=position["step"], desc="train_rm", unit="step", disable=rank != 0)
+    step, start = position["step"], time.time() - position["seconds"]
+    for epoch in range(position["epoch"], c.epochs):
+        batches = micro_batches(ctx, epoch, rank, world, micro_local)
+        skip = position["step_in_epoch"] if epoch == position["epoch"] else 0
+        for _ in range(skip * c.grad_accum_steps):  # the data position of a resumed run: same order, consumed part skipped
+            next(batches, None)
+        step_in_epoch = skip
+        while True:
+            window = list(islice(batches, c.grad_accum_steps))
+            have = torch.tensor([float(len(window) == c.grad_accum_steps)])
+            if c.data_split == "shard":  # ranks may run out at different times: all stop together
+                have = dist.all_reduce_min(have)
+            if have.item() < 1:
+                break
+            model.train()
+            loss_sum, correct = 0.0, 0.0
+            for batch in window:
+                prompts = [s["prompt.txt"] for s in batch]
+                target = torch.tensor([s["label.json"]["p_a"] for s in batch], device=device)
+                with engine.accumulating(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_amp):
+                    r = reward(engine, tokenizer, prompts + prompts,
+                               [s["response_a.txt"] for s in batch] + [s["response_b.txt"] for s in batch], c.max_length, device).float()
+                    margin = r[: len(batch)] - r[len(batch):]
+                    loss = F.binary_cross_entropy_with_logits(margin - c.margin * (2 * target - 1), target)
+                    engine.backward(loss)
+                loss_sum += loss.item() / c.grad_accum_steps
+                correct += ((margin > 0) == (target > 0.5)).float().mean().item() / c.grad_accum_steps
+            grad_norm = engine.step()
+            step, step_in_epoch = step + 1, step_in_epoch + 1
+            stats = dist.all_reduce_mean({"loss": loss_sum, "accuracy": correct})
+            metrics.log(step, {**stats, "epoch": epoch, "lr": engine.lr(), "grad_norm": grad_norm,
+                               "samples_per_s": (step - position["step"]) * c.batch_size / max(time.time() - start - position["seconds"], 1e-9)})
+            bar.set_postfix(loss=f"{stats['loss']:.3f}", acc=f"{stats['accuracy']:.2f}")
+            bar.update()
+            if c.checkpoint_every and step % c.checkpoint_every == 0:
+                checkpoints.save(engine, step, {"epoch": epoch, "step_in_epoch": step_in_epoch, "step": step,
+                                                "seconds": time.time() - start})
+                faults.maybe_kill("train_rm", step, rank)
     bar.close()
+    seconds = time.time() - start
+    replica_spread = engine.replica_spread()
+
+    # Export: rank 0 writes the HF directory (ZeRO-3 gathers the weights first), then all ranks evaluate that copy.
+    export_dir = Path(tempfile.mkdtemp(prefix="rlaif-rm-")) / "model"
+    with engine.full_parameters():
+        if rank == 0:
+            plain = model.merge_and_unload() if c.lora_rank > 0 else model
+            plain.save_pretrained(export_dir, safe_serialization=True)
+            tokenizer.save_pretrained(export_dir)
+            storage.upload_dir(export_dir, storage.join(ctx.url, "model"))
+    dist.barrier()
+    model_files = [{"path": u.rsplit("/model/", 1)[1], "sha256": None} for u in storage.glob(storage.join(ctx.url, "model", "*"))]
+    _, exported = load_reward_model(storage.download_dir(storage.join(ctx.url, "model"), model_files))
+    exported.to(device).eval()
+    summary = evaluate_reward_model(ctx, exported, tokenizer, rank, world, device)
+    summary.update(steps=step, seconds=seconds, samples_per_s=step * c.batch_size / max(seconds, 1e-9), world_size=world,
+                   replica_param_spread=replica_spread)
 
     result = None
     if rank == 0:
-        model.eval()
-        r_a = batched_rewards(model, tokenizer, [s["prompt.txt"] for s in held], [s["response_a.txt"] for s in held], c.max_length, device)
-        r_b = batched_rewards(model, tokenizer, [s["prompt.txt"] for s in held], [s["response_b.txt"] for s in held], c.max_length, device)
-        p = torch.tensor([s["label.json"]["p_a"] for s in held])
-        pred = torch.sigmoid((r_a - r_b).cpu())
-        confident = (p - 0.5).abs() >= 0.25
-        train_r = batched_rewards(model, tokenizer, [s["prompt.txt"] for s in train] * 2,
-                                  [s["response_a.txt"] for s in train] + [s["response_b.txt"] for s in train], c.max_length, device)
-        summary = {
-            "train_pairs": len(train), "held_out_pairs": len(held), "steps": total_steps,
-            "held_out_accuracy": ((pred > 0.5) == (p > 0.5)).float().mean().item() if held else None,
-            "held_out_accuracy_confident": ((pred > 0.5) == (p > 0.5))[confident].float().mean().item() if confident.any() else None,
-            "held_out_soft_ce": F.binary_cross_entropy(pred.clamp(1e-6, 1 - 1e-6), p).item() if held else None,
-            "held_out_calibration_mae": (pred - p).abs().mean().item() if held else None,
-            "reward_mean": train_r.mean().item(), "reward_std": train_r.std().item(),
-            "samples_per_s": total_steps * c.batch_size / (time.time() - start),
-        }
-        with tempfile.TemporaryDirectory() as tmp:
-            out = Path(tmp) / "model"
-            model.save_pretrained(out, safe_serialization=True)
-            tokenizer.save_pretrained(out)
-            (out / "reward_stats.json").write_text(json.dumps({"mean": summary["reward_mean"], "std": summary["reward_std"],
-                                                               "max_length": c.max_length}))
-            files = [dict(f, path="model/" + f["path"]) for f in storage.upload_dir(out, storage.join(ctx.url, "model"))]
-        storage.upload_file(metrics_path, storage.join(ctx.url, "metrics.jsonl"))
-        files.append({"path": "metrics.jsonl", "bytes": metrics_path.stat().st_size, "sha256": storage.sha256_file(metrics_path)})
+        stats_file = export_dir / "reward_stats.json"
+        stats_file.write_text(json.dumps({"mean": summary["reward_mean"], "std": summary["reward_std"], "max_length": c.max_length}))
+        storage.upload_file(stats_file, storage.join(ctx.url, "model", "reward_stats.json"))
+        files = [dict(f, path="model/" + f["path"]) for f in storage.upload_dir(export_dir, storage.join(ctx.url, "model"))]
+        files += metrics.publish(ctx.url)
         fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
-        print(f"train_rm: {total_steps} steps, held-out accuracy {fmt(summary['held_out_accuracy'])} "
+        print(f"train_rm: {step} steps, held-out accuracy {fmt(summary['held_out_accuracy'])} "
               f"({fmt(summary['held_out_accuracy_confident'])} on confident pairs), {summary['samples_per_s']:.1f} pairs/s")
-        result = ctx.commit(files=files, num_samples=len(train), summary=summary)
+        result = ctx.commit(files=files, num_samples=summary["train_pairs"], summary=summary)
     dist.barrier()
     dist.teardown()
     return result
+
+
+@torch.no_grad()
+def evaluate_reward_model(ctx: StageContext, model, tokenizer, rank: int, world: int, device) -> dict:
+    """Reward mean/std on the training pairs, held-out accuracy and calibration; the pairs are split across ranks."""
+    c = ctx.cfg.train_rm
+    sums = torch.zeros(9, dtype=torch.float64)  # n_train, r_sum, r_sq, n_held, correct, n_conf, correct_conf, ce, mae
+    held_pred, held_p = [], []
+    batch: list[dict] = []
+
+    def flush():
+        prompts = [s["prompt.txt"] for s in batch]
+        r_a = batched_rewards(model, tokenizer, prompts, [s["response_a.txt"] for s in batch], c.max_length, device).double()
+        r_b = batched_rewards(model, tokenizer, prompts, [s["response_b.txt"] for s in batch], c.max_length, device).double()
+        held = torch.tensor([is_held_out(s["__key__"], c.held_out_fraction, salt="train_rm:") for s in batch])
+        train_r = torch.cat([r_a[~held], r_b[~held]])
+        sums[0] += len(train_r)
+        sums[1] += train_r.sum()
+        sums[2] += train_r.square().sum()
+        held_pred.extend(torch.sigmoid(r_a - r_b)[held].tolist())
+        held_p.extend(s["label.json"]["p_a"] for s, h in zip(batch, held.tolist()) if h)
+        batch.clear()
+
+    for sample in read_samples(ctx.input_url("label"), ctx.inputs["label"], rank, world, 0, 1):
+        batch.append(checked(sample))
+        if len(batch) == 64:
+            flush()
+    if batch:
+        flush()
+    pred, p = torch.tensor(held_pred, dtype=torch.float64), torch.tensor(held_p, dtype=torch.float64)
+    confident = (p - 0.5).abs() >= 0.25
+    agree = ((pred > 0.5) == (p > 0.5)).double()
+    sums[3], sums[4] = len(held_pred), agree.sum()
+    sums[5], sums[6] = confident.sum(), agree[confident].sum()
+    sums[7] = F.binary_cross_entropy(pred.clamp(1e-6, 1 - 1e-6), p, reduction="sum") if len(held_pred) else 0.0
+    sums[8] = (pred - p).abs().sum()
+    totals = dist.all_reduce_sum(sums)
+    n_train, n_held, n_conf = totals[0].item(), totals[3].item(), totals[5].item()
+    mean = totals[1].item() / max(n_train, 1)
+    return {
+        "train_pairs": int(n_train // 2), "held_out_pairs": int(n_held),
+        "reward_mean": mean, "reward_std": max(totals[2].item() / max(n_train, 1) - mean * mean, 0.0) ** 0.5,
+        "held_out_accuracy": totals[4].item() / n_held if n_held else None,
+        "held_out_accuracy_confident": totals[6].item() / n_conf if n_conf else None,
+        "held_out_soft_ce": totals[7].item() / n_held if n_held else None,
+        "held_out_calibration_mae": totals[8].item() / n_held if n_held else None,
+    }

@@ -113,3 +113,31 @@ def test_s3_roundtrip_through_moto(s3_endpoint):
 
     keys = [s["__key__"] for s in wds.WebDataset(storage.join(url, "shard-000000.tar"), shardshuffle=False)]
     assert keys == ["k0000", "k0001"]
+
+
+def test_shuffle_buffer_is_a_seeded_permutation():
+    import random
+
+    items = [{"i": i} for i in range(100)]
+    a = [x["i"] for x in shards.shuffled(iter(items), 10, random.Random(1))]
+    b = [x["i"] for x in shards.shuffled(iter(items), 10, random.Random(1))]
+    c = [x["i"] for x in shards.shuffled(iter(items), 10, random.Random(2))]
+    assert sorted(a) == list(range(100)) and a == b and a != c and a != list(range(100))
+    # a buffer of 10 emits its first item after reading 10: item i cannot come out before position i - 9
+    assert all(pos >= i - 9 for pos, i in enumerate(a))
+    assert a.index(99) >= 90
+
+
+def test_shuffled_stream_reads_every_sample_once_in_seeded_order(stage_dir):
+    m = _write(stage_dir, 23, 4)
+    one = [s["__key__"] for s in shards.shuffled_stream(stage_dir, m, (0, 0), 8)]
+    again = [s["__key__"] for s in shards.shuffled_stream(stage_dir, m, (0, 0), 8)]
+    other_epoch = [s["__key__"] for s in shards.shuffled_stream(stage_dir, m, (0, 1), 8)]
+    assert sorted(one) == [f"k{i:04d}" for i in range(23)] and one == again and one != other_epoch
+
+
+def test_identical_samples_give_identical_digests(tmp_path):
+    storage.configure(None)
+    a = _write(storage.normalize(str(tmp_path / "a")), 9, 4)
+    b = _write(storage.normalize(str(tmp_path / "b")), 9, 4)
+    assert [s["sha256"] for s in a["shards"]] == [s["sha256"] for s in b["shards"]] and a["digest"] == b["digest"]

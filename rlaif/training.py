@@ -1,0 +1,228 @@
+"""Training machinery shared by the training stages: DDP or DeepSpeed ZeRO behind one small engine, gradient
+accumulation, a warm-up/decay schedule, metrics (JSONL + TensorBoard), and checkpoints that resume exactly.
+
+Checkpoints live under <stage_url>/checkpoints/step-NNNNNNNN/; `checkpoints/latest.json` is written last and is the
+commit marker of a checkpoint, like manifest.json is for a stage. A checkpoint made under another config is ignored.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import tempfile
+from pathlib import Path
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from rlaif import distributed as dist
+from rlaif.errors import UserError
+from rlaif.io import storage
+
+
+def warmup_decay(optimizer, warmup_steps: int, total_steps: int):
+    """Linear warm-up to the peak learning rate, then linear decay to 0 at total_steps."""
+    warmup_steps = max(1, warmup_steps)
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min((s + 1) / warmup_steps, max(0.0, (total_steps - s) / max(1, total_steps - warmup_steps)))
+    )
+
+
+class Engine:
+    """One model, its optimizer and schedule, under DDP (default) or DeepSpeed ZeRO-2/3.
+
+    Call `backward(loss)` on every micro-batch and `step()` once the accumulation window is complete."""
+
+    def __init__(self, model, *, strategy: str, zero_stage: int, lr: float, weight_decay: float, grad_clip: float,
+                 accum_steps: int, micro_batch: int, warmup_steps: int, total_steps: int, device):
+        self.strategy, self.grad_clip, self.accum_steps, self.device = strategy, grad_clip, accum_steps, device
+        self.world = dist.world_size()
+        self._micro = 0
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+        scheduler = warmup_decay(optimizer, warmup_steps, total_steps)
+        if strategy == "deepspeed":
+            try:
+                import deepspeed
+            except ImportError:
+                raise UserError("strategy 'deepspeed' needs the deepspeed extra: pip install 'rlaif[deepspeed]'") from None
+            ds_config = {
+                "train_micro_batch_size_per_gpu": micro_batch,
+                "gradient_accumulation_steps": accum_steps,
+                "gradient_clipping": grad_clip,
+                "zero_optimization": {"stage": zero_stage},
+                "zero_allow_untested_optimizer": True,
+                "bf16": {"enabled": device.type == "cuda"},
+                "steps_per_print": 10**9,
+            }
+            self.module, self.optimizer, _, self.scheduler = deepspeed.initialize(
+                model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config, model_parameters=params
+            )
+            self.model = self.module.module
+        else:
+            self.model = model
+            self.module = DDP(model) if self.world > 1 else model
+            self.optimizer, self.scheduler = optimizer, scheduler
+
+    def __call__(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def accumulating(self):
+        """DDP all-reduces gradients only on the last micro-batch of an accumulation window."""
+        last = (self._micro + 1) % self.accum_steps == 0
+        if self.strategy == "ddp" and self.world > 1 and not last:
+            with self.module.no_sync():
+                yield
+        else:
+            yield
+
+    def backward(self, loss: torch.Tensor) -> None:
+        if self.strategy == "deepspeed":
+            self.module.backward(loss)  # DeepSpeed scales by the accumulation steps itself
+        else:
+            (loss / self.accum_steps).backward()
+        self._micro += 1
+
+    def step(self) -> float:
+        """Optimizer step at the end of an accumulation window; returns the gradient norm before clipping."""
+        if self.strategy == "deepspeed":
+            for _ in range(self.accum_steps):  # DeepSpeed counts micro steps and updates at the boundary
+                self.module.step()
+            norm = self.module.get_global_grad_norm()
+            return float(norm) if norm is not None else float("nan")
+        norm = torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], self.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    def replica_spread(self) -> float | None:
+        """Max minus min over ranks of a parameter checksum: 0.0 when DDP replicas are identical, as they must be.
+        None under DeepSpeed, where parameters or optimizer state are sharded by design."""
+        if self.strategy == "deepspeed":
+            return None
+        with torch.no_grad():
+            checksum = torch.stack([p.double().sum() for p in self.model.parameters()]).sum().reshape(1)
+        highest = -dist.all_reduce_min(-checksum)
+        return (highest - dist.all_reduce_min(checksum)).item()
+
+    def lr(self) -> float:
+        return self.scheduler.get_last_lr()[0]
+
+    @contextlib.contextmanager
+    def full_parameters(self):
+        """Inside, every parameter is whole on every rank (ZeRO-3 gathers its partitions)."""
+        if self.strategy == "deepspeed" and self.module.zero_optimization_stage() == 3:
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(list(self.model.parameters()), modifier_rank=None):
+                yield
+        else:
+            yield
+
+    # --- checkpoints -------------------------------------------------------------------------------------------
+    def save(self, local_dir: Path, client_state: dict) -> None:
+        local_dir.mkdir(parents=True, exist_ok=True)
+        rng = {"torch": torch.get_rng_state(), **({"cuda": torch.cuda.get_rng_state()} if torch.cuda.is_available() else {})}
+        if self.strategy == "deepspeed":
+            self.module.save_checkpoint(str(local_dir), tag="engine", client_state={"client": json.dumps(client_state)})
+            torch.save(rng, local_dir / f"rng-rank{dist.rank()}.pt")
+            return
+        torch.save(rng, local_dir / f"rng-rank{dist.rank()}.pt")
+        if dist.rank() == 0:
+            torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                        "scheduler": self.scheduler.state_dict()}, local_dir / "engine.pt")
+            (local_dir / "client_state.json").write_text(json.dumps(client_state))
+
+    def load(self, local_dir: Path) -> dict:
+        rng_file = local_dir / f"rng-rank{dist.rank()}.pt"
+        if self.strategy == "deepspeed":
+            _, client = self.module.load_checkpoint(str(local_dir), tag="engine")
+            state = json.loads(client["client"])
+        else:
+            saved = torch.load(local_dir / "engine.pt", map_location=self.device, weights_only=True)
+            self.model.load_state_dict(saved["model"])
+            self.optimizer.load_state_dict(saved["optimizer"])
+            self.scheduler.load_state_dict(saved["scheduler"])
+            state = json.loads((local_dir / "client_state.json").read_text())
+        if rng_file.exists():  # absent when resuming with more ranks than the checkpoint had
+            rng = torch.load(rng_file, weights_only=True)
+            torch.set_rng_state(rng["torch"])
+            if "cuda" in rng and torch.cuda.is_available():
+                torch.cuda.set_rng_state(rng["cuda"])
+        return state
+
+
+class Checkpoints:
+    """Where a stage's checkpoints live, which one is current, and keeping only the newest few."""
+
+    def __init__(self, stage_url: str, config_hash: str, keep: int = 2):
+        self.url = storage.join(stage_url, "checkpoints")
+        self.config_hash, self.keep = config_hash, keep
+        self.local_root = Path(tempfile.mkdtemp(prefix="rlaif-ckpt-"))
+
+    def latest(self) -> dict | None:
+        try:
+            marker = json.loads(storage.read_text(storage.join(self.url, "latest.json")))
+        except FileNotFoundError:
+            return None
+        return marker if marker.get("config_hash") == self.config_hash else None
+
+    def save(self, engine: Engine, step: int, client_state: dict) -> None:
+        name = f"step-{step:08d}"
+        local = self.local_root / name
+        engine.save(local, client_state)
+        if local.exists():  # every rank uploads what it wrote (ZeRO shards are per rank)
+            storage.upload_dir(local, storage.join(self.url, name))
+        dist.barrier()
+        if dist.rank() == 0:
+            previous = self.latest()
+            history = ([*previous.get("history", [])] if previous else []) + [name]
+            marker = {"config_hash": self.config_hash, "step": step, "name": name, "history": history[-self.keep:]}
+            storage.write_bytes_atomic(storage.join(self.url, "latest.json"), json.dumps(marker).encode())
+            for old in history[: -self.keep]:
+                storage.remove(storage.join(self.url, old), recursive=True)
+        dist.barrier()
+
+    def restore(self, engine: Engine) -> dict | None:
+        marker = self.latest()
+        if marker is None:
+            return None
+        remote = storage.join(self.url, marker["name"])
+        files = [{"path": url[len(remote) + 1:], "sha256": None} for url in storage.glob(remote + "/**")
+                 if url != remote and not storage.filesystem(url).isdir(url.split("://", 1)[1])]
+        local = storage.download_dir(remote, files)
+        state = engine.load(local)
+        if dist.rank() == 0:
+            print(f"resumed from checkpoint {marker['name']} (step {marker['step']})", flush=True)
+        return state
+
+
+class MetricsLog:
+    """Per-step metrics to metrics.jsonl and TensorBoard, written on rank 0 only."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.dir = Path(tempfile.mkdtemp(prefix="rlaif-metrics-"))
+        self.writer = None
+        if enabled:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(self.dir / "tensorboard"))
+
+    def log(self, step: int, row: dict) -> None:
+        if not self.enabled:
+            return
+        with open(self.dir / "metrics.jsonl", "a") as f:
+            f.write(json.dumps({"step": step, **row}) + "\n")
+        for key, value in row.items():
+            if isinstance(value, (int, float)):
+                self.writer.add_scalar(key, value, step)
+
+    def publish(self, stage_url: str) -> list[dict]:
+        """Upload metrics.jsonl and the TensorBoard logs; returns manifest file entries."""
+        if not self.enabled:
+            return []
+        self.writer.close()
+        return storage.upload_dir(self.dir, stage_url)
+

@@ -1,0 +1,128 @@
+"""Preference-model training as real processes: torchrun with 2 ranks (gloo) against 1 process, kill -9 and
+resume, DeepSpeed ZeRO-2 on CPU. Tiny BERT backbone (dropout off, so runs are deterministic) and synthetic labels."""
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlaif.io import manifest, storage
+from rlaif.io.shards import ShardWriter
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+WORDS = "rice pasta garden guitar budget email puppy compost sleep running python debt".split()
+
+
+@pytest.fixture(scope="module")
+def backbone(tmp_path_factory):
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    from rlaif.models.loading import minilm_dir
+
+    out = tmp_path_factory.mktemp("tiny-bert")
+    tok = AutoTokenizer.from_pretrained(str(minilm_dir()))
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=1)
+    BertForSequenceClassification(config).save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    return out
+
+
+def write_labels(root: Path, run_id: str, n: int = 192, shard_size: int = 40) -> None:
+    """Pairs where the response that repeats the prompt's topic word is preferred (a learnable rule)."""
+    storage.configure(None)
+    url = storage.normalize(str(root / run_id / "label"))
+    rng = random.Random(0)
+    with ShardWriter(url, shard_size) as w:
+        for i in range(n):
+            topic, other = rng.sample(WORDS, 2)
+            good, bad = f"here is help with {topic} today", f"no idea about {other} sorry"
+            a_good = rng.random() < 0.5
+            w.write({"__key__": f"k{i:05d}", "prompt.txt": f"how do I get better at {topic}?",
+                     "response_a.txt": good if a_good else bad, "response_b.txt": bad if a_good else good,
+                     "label.json": {"p_a": 0.9 if a_good else 0.1}})
+    manifest.write(url, stage="label", run_id=run_id, config_hash="fixture", inputs={}, shards=w.shards)
+
+
+def train(root: Path, run_id: str, backbone: Path, nproc: int, *extra: str, env=None):
+    write_labels(root, run_id)
+    sets = [f"storage.root={root}", f"run_id={run_id}", f"train_rm.backbone={backbone}", "train_rm.batch_size=8",
+            "train_rm.epochs=2", "train_rm.lr=1e-3", "train_rm.max_length=32", "train_rm.checkpoint_every=5",
+            "train_rm.shuffle_buffer=64", *extra]
+    stage = ["-m", "rlaif", "stage", "train_rm", "--config", "configs/tiny.yaml"] + [a for s in sets for a in ("--set", s)]
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if nproc > 1 else []
+    proc = subprocess.run([sys.executable, *launcher, *stage], cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})))
+    return proc
+
+
+def weights(root: Path, run_id: str) -> dict:
+    return load_file(str(root / run_id / "train_rm" / "model" / "model.safetensors"))
+
+
+def summary(root: Path, run_id: str) -> dict:
+    return json.loads((root / run_id / "train_rm" / "manifest.json").read_text())["summary"]
+
+
+@pytest.fixture(scope="module")
+def reference_runs(tmp_path_factory, backbone):
+    root = tmp_path_factory.mktemp("rm-runs")
+    for run_id, nproc in (("one", 1), ("two", 2)):
+        proc = train(root, run_id, backbone, nproc)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    return root
+
+
+def test_two_processes_match_one_process(reference_runs, backbone):
+    one, two = weights(reference_runs, "one"), weights(reference_runs, "two")
+    init = load_file(str(backbone / "model.safetensors"))
+    assert one.keys() == two.keys()
+    moved = max((one[k] - init[k]).abs().max().item() for k in one if k in init)
+    assert moved > 0.01  # training moved the weights far more than the tolerance below
+    for name in one:
+        # Same global batches; only summation order differs (4 + 4 all-reduced vs 8 in one pass).
+        torch.testing.assert_close(two[name], one[name], atol=5e-5, rtol=1e-3, msg=name)
+    s1, s2 = summary(reference_runs, "one"), summary(reference_runs, "two")
+    assert s2["world_size"] == 2 and s1["steps"] == s2["steps"] > 20
+    assert s2["replica_param_spread"] == 0.0  # both ranks hold identical parameters
+    assert s1["held_out_accuracy"] >= 0.9  # it learned the rule
+    assert (reference_runs / "two/train_rm/tensorboard").is_dir() and (reference_runs / "two/train_rm/metrics.jsonl").exists()
+
+
+def test_kill_minus_nine_of_a_rank_then_resume_matches_uninterrupted(reference_runs, backbone):
+    crashed = train(reference_runs, "crash", backbone, 2, env={"RLAIF_FAULT": "train_rm:15:1"})
+    assert crashed.returncode != 0
+    assert not (reference_runs / "crash/train_rm/manifest.json").exists()
+    marker = json.loads((reference_runs / "crash/train_rm/checkpoints/latest.json").read_text())
+    assert marker["step"] == 15
+    resumed = train(reference_runs, "crash", backbone, 2)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert "resumed from checkpoint step-00000015" in resumed.stdout + resumed.stderr
+    expected, got = weights(reference_runs, "two"), weights(reference_runs, "crash")
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], atol=1e-6, rtol=1e-6, msg=name)
+
+
+def test_shard_split_mode_trains(reference_runs, backbone):
+    proc = train(reference_runs, "shards", backbone, 2, "train_rm.data_split=shard", "train_rm.data_workers=1")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert summary(reference_runs, "shards")["held_out_accuracy"] >= 0.9
+
+
+def test_deepspeed_zero2_on_cpu_exports_a_loadable_model(reference_runs, backbone):
+    pytest.importorskip("deepspeed", reason="the deepspeed extra is not installed")
+    proc = train(reference_runs, "zero2", backbone, 2, "train_rm.strategy=deepspeed", "train_rm.zero_stage=2",
+                 "train_rm.epochs=1", env={"DS_ACCELERATOR": "cpu"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(str(reference_runs / "zero2/train_rm/model"))
+    assert model.config.num_labels == 1
+    assert summary(reference_runs, "zero2")["held_out_accuracy"] is not None
