@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # DeepSpeed JIT-compiles ops on first use; keep them with the environment that built them.
 export TORCH_EXTENSIONS_DIR := $(abspath $(VENV))/torch-extensions
 
-.PHONY: demo test test-fast clean-runs
+.PHONY: demo test test-fast bench clean-runs
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,17 @@ test: $(VENV)/.installed
 
 test-fast: $(VENV)/.installed
 	$(BIN)/python -m pytest -q -m "not slow" tests
+
+# Peers (TRL) live only in the benchmark environment. Benchmarks read the labels of a finished demo run.
+.venv-bench/.installed: pyproject.toml
+	$(PYTHON) -m venv .venv-bench
+	.venv-bench/bin/pip install -q "$(TORCH_SPEC)"
+	.venv-bench/bin/pip install -q -e . "trl==1.16.0" datasets
+	touch $@
+
+bench: .venv-bench/.installed
+	test -f runs/demo/label/manifest.json || $(MAKE) demo
+	.venv-bench/bin/python bench/bench_reward_model.py --source-run runs/demo --trials 3
 
 clean-runs:
 	rm -rf runs

@@ -168,19 +168,21 @@ def run(ctx: StageContext) -> dict:
     seconds = time.time() - start
     replica_spread = engine.replica_spread()
 
-    # Export: rank 0 writes the HF directory (ZeRO-3 gathers the weights first), then all ranks evaluate that copy.
+    # Export whole weights (ZeRO-3 gathers its partitions; LoRA is merged); rank 0 writes the HF directory.
     export_dir = Path(tempfile.mkdtemp(prefix="rlaif-rm-")) / "model"
     with engine.full_parameters():
+        plain = model.merge_and_unload() if c.lora_rank > 0 else model
         if rank == 0:
-            plain = model.merge_and_unload() if c.lora_rank > 0 else model
             plain.save_pretrained(export_dir, safe_serialization=True)
             tokenizer.save_pretrained(export_dir)
             storage.upload_dir(export_dir, storage.join(ctx.url, "model"))
     dist.barrier()
-    model_files = [{"path": u.rsplit("/model/", 1)[1], "sha256": None} for u in storage.glob(storage.join(ctx.url, "model", "*"))]
-    _, exported = load_reward_model(storage.download_dir(storage.join(ctx.url, "model"), model_files))
-    exported.to(device).eval()
-    summary = evaluate_reward_model(ctx, exported, tokenizer, rank, world, device)
+    if c.strategy == "deepspeed":  # DeepSpeed owns (and may partition) the live parameters: evaluate the export
+        files = [{"path": u.rsplit("/model/", 1)[1], "sha256": None} for u in storage.glob(storage.join(ctx.url, "model", "*"))]
+        plain = load_reward_model(storage.download_dir(storage.join(ctx.url, "model"), files))[1].to(device)
+    else:
+        engine.optimizer.state.clear()  # the Adam moments are done with: free them before evaluating
+    summary = evaluate_reward_model(ctx, plain.eval(), tokenizer, rank, world, device)
     summary.update(steps=step, seconds=seconds, samples_per_s=step * c.batch_size / max(seconds, 1e-9), world_size=world,
                    replica_param_spread=replica_spread)
 
