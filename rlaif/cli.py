@@ -27,7 +27,27 @@ def _parser() -> argparse.ArgumentParser:
     config_args(stage)
 
     sub.add_parser("graph", help="print the stage graph")
+
+    rep = sub.add_parser("report", help="rebuild one run's report, or compare several runs side by side")
+    rep.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (local path, file:// or s3:// URL)")
+    rep.add_argument("--output", help="comparison HTML file to write (several runs); the table is printed too")
     return p
+
+
+def _report(runs: list[str], output: str | None) -> int:
+    from rlaif import report
+    from rlaif.io import storage
+
+    urls = [storage.normalize(r) for r in runs]
+    if len(urls) == 1:
+        print(f"report: {report.write(urls[0])}")
+        return 0
+    markdown, page = report.compare(urls)
+    print(markdown)
+    if output:
+        storage.write_bytes_atomic(storage.normalize(output), page.encode())
+        print(f"comparison: {storage.normalize(output)}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
         from rlaif.config import load_config
         from rlaif.io import storage
 
-        storage.configure(None)  # a config given as s3:// URL needs the endpoint from the environment
+        storage.configure(None)
+        if args.command == "report":
+            return _report(args.runs, args.output)  # a config given as s3:// URL needs the endpoint from the environment
         overrides = list(args.overrides)
         if args.command == "run":
             overrides += [f"run_id={args.run_id}"] * bool(args.run_id) + [f"storage.root={args.storage_root}"] * bool(args.storage_root)

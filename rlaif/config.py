@@ -202,6 +202,21 @@ class PPOConfig(Strict):
     """Clip the global gradient norm to this."""
 
 
+class JudgeSpec(Strict):
+    """A judge used by the evaluation (the training judge is always first, named `training`)."""
+
+    name: str
+    """Name shown in the report, e.g. `heldout`."""
+    judge: Literal["embedding"] = "embedding"
+    """The judge kind (see label.judge)."""
+    constitution: str = "data/constitution.yaml"
+    """Principles this judge samples from."""
+    temperature: float = 0.05
+    """Soft-label temperature."""
+    relevance_weight: float = 0.5
+    """Weight of response-prompt similarity (embedding judge)."""
+
+
 class EvaluateConfig(Strict):
     n_prompts: int = 256
     """Held-out prompts to evaluate on (at most the held-out split's size)."""
@@ -215,6 +230,13 @@ class EvaluateConfig(Strict):
     """A comparison with |p - 0.5| below this counts as a tie (half a win)."""
     n_examples: int = 8
     """Example prompts shown in the report."""
+    judges: list[JudgeSpec] = []
+    """Further judges reported beside the training judge, e.g. an independent held-out judge whose principles the
+    policy was never optimised against: a gap between the two is a sign of reward hacking."""
+    min_win_rate: float | None = None
+    """Quality gate: fail the stage (exit code 2, no manifest) when the training judge's win rate is below this."""
+    max_kl: float | None = None
+    """Quality gate: fail the stage when the per-sequence KL to the reference is above this."""
 
 
 class PipelineConfig(Strict):

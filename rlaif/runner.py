@@ -64,9 +64,14 @@ def run(cfg: PipelineConfig) -> dict:
         print(f"[{stage.name}] done in {timings[stage.name]:.1f}s", flush=True)
     result = manifest.require(storage.join(run_url, "evaluate"), "evaluate")["summary"]
     lo, hi = result["win_rate_ci95"]
-    print(f"evaluation: win rate {result['win_rate']:.3f} [95% CI {lo:.3f}, {hi:.3f}] on {result['n_prompts']} held-out prompts; "
+    print(f"evaluation: win rate {result['win_rate']:.3f} [95% CI {lo:.3f}, {hi:.3f}], length-controlled "
+          f"{result['win_rate_length_controlled']:.3f}, on {result['n_prompts']} held-out prompts; "
           f"reward {result['reward_policy_mean']:.3f} (tuned) vs {result['reward_reference_mean']:.3f} (start); "
           f"KL to reference {result['kl_to_reference']:.3f}")
+    for name, j in result["judges"].items():
+        if name != "training":
+            print(f"evaluation, judge '{name}': win rate {j['win_rate']:.3f} "
+                  f"[95% CI {j['win_rate_ci95'][0]:.3f}, {j['win_rate_ci95'][1]:.3f}]")
     print(f"report: {storage.join(run_url, 'evaluate', 'report.html')}")
     return {"run_dir": run_url, "timings": timings, "evaluation": result}
 

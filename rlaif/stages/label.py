@@ -31,8 +31,10 @@ def sample_principle(principles: list[dict], seed: int, key: str) -> dict:
     return principles[random.Random(sha256_json([seed, key])).randrange(len(principles))]
 
 
-def make_judge(cfg):
-    return EmbeddingJudge(cfg.label.temperature, cfg.label.relevance_weight, cfg.label.batch_size)
+def make_judge(kind: str, temperature: float, relevance_weight: float, batch_size: int):
+    if kind == "embedding":
+        return EmbeddingJudge(temperature, relevance_weight, batch_size)
+    raise UserError(f"unknown judge {kind!r}: use 'embedding'")
 
 
 def debiased(judge, prompts, first, second, principle_texts):
@@ -50,7 +52,7 @@ REQUIRED = ("prompt.txt", "response_a.txt", "response_b.txt")
 def run(ctx: StageContext) -> dict:
     cfg = ctx.cfg
     principles = load_constitution(cfg.label.constitution)
-    judge = make_judge(cfg)
+    judge = make_judge(cfg.label.judge, cfg.label.temperature, cfg.label.relevance_weight, cfg.label.batch_size)
     pairs_url, pairs = ctx.input_url("generate"), ctx.inputs["generate"]
 
     n, consistent_count, p_sum, confident = 0, 0, 0.0, 0

@@ -20,6 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from rlaif import distributed as dist
+from rlaif import report
 from rlaif.algo import ppo as algo
 from rlaif.errors import UserError
 from rlaif.io import storage
@@ -136,25 +137,6 @@ def update(cfg, model, policy, optimizer, batch, seed):
     return {k: v / n for k, v in sums.items()}
 
 
-def save_plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    it = [r["iteration"] for r in rows]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.5))
-    ax1.plot(it, [r["reward_raw"] for r in rows], color="tab:blue")
-    ax1.set(title="reward-model score (raw)", xlabel="iteration")
-    ax2.plot(it, [r["kl"] for r in rows], color="tab:red")
-    ax2.set(title="KL to reference (per sequence)", xlabel="iteration")
-    for ax in (ax1, ax2):
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def run(ctx: StageContext) -> dict:
     cfg, c = ctx.cfg, ctx.cfg.ppo
     rank, world, device = dist.setup()
@@ -200,7 +182,7 @@ def run(ctx: StageContext) -> dict:
         out = tmp / "out"
         out.mkdir()
         (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        save_plot(rows, out / "reward_kl.png")
+        (out / "reward_kl.png").write_bytes(report.ppo_curves(rows))
         lm = policy.lm
         if c.lora_rank > 0:
             lm.save_pretrained(out / "adapter", safe_serialization=True)

@@ -16,7 +16,8 @@ from rlaif.stages.common import run_url
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
-METRIC_KEYS = {"win_rate", "win_rate_ci95", "n_prompts", "reward_policy_mean", "reward_reference_mean", "kl_to_reference"}
+METRIC_KEYS = {"win_rate", "win_rate_ci95", "n_prompts", "reward_policy_mean", "reward_reference_mean", "kl_to_reference",
+               "win_rate_length_controlled", "judges"}
 
 
 def rlaif(*args, env=None, **kw):
@@ -44,6 +45,7 @@ def check_metrics(metrics):
     assert METRIC_KEYS <= set(metrics)
     lo, hi = metrics["win_rate_ci95"]
     assert 0 <= lo <= metrics["win_rate"] <= hi <= 1 and metrics["n_prompts"] == 16
+    assert set(metrics["judges"]) == {"training", "heldout"}
 
 
 def test_file_storage_run_then_cache_hits(tmp_path):
@@ -68,6 +70,18 @@ def test_file_storage_run_then_cache_hits(tmp_path):
     third = rlaif("run", "--config", "configs/tiny.yaml", "--storage-root", root, "--set", "ppo.lr=2e-3", timeout=600)
     assert third.returncode == 0, third.stderr[-3000:]
     assert [s.name for s in STAGES if f"[{s.name}] running" in third.stdout] == ["ppo", "evaluate"]
+
+    # A quality gate that fails: exit 2 with the reason, the report shows it, and no evaluate manifest is written.
+    gated = rlaif("run", "--config", "configs/tiny.yaml", "--storage-root", root, "--set", "ppo.lr=2e-3",
+                  "--set", "evaluate.min_win_rate=1.01", timeout=600)
+    assert gated.returncode == 2 and "quality gate failed: win rate" in gated.stderr
+    assert not (tmp_path / "runs/tiny/evaluate/manifest.json").exists()
+    assert 'class="fail"' in (tmp_path / "runs/tiny/evaluate/report.html").read_text()
+
+    rebuilt = rlaif("report", f"{tmp_path}/runs/tiny", timeout=120)
+    assert rebuilt.returncode == 0 and "report: " in rebuilt.stdout
+    compared = rlaif("report", f"{tmp_path}/runs/tiny", f"{tmp_path}/runs/tiny", "--output", f"{tmp_path}/cmp.html", timeout=120)
+    assert compared.returncode == 0 and "| win_rate |" in compared.stdout and (tmp_path / "cmp.html").exists()
 
 
 def test_s3_storage_run(tmp_path, s3_endpoint):

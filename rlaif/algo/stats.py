@@ -1,0 +1,39 @@
+"""Evaluation statistics: win-rate intervals and the length-controlled win rate."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval for a proportion (ties enter as half successes)."""
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    denom = 1 + z * z / n
+    center = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(max(p * (1 - p) / n + z * z / (4 * n * n), 0.0)) / denom
+    return max(0.0, center - half), min(1.0, center + half)
+
+
+def length_controlled_win_rate(outcomes, length_a, length_b, l2: float = 1e-3, iters: int = 50) -> float:
+    """Win rate of A over B with the effect of length removed (the idea of AlpacaEval's length control).
+
+    Fits P(A wins) = sigmoid(w0 + w1 * tanh((len_a - len_b) / std)) to the outcomes (1 win, 0 loss, 0.5 tie) by
+    Newton's method with a small L2 penalty (keeps separable data finite), and returns sigmoid(w0): the predicted
+    win rate when both answers are equally long."""
+    y = torch.as_tensor(outcomes, dtype=torch.float64)
+    diff = torch.as_tensor(length_a, dtype=torch.float64) - torch.as_tensor(length_b, dtype=torch.float64)
+    scale = diff.std() if len(diff) > 1 and diff.std() > 0 else torch.tensor(1.0, dtype=torch.float64)
+    x = torch.stack([torch.ones_like(diff), torch.tanh(diff / scale)], dim=1)
+    w = torch.zeros(2, dtype=torch.float64)
+    for _ in range(iters):
+        p = torch.sigmoid(x @ w)
+        grad = x.T @ (p - y) + l2 * len(y) * w
+        hess = (x * (p * (1 - p))[:, None]).T @ x + l2 * len(y) * torch.eye(2, dtype=torch.float64)
+        step = torch.linalg.solve(hess, grad)
+        w = w - step
+        if step.abs().max() < 1e-10:
+            break
+    return torch.sigmoid(w[0]).item()

@@ -1,0 +1,181 @@
+"""Evaluation reports: report.md, a self-contained report.html with embedded PNG plots, plots/*.png, and the
+side-by-side comparison of several runs. Built from a run's files only (evaluate/metrics.json, evaluate/examples.jsonl,
+ppo/metrics.jsonl), so `rlaif report RUN_DIR` can rebuild them at any time."""
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+
+from rlaif.io import storage
+
+
+def _figure():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=100)
+    _figure().close(fig)
+    return buf.getvalue()
+
+
+def ppo_curves(ppo_rows: list[dict]) -> bytes:
+    """Reward-model score and KL to the reference over PPO iterations (also saved by the ppo stage)."""
+    fig, (a, b) = _figure().subplots(1, 2, figsize=(10, 3.2))
+    it = [r["iteration"] for r in ppo_rows]
+    a.plot(it, [r["reward_raw"] for r in ppo_rows], color="tab:blue")
+    a.set(title="PPO: reward-model score", xlabel="iteration")
+    b.plot(it, [r["kl"] for r in ppo_rows], color="tab:red")
+    b.set(title="PPO: KL to reference (per sequence)", xlabel="iteration")
+    for ax in (a, b):
+        ax.grid(alpha=0.3)
+    return _png(fig)
+
+
+def plots(metrics: dict, examples: list[dict], ppo_rows: list[dict]) -> dict[str, bytes]:
+    plt = _figure()
+    out = {"ppo_reward_kl.png": ppo_curves(ppo_rows)} if ppo_rows else {}
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.2))
+    bins = 30
+    a.hist([x["reward_reference"] for x in examples], bins=bins, alpha=0.6, label="start", color="tab:gray")
+    a.hist([x["reward_tuned"] for x in examples], bins=bins, alpha=0.6, label="tuned", color="tab:green")
+    a.set(title="reward-model score (normalised)", xlabel="reward")
+    a.legend()
+    b.hist([x["length_reference"] for x in examples], bins=bins, alpha=0.6, label="start", color="tab:gray")
+    b.hist([x["length_tuned"] for x in examples], bins=bins, alpha=0.6, label="tuned", color="tab:green")
+    b.set(title="response length (tokens)", xlabel="tokens")
+    b.legend()
+    out["distributions.png"] = _png(fig)
+
+    judges = metrics["judges"]
+    fig, ax = plt.subplots(figsize=(10, 0.9 + 0.6 * len(judges)))
+    names = list(judges)
+    rates = [judges[n]["win_rate"] for n in names]
+    lo = [judges[n]["win_rate"] - judges[n]["win_rate_ci95"][0] for n in names]
+    hi = [judges[n]["win_rate_ci95"][1] - judges[n]["win_rate"] for n in names]
+    ax.barh(names, rates, xerr=[lo, hi], color="tab:green", alpha=0.7, capsize=5, label="win rate (95% CI)")
+    ax.scatter([judges[n]["win_rate_length_controlled"] for n in names], names, color="black", zorder=3, label="length-controlled")
+    ax.axvline(0.5, color="tab:red", linestyle="--", linewidth=1)
+    ax.set(xlim=(0, 1), title="tuned vs start: win rate by judge")
+    ax.legend(loc="lower right", fontsize=8)
+    out["win_rate.png"] = _png(fig)
+    return out
+
+
+def _summary_rows(metrics: dict) -> list[tuple[str, str]]:
+    rows = []
+    for name, j in metrics["judges"].items():
+        lo, hi = j["win_rate_ci95"]
+        rows.append((f"win rate, judge '{name}'", f"{j['win_rate']:.3f} [95% CI {lo:.3f}, {hi:.3f}]; length-controlled "
+                     f"{j['win_rate_length_controlled']:.3f}; {j['wins']}/{j['ties']}/{j['losses']} W/T/L"))
+    rows += [
+        ("prompts (held out)", str(metrics["n_prompts"])),
+        ("reward (normalised), tuned vs start", f"{metrics['reward_policy_mean']:.3f} vs {metrics['reward_reference_mean']:.3f}"),
+        ("KL to reference (per sequence / per token)", f"{metrics['kl_to_reference']:.3f} / {metrics['kl_to_reference_per_token']:.4f}"),
+        ("response length (tokens), tuned vs start", f"{metrics['length_policy_mean']:.1f} vs {metrics['length_reference_mean']:.1f}"),
+    ]
+    gates = metrics.get("gates", {})
+    if gates.get("checked"):
+        rows.append(("quality gates", "passed" if gates["passed"] else "FAILED: " + "; ".join(gates["failures"])))
+    return rows
+
+
+def render_markdown(run_id: str, metrics: dict, examples: list[dict]) -> str:
+    lines = [f"# rlaif report: run `{run_id}`", "", "| metric | value |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in _summary_rows(metrics)]
+    lines += ["", "Plots: `plots/` beside this file (and embedded in report.html).", "", "## Examples", ""]
+    for x in examples:
+        lines += [f"**Prompt:** {x['prompt']}", "", f"- tuned: {x['tuned']}", f"- start: {x['reference']}",
+                  "- P(tuned better): " + ", ".join(f"{k} {v:.2f}" for k, v in x["p_tuned_better"].items()), ""]
+    return "\n".join(lines)
+
+
+_STYLE = """body{font-family:system-ui,-apple-system,sans-serif;max-width:1040px;margin:2em auto;color:#222;padding:0 1em}
+table{border-collapse:collapse;width:100%;margin:1em 0}th,td{border:1px solid #ddd;padding:6px 8px;text-align:left;vertical-align:top}
+th{background:#f5f5f5}img{max-width:100%;margin:.5em 0}.pass{color:#1a7f37}.fail{color:#cf222e;font-weight:bold}"""
+
+
+def render_html(run_id: str, metrics: dict, examples: list[dict], pngs: dict[str, bytes]) -> str:
+    esc = html.escape
+    table = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in _summary_rows(metrics))
+    images = "".join(f'<img alt="{esc(name)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+                     for name, png in pngs.items())
+    judge_names = list(metrics["judges"])
+    head = "".join(f"<th>P(tuned better): {esc(n)}</th>" for n in judge_names)
+    rows = "".join(
+        f"<tr><td>{esc(x['prompt'])}</td><td>{esc(x['tuned'])}</td><td>{esc(x['reference'])}</td>"
+        + "".join(f"<td>{x['p_tuned_better'][n]:.2f}</td>" for n in judge_names) + "</tr>"
+        for x in examples
+    )
+    gates = metrics.get("gates", {})
+    banner = ""
+    if gates.get("checked"):
+        banner = ('<p class="pass">Quality gates passed.</p>' if gates["passed"]
+                  else f'<p class="fail">Quality gates FAILED: {esc("; ".join(gates["failures"]))}</p>')
+    return (f'<!doctype html><html><head><meta charset="utf-8"><title>rlaif report: {esc(run_id)}</title>'
+            f"<style>{_STYLE}</style></head><body><h1>rlaif report: run <code>{esc(run_id)}</code></h1>{banner}"
+            f"<table>{table}</table>{images}<h2>Examples</h2><table><tr><th>prompt</th><th>tuned</th><th>start</th>{head}</tr>"
+            f"{rows}</table></body></html>")
+
+
+def _read_jsonl(url: str) -> list[dict]:
+    if not storage.exists(url):
+        return []
+    return [json.loads(line) for line in storage.read_text(url).splitlines() if line.strip()]
+
+
+def load(run_url: str) -> tuple[dict, list[dict], list[dict]]:
+    from rlaif.errors import UserError
+
+    metrics_url = storage.join(run_url, "evaluate", "metrics.json")
+    if not storage.exists(metrics_url):
+        raise UserError(f"{metrics_url} not found: is {run_url} a run directory whose evaluate stage has run?")
+    metrics = json.loads(storage.read_text(metrics_url))
+    return metrics, _read_jsonl(storage.join(run_url, "evaluate", "examples.jsonl")), _read_jsonl(storage.join(run_url, "ppo", "metrics.jsonl"))
+
+
+def write(run_url: str, n_examples: int = 8) -> str:
+    """(Re)build report.md, report.html and plots/ under <run>/evaluate/; returns the report.html URL."""
+    metrics, examples, ppo_rows = load(run_url)
+    run_id = run_url.rstrip("/").rsplit("/", 1)[-1]
+    pngs = plots(metrics, examples, ppo_rows)
+    stage = storage.join(run_url, "evaluate")
+    for name, png in pngs.items():
+        storage.write_bytes_atomic(storage.join(stage, "plots", name), png)
+    storage.write_bytes_atomic(storage.join(stage, "report.md"), render_markdown(run_id, metrics, examples[:n_examples]).encode())
+    storage.write_bytes_atomic(storage.join(stage, "report.html"), render_html(run_id, metrics, examples[:n_examples], pngs).encode())
+    return storage.join(stage, "report.html")
+
+
+COMPARE_KEYS = [("win_rate", "{:.3f}"), ("win_rate_length_controlled", "{:.3f}"), ("reward_policy_mean", "{:.3f}"),
+                ("reward_reference_mean", "{:.3f}"), ("kl_to_reference", "{:.3f}"), ("length_policy_mean", "{:.1f}"),
+                ("n_prompts", "{}")]
+
+
+def compare(run_urls: list[str]) -> tuple[str, str]:
+    """A side-by-side table of several runs' headline metrics, as Markdown and as HTML."""
+    runs = [(url.rstrip("/").rsplit("/", 1)[-1], load(url)[0]) for url in run_urls]
+    header = ["metric", *[name for name, _ in runs]]
+    body = []
+    for key, fmt in COMPARE_KEYS:
+        body.append([key, *[fmt.format(m[key]) if m.get(key) is not None else "-" for _, m in runs]])
+    for judge in dict.fromkeys(j for _, m in runs for j in m.get("judges", {})):
+        body.append([f"win rate, judge '{judge}'", *[f"{m['judges'][judge]['win_rate']:.3f}" if judge in m.get("judges", {}) else "-"
+                                                     for _, m in runs]])
+    md = "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in body])
+    esc = html.escape
+    rows = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in body)
+    page = (f'<!doctype html><html><head><meta charset="utf-8"><title>rlaif: run comparison</title><style>{_STYLE}</style>'
+            f"</head><body><h1>rlaif: run comparison</h1><table><tr>{''.join(f'<th>{esc(h)}</th>' for h in header)}</tr>{rows}"
+            "</table></body></html>")
+    return md, page
