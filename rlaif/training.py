@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -159,7 +160,6 @@ class Checkpoints:
     def __init__(self, stage_url: str, config_hash: str, keep: int = 2):
         self.url = storage.join(stage_url, "checkpoints")
         self.config_hash, self.keep = config_hash, keep
-        self.local_root = Path(tempfile.mkdtemp(prefix="rlaif-ckpt-"))
 
     def latest(self) -> dict | None:
         try:
@@ -170,10 +170,12 @@ class Checkpoints:
 
     def save(self, engine: Engine, step: int, client_state: dict) -> None:
         name = f"step-{step:08d}"
-        local = self.local_root / name
+        local_root = Path(tempfile.mkdtemp(prefix="rlaif-ckpt-"))
+        local = local_root / name
         engine.save(local, client_state)
         if local.exists():  # every rank uploads what it wrote (ZeRO shards are per rank)
             storage.upload_dir(local, storage.join(self.url, name))
+        shutil.rmtree(local_root)  # the stored copy is the checkpoint; keeping this one would fill the local disk
         dist.barrier()
         if dist.rank() == 0:
             previous = self.latest()
@@ -203,10 +205,11 @@ class MetricsLog:
 
     def __init__(self, enabled: bool):
         self.enabled = enabled
-        self.dir = Path(tempfile.mkdtemp(prefix="rlaif-metrics-"))
         self.writer = None
         if enabled:
             from torch.utils.tensorboard import SummaryWriter
+
+            self.dir = Path(tempfile.mkdtemp(prefix="rlaif-metrics-"))
 
             self.writer = SummaryWriter(str(self.dir / "tensorboard"))
 
@@ -224,5 +227,7 @@ class MetricsLog:
         if not self.enabled:
             return []
         self.writer.close()
-        return storage.upload_dir(self.dir, stage_url)
+        files = storage.upload_dir(self.dir, stage_url)
+        shutil.rmtree(self.dir, ignore_errors=True)
+        return files
 

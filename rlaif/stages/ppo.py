@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -158,7 +159,6 @@ def run(ctx: StageContext) -> dict:
 
     order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
     local = c.rollout_batch_size // world
-    tmp = Path(tempfile.mkdtemp(prefix="rlaif-ppo-"))
     rows: list[dict] = []
     bar = tqdm(range(c.iterations), desc="ppo", unit="iter", disable=rank != 0)
     for it in bar:
@@ -179,8 +179,7 @@ def run(ctx: StageContext) -> dict:
 
     result = None
     if rank == 0:
-        out = tmp / "out"
-        out.mkdir()
+        out = Path(tempfile.mkdtemp(prefix="rlaif-ppo-"))
         (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         (out / "reward_kl.png").write_bytes(report.ppo_curves(rows))
         lm = policy.lm
@@ -196,6 +195,7 @@ def run(ctx: StageContext) -> dict:
         print(f"ppo: reward {first['reward_raw']:.3f} -> {last['reward_raw']:.3f}, KL {last['kl']:.3f}, "
               f"{summary['seconds_per_iteration']:.2f}s/iteration")
         result = ctx.commit(files=files, num_samples=c.iterations * c.rollout_batch_size, summary=summary)
+        shutil.rmtree(out, ignore_errors=True)
     dist.barrier()
     dist.teardown()
     return result

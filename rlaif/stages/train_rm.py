@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import tempfile
 import time
 from itertools import islice
@@ -169,7 +170,8 @@ def run(ctx: StageContext) -> dict:
     replica_spread = engine.replica_spread()
 
     # Export whole weights (ZeRO-3 gathers its partitions; LoRA is merged); rank 0 writes the HF directory.
-    export_dir = Path(tempfile.mkdtemp(prefix="rlaif-rm-")) / "model"
+    export_root = Path(tempfile.mkdtemp(prefix="rlaif-rm-"))
+    export_dir = export_root / "model"
     with engine.full_parameters():
         plain = model.merge_and_unload() if c.lora_rank > 0 else model
         if rank == 0:
@@ -197,6 +199,7 @@ def run(ctx: StageContext) -> dict:
         print(f"train_rm: {step} steps, held-out accuracy {fmt(summary['held_out_accuracy'])} "
               f"({fmt(summary['held_out_accuracy_confident'])} on confident pairs), {summary['samples_per_s']:.1f} pairs/s")
         result = ctx.commit(files=files, num_samples=summary["train_pairs"], summary=summary)
+    shutil.rmtree(export_root, ignore_errors=True)
     dist.barrier()
     dist.teardown()
     return result
