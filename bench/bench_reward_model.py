@@ -58,13 +58,13 @@ def worker_trl(run: Path) -> dict:
 
     from rlaif.io import manifest as mf
     from rlaif.io import storage
-    from rlaif.io.prompts import is_held_out
     from rlaif.io.shards import read_all
     from rlaif.models.loading import minilm_dir
+    from rlaif.stages.train_rm import held_out
 
     storage.configure(None)
     url = storage.normalize(str(run / "label"))
-    samples = [s for s in read_all(url, mf.read(url)) if not is_held_out(s["__key__"], 0.1, salt="train_rm:")]
+    samples = [s for s in read_all(url, mf.read(url)) if not held_out(s["__key__"], 0.1)]
     tok = AutoTokenizer.from_pretrained(str(minilm_dir()))
     rows = {"chosen_ids": [], "rejected_ids": []}  # TRL 1.16's pre-tokenized columns (its collator pads and masks)
     for s in samples:

@@ -41,21 +41,21 @@ def barrier() -> None:
         dist.barrier()
 
 
-def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
-    """Sum over ranks (a copy; the input is unchanged). Identity without a process group."""
+def _all_reduce(t: torch.Tensor, op) -> torch.Tensor:
+    """`op` over ranks (a copy; the input is unchanged). Identity without a process group."""
     if not dist.is_initialized():
         return t
     out = t.clone()
-    dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    dist.all_reduce(out, op=op)
     return out
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    return _all_reduce(t, dist.ReduceOp.SUM)
 
 
 def all_reduce_min(t: torch.Tensor) -> torch.Tensor:
-    if not dist.is_initialized():
-        return t
-    out = t.clone()
-    dist.all_reduce(out, op=dist.ReduceOp.MIN)
-    return out
+    return _all_reduce(t, dist.ReduceOp.MIN)
 
 
 def all_reduce_mean(values: dict[str, float]) -> dict[str, float]:

@@ -67,6 +67,11 @@ def batched_rewards(model, tokenizer, prompts, responses, max_length, device, ba
     return torch.cat(out).float().cpu() if out else torch.zeros(0)
 
 
+def held_out(key: str, fraction: float) -> bool:
+    """The reward model's held-out pairs: one rule for training and evaluation, independent of the prompt split."""
+    return is_held_out(key, fraction, salt="train_rm:")
+
+
 def checked(sample: dict) -> dict:
     if "label.json" not in sample or "p_a" not in sample["label.json"] or "response_b.txt" not in sample:
         raise UserError(f"label sample {sample['__key__']} lacks label.json/p_a or a response: re-run stage 'label'")
@@ -90,7 +95,7 @@ class _ShardSplitStream(torch.utils.data.IterableDataset):
 def micro_batches(ctx: StageContext, epoch: int, rank: int, world: int, micro_local: int):
     """This rank's micro-batches for one epoch of training pairs."""
     c, url, m = ctx.cfg.train_rm, ctx.input_url("label"), ctx.inputs["label"]
-    keep = lambda s: not is_held_out(s["__key__"], c.held_out_fraction, salt="train_rm:")  # noqa: E731
+    keep = lambda s: not held_out(s["__key__"], c.held_out_fraction)  # noqa: E731
     if c.data_split == "shard":
         data = _ShardSplitStream(url, m, rank, world, (ctx.cfg.seed, epoch), c.shuffle_buffer, keep)
         yield from torch.utils.data.DataLoader(data, batch_size=micro_local, num_workers=c.data_workers, collate_fn=list, drop_last=True)
@@ -217,7 +222,7 @@ def evaluate_reward_model(ctx: StageContext, model, tokenizer, rank: int, world:
         prompts = [s["prompt.txt"] for s in batch]
         r_a = batched_rewards(model, tokenizer, prompts, [s["response_a.txt"] for s in batch], c.max_length, device).double()
         r_b = batched_rewards(model, tokenizer, prompts, [s["response_b.txt"] for s in batch], c.max_length, device).double()
-        held = torch.tensor([is_held_out(s["__key__"], c.held_out_fraction, salt="train_rm:") for s in batch])
+        held = torch.tensor([held_out(s["__key__"], c.held_out_fraction) for s in batch])
         train_r = torch.cat([r_a[~held], r_b[~held]])
         sums[0] += len(train_r)
         sums[1] += train_r.sum()
