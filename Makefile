@@ -7,13 +7,13 @@ BIN := $(VENV)/bin
 # DeepSpeed JIT-compiles ops on first use; keep them with the environment that built them.
 export TORCH_EXTENSIONS_DIR := $(abspath $(VENV))/torch-extensions
 
-.PHONY: demo test test-fast bench clean-runs
+.PHONY: demo test test-fast test-airflow pipeline bench clean-runs
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q -e ".[dev,kfp]"
 	# The deepspeed extra, without prebuilt ops (CPU here; the CUDA image builds them): its setup imports torch.
 	DS_BUILD_OPS=0 $(BIN)/pip install -q --no-build-isolation "deepspeed>=0.15"
 	touch $@
@@ -21,20 +21,48 @@ $(VENV)/.installed: pyproject.toml
 demo: $(VENV)/.installed
 	$(BIN)/rlaif run --config configs/demo.yaml
 
-test: $(VENV)/.installed
-	$(BIN)/python -m pytest -q tests
+# Airflow lives in its own environment (its Kubernetes provider and kfp disagree on `kubernetes`); the DAGs there
+# import only rlaif's standard-library modules, and the local DAG's tasks run this project's `rlaif` from $(VENV).
+AIRFLOW_VENV ?= .venv-airflow
+$(AIRFLOW_VENV)/.installed: dags/requirements-airflow.txt pyproject.toml
+	$(PYTHON) -m venv $(AIRFLOW_VENV)
+	$(AIRFLOW_VENV)/bin/pip install -q --upgrade pip
+	$(AIRFLOW_VENV)/bin/pip install -q -r dags/requirements-airflow.txt "pytest>=8"
+	$(AIRFLOW_VENV)/bin/pip install -q --no-deps -e .
+	touch $@
+
+test: $(VENV)/.installed $(AIRFLOW_VENV)/.installed
+	$(BIN)/python -m pytest -q tests --ignore=tests/airflow
+	RLAIF_BIN=$(abspath $(BIN))/rlaif $(AIRFLOW_VENV)/bin/python -m pytest -q tests/airflow
+
+test-airflow: $(VENV)/.installed $(AIRFLOW_VENV)/.installed
+	RLAIF_BIN=$(abspath $(BIN))/rlaif $(AIRFLOW_VENV)/bin/python -m pytest -q tests/airflow
+
+# Recompile the checked-in Kubeflow pipeline and component YAMLs (a test fails when they are stale).
+pipeline: $(VENV)/.installed
+	$(BIN)/python pipelines/rlaif_pipeline.py --output pipelines/rlaif_pipeline.yaml --components-dir components
 
 test-fast: $(VENV)/.installed
-	$(BIN)/python -m pytest -q -m "not slow" tests
+	$(BIN)/python -m pytest -q -m "not slow" tests --ignore=tests/airflow
 
-# Peers (TRL) live only in the benchmark environment. Benchmarks read the labels of a finished demo run.
+# Peers (TRL) live only in the benchmark environments: TRL 1.16 for RewardTrainer, TRL 1.12.0 (the last release with
+# PPOTrainer) for PPO. The reward-model benchmark reads the labels of a finished demo run.
 .venv-bench/.installed: pyproject.toml
 	$(PYTHON) -m venv .venv-bench
 	.venv-bench/bin/pip install -q "$(TORCH_SPEC)"
 	.venv-bench/bin/pip install -q -e . "trl==1.16.0" datasets
 	touch $@
 
-bench: .venv-bench/.installed
+.venv-bench-ppo/.installed: pyproject.toml
+	$(PYTHON) -m venv .venv-bench-ppo
+	.venv-bench-ppo/bin/pip install -q "$(TORCH_SPEC)"
+	.venv-bench-ppo/bin/pip install -q -e . "trl==1.12.0" datasets
+	touch $@
+
+bench: $(VENV)/.installed .venv-bench/.installed .venv-bench-ppo/.installed
+	$(BIN)/python bench/bench_gae.py --append
+	$(BIN)/python bench/bench_ppo_update.py --append
+	.venv-bench-ppo/bin/python bench/bench_ppo.py --trials 3 --iterations 6
 	test -f runs/demo/label/manifest.json || $(MAKE) demo
 	.venv-bench/bin/python bench/bench_reward_model.py --source-run runs/demo --trials 3
 

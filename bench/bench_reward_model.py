@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import resource
 import shutil
-import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import append, report_result, side_by_side  # noqa: E402
 
 BATCH, MAX_LEN, LR = 16, 128, 1e-4
 
@@ -89,43 +86,23 @@ def main() -> None:
     p.add_argument("--run")
     a = p.parse_args()
     if a.worker:
-        result = (worker_ours if a.worker == "ours" else worker_trl)(Path(a.run))
-        result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        print("RESULT " + json.dumps(result))
+        report_result((worker_ours if a.worker == "ours" else worker_trl)(Path(a.run)))
         return
     import trl
-    import torch
 
     run = labels_subset(Path(a.source_run), Path("runs"))
-    results: dict[str, list[dict]] = {"ours": [], "trl": []}
-    for trial in range(a.trials):
-        for who in ("ours", "trl"):
-            if (run / "train_rm").exists():
-                shutil.rmtree(run / "train_rm")
-            out = subprocess.run([sys.executable, __file__, "--worker", who, "--run", str(run)], capture_output=True, text=True,
-                                 env=dict(os.environ, OMP_NUM_THREADS=str(os.cpu_count())))
-            line = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")]
-            if not line:
-                sys.exit(f"{who} failed:\n{out.stderr[-3000:]}")
-            results[who].append(json.loads(line[0][7:]))
-            print(f"trial {trial + 1} {who}: {results[who][-1]}", flush=True)
-    med = {who: {k: statistics.median(r[k] for r in rs) for k in ("pairs_per_s", "peak_rss_mib", "steps")} for who, rs in results.items()}
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, trl {trl.__version__}"
-    table = [
-        f"### Reward-model training vs TRL RewardTrainer ({time.strftime('%Y-%m-%d')}; {machine}; median of {a.trials})",
-        "",
-        "| trainer | pairs/s | peak RSS (MiB) | steps |",
-        "|---|---|---|---|",
-        f"| rlaif train_rm | {med['ours']['pairs_per_s']:.2f} | {med['ours']['peak_rss_mib']:.0f} | {med['ours']['steps']:.0f} |",
-        f"| TRL RewardTrainer | {med['trl']['pairs_per_s']:.2f} | {med['trl']['peak_rss_mib']:.0f} | {med['trl']['steps']:.0f} |",
-        f"| ratio (rlaif / TRL) | {med['ours']['pairs_per_s'] / med['trl']['pairs_per_s']:.2f}x | "
-        f"{med['ours']['peak_rss_mib'] / med['trl']['peak_rss_mib']:.2f}x | |",
-        "",
-    ]
-    print("\n".join(table))
-    with open("BENCHMARKS.md", "a") as f:
-        f.write("\n" + "\n".join(table))
 
+    def fresh(_who):
+        if (run / "train_rm").exists():
+            shutil.rmtree(run / "train_rm")
+
+    med = side_by_side(__file__, ("ours", "trl"), a.trials, ["--run", str(run)], ("pairs_per_s", "steps"), fresh)
+    o, t = med["ours"], med["trl"]
+    append(f"Reward-model training vs TRL RewardTrainer (trl {trl.__version__}; median of {a.trials})", "\n".join([
+        "| trainer | pairs/s | peak RSS (MiB) | steps |", "|---|---|---|---|",
+        f"| rlaif train_rm | {o['pairs_per_s']:.2f} | {o['peak_rss_mib']:.0f} | {o['steps']:.0f} |",
+        f"| TRL RewardTrainer | {t['pairs_per_s']:.2f} | {t['peak_rss_mib']:.0f} | {t['steps']:.0f} |",
+        f"| ratio (rlaif / TRL) | {o['pairs_per_s'] / t['pairs_per_s']:.2f}x | {o['peak_rss_mib'] / t['peak_rss_mib']:.2f}x | |"]))
 
 if __name__ == "__main__":
     main()

@@ -1,4 +1,5 @@
-"""`rlaif run | stage | graph`. User errors end in one line on stderr and exit code 2."""
+"""`rlaif run | launch | stage | graph | report | compile | submit`. User errors end in one line on stderr and exit
+code 2."""
 from __future__ import annotations
 
 import argparse
@@ -22,9 +23,32 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--run-id", help="shorthand for --set run_id=...")
     run.add_argument("--storage-root", help="shorthand for --set storage.root=...")
 
-    stage = sub.add_parser("stage", help="run one stage (what a container runs)")
+    launch = sub.add_parser("launch", help="run one stage as an orchestrator does: cache check, torchrun, multi-node job")
+    launch.add_argument("name", choices=list(STAGE_BY_NAME))
+    config_args(launch)
+    launch.add_argument("--set-json", default="[]", metavar="JSON",
+                        help='overrides as a JSON list, e.g. \'["ppo.lr=1e-5"]\' (what the DAGs pass)')
+    launch.add_argument("--run-id", default="", help="run id; empty: the config's")
+    launch.add_argument("--storage-root", default="", help="storage root; empty: the config's")
+
+    stage = sub.add_parser("stage", help="run one stage in this process (what launch starts, under torchrun if needed)")
     stage.add_argument("name", choices=list(STAGE_BY_NAME))
     config_args(stage)
+
+    comp = sub.add_parser("compile", help="write the Kubeflow pipeline YAML (and the per-stage component YAMLs)")
+    comp.add_argument("target", choices=["kfp"])
+    comp.add_argument("-o", "--output", required=True, help="pipeline YAML to write")
+    comp.add_argument("--cluster", help="cluster settings YAML (images, GPUs, secrets); see configs/cluster.yaml")
+    comp.add_argument("--components-dir", help="also write <dir>/<stage>/component.yaml")
+
+    submit = sub.add_parser("submit", help="submit a run to a Kubeflow Pipelines endpoint")
+    submit.add_argument("target", choices=["kfp"])
+    submit.add_argument("--endpoint", required=True, help="KFP API endpoint, e.g. https://kfp.example.com/pipeline")
+    config_args(submit)
+    submit.add_argument("--run-id", default="", help="run id; empty: the KFP run's name")
+    submit.add_argument("--storage-root", default="", help="storage root, e.g. s3://bucket/rlaif; empty: the config's")
+    submit.add_argument("--cluster", help="cluster settings YAML")
+    submit.add_argument("--experiment", default="rlaif", help="KFP experiment name")
 
     sub.add_parser("graph", help="print the stage graph")
 
@@ -62,6 +86,34 @@ def main(argv: list[str] | None = None) -> int:
         from rlaif.io import storage
 
         storage.configure(None)
+        if args.command == "compile":
+            from rlaif.orchestration import kfp_pipeline
+
+            print(f"pipeline: {kfp_pipeline.compile_pipeline(args.output, args.cluster, args.components_dir)}")
+            return 0
+        if args.command == "submit":
+            from rlaif.orchestration import kfp_pipeline
+
+            run = kfp_pipeline.submit(args.endpoint, args.config, args.overrides, args.run_id, args.storage_root,
+                                      args.cluster, args.experiment)
+            print(f"submitted: {run}")
+            return 0
+        if args.command == "launch":
+            import json
+
+            from rlaif.orchestration import launch
+
+            try:
+                extra = json.loads(args.set_json)
+            except json.JSONDecodeError:
+                extra = None
+            if not isinstance(extra, list) or not all(isinstance(x, str) for x in extra):
+                raise UserError(f"--set-json must be a JSON list of KEY=VALUE strings, got {args.set_json!r}")
+            overrides = [*args.overrides, *extra]
+            cfg = launch.load_config_source(args.config, overrides, launch.safe_run_id(args.run_id) if args.run_id else "",
+                                            args.storage_root)
+            launch.launch(cfg, args.name, launch.prepare(cfg))
+            return 0
         if args.command == "report":
             return _report(args.runs, args.output)  # a config given as s3:// URL needs the endpoint from the environment
         overrides = list(args.overrides)
@@ -84,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
-        from rlaif.runner import StageFailed
+        from rlaif.orchestration.launch import StageFailed
 
         if isinstance(exc, StageFailed):
             print(f"error: {exc}", file=sys.stderr)

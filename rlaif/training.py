@@ -20,9 +20,11 @@ from rlaif.errors import UserError
 from rlaif.io import storage
 
 
-def warmup_decay(optimizer, warmup_steps: int, total_steps: int):
-    """Linear warm-up to the peak learning rate, then linear decay to 0 at total_steps."""
+def warmup_decay(optimizer, warmup_steps: int, total_steps: int | None):
+    """Linear warm-up to the peak learning rate, then linear decay to 0 at total_steps (constant when None)."""
     warmup_steps = max(1, warmup_steps)
+    if total_steps is None:
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup_steps))
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min((s + 1) / warmup_steps, max(0.0, (total_steps - s) / max(1, total_steps - warmup_steps)))
     )
@@ -34,7 +36,7 @@ class Engine:
     Call `backward(loss)` on every micro-batch and `step()` once the accumulation window is complete."""
 
     def __init__(self, model, *, strategy: str, zero_stage: int, lr: float, weight_decay: float, grad_clip: float,
-                 accum_steps: int, micro_batch: int, warmup_steps: int, total_steps: int, device):
+                 accum_steps: int, micro_batch: int, warmup_steps: int, total_steps: int | None, device):
         self.strategy, self.grad_clip, self.accum_steps, self.device = strategy, grad_clip, accum_steps, device
         self.world = dist.world_size()
         self._micro = 0
@@ -131,7 +133,10 @@ class Engine:
             return
         torch.save(rng, local_dir / f"rng-rank{dist.rank()}.pt")
         if dist.rank() == 0:
-            torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            # Trainable weights and buffers only: frozen weights (a LoRA base, a reference) are rebuilt from their source.
+            keep = {n for n, p in self.model.named_parameters() if p.requires_grad} | {n for n, _ in self.model.named_buffers()}
+            model_state = {k: v for k, v in self.model.state_dict().items() if k in keep}
+            torch.save({"model": model_state, "optimizer": self.optimizer.state_dict(),
                         "scheduler": self.scheduler.state_dict()}, local_dir / "engine.pt")
             (local_dir / "client_state.json").write_text(json.dumps(client_state))
 
@@ -142,7 +147,10 @@ class Engine:
             state = json.loads(client["client"])
         else:
             saved = torch.load(local_dir / "engine.pt", map_location=self.device, weights_only=True)
-            self.model.load_state_dict(saved["model"])
+            trainable = {n for n, p in self.model.named_parameters() if p.requires_grad}
+            if missing := sorted(trainable - set(saved["model"])):
+                raise UserError(f"checkpoint {local_dir} lacks trainable weights {missing[:3]}: delete its checkpoints/ to start over")
+            self.model.load_state_dict(saved["model"], strict=False)
             self.optimizer.load_state_dict(saved["optimizer"])
             self.scheduler.load_state_dict(saved["scheduler"])
             state = json.loads((local_dir / "client_state.json").read_text())

@@ -41,6 +41,24 @@ def _discount_matrix(steps: int, factor: float, device, dtype) -> torch.Tensor:
     return torch.where(power >= 0, torch.tensor(factor, dtype=dtype, device=device) ** power.clamp(min=0), torch.zeros((), dtype=dtype, device=device))
 
 
+def discounted_suffix_sum(x: torch.Tensor, factor: float, block: int = 64) -> torch.Tensor:
+    """y[t] = sum_{k>=t} factor**(k-t) x[k] along the last axis, blockwise: a small discount-matrix product inside
+    each block of `block` steps, then one carry per block (T/block steps of a loop, not T)."""
+    batch, steps = x.shape
+    pad = (-steps) % block
+    blocks = torch.nn.functional.pad(x, (0, pad)).view(batch, -1, block)
+    within = blocks @ _discount_matrix(block, factor, x.device, x.dtype)  # suffix sums inside each block
+    jump = factor**block
+    carry = torch.zeros(batch, device=x.device, dtype=x.dtype)
+    carries = []
+    for j in reversed(range(blocks.shape[1])):  # suffix sum from the start of block j+1 onwards
+        carries.append(carry)
+        carry = within[:, j, 0] + jump * carry
+    carries = torch.stack(carries[::-1], dim=1)
+    decay = factor ** (block - torch.arange(block, device=x.device, dtype=x.dtype))  # factor**(distance to next block)
+    return (within + carries[:, :, None] * decay).reshape(batch, -1)[:, :steps]
+
+
 def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation: delta_t = r_t + gamma V_{t+1} - V_t (V past the last token = 0),
     A_t = delta_t + gamma lam A_{t+1}; returns = A + V. Padding positions get 0 in both outputs."""
@@ -48,9 +66,8 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
     next_values = torch.zeros_like(values)
     next_values[:, :-1] = values[:, 1:] * mask[:, 1:]
     deltas = (rewards + gamma * next_values - values) * mask
-    # float64 keeps long horizons exact; the matrix product replaces the backward recursion over time.
-    advantages = (deltas.double() @ _discount_matrix(values.shape[1], gamma * lam, values.device, torch.float64)).to(values.dtype)
-    advantages = advantages * mask
+    # Blockwise products replace the backward recursion over time; at least float32 (bf16 sums drift).
+    advantages = discounted_suffix_sum(deltas.float(), gamma * lam).to(values.dtype) * mask
     returns = (advantages + values) * mask
     return advantages, returns
 
@@ -74,12 +91,18 @@ def token_rewards(score: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, kl_
     return rewards + last.to(rewards.dtype) * score[:, None]
 
 
-def policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps: float) -> tuple[torch.Tensor, dict]:
-    """Clipped surrogate: mean over valid tokens of -min(rho A, clip(rho, 1-eps, 1+eps) A)."""
+def token_average(x: torch.Tensor, mask: torch.Tensor, normalizer: float | None = None) -> torch.Tensor:
+    """Mean over valid tokens, or their sum divided by `normalizer` (the token count of a whole minibatch that is
+    split over micro-batches and ranks, so every split gives the same gradient)."""
+    return masked_mean(x, mask) if normalizer is None else masked_sum(x, mask) / normalizer
+
+
+def policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps: float, normalizer: float | None = None) -> tuple[torch.Tensor, dict]:
+    """Clipped surrogate: average over valid tokens of -min(rho A, clip(rho, 1-eps, 1+eps) A)."""
     ratio = torch.exp(logprobs - old_logprobs)
     unclipped = ratio * advantages
     clipped = ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps) * advantages
-    loss = masked_mean(-torch.minimum(unclipped, clipped), mask)
+    loss = token_average(-torch.minimum(unclipped, clipped), mask, normalizer)
     with torch.no_grad():
         stats = {
             "clip_frac": masked_mean((clipped < unclipped).float(), mask).item(),
@@ -88,10 +111,19 @@ def policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps: float) -> tu
     return loss, stats
 
 
-def value_loss(values, old_values, returns, mask, clip: float) -> torch.Tensor:
-    """0.5 * mean over valid tokens of max((V - R)^2, (clip(V, V_old - c, V_old + c) - R)^2)."""
+def value_loss(values, old_values, returns, mask, clip: float, normalizer: float | None = None) -> torch.Tensor:
+    """0.5 * average over valid tokens of max((V - R)^2, (clip(V, V_old - c, V_old + c) - R)^2)."""
     clipped = old_values + (values - old_values).clamp(-clip, clip)
-    return 0.5 * masked_mean(torch.maximum((values - returns).square(), (clipped - returns).square()), mask)
+    return 0.5 * token_average(torch.maximum((values - returns).square(), (clipped - returns).square()), mask, normalizer)
+
+
+def group_advantages(scores: torch.Tensor, group_size: int, mask: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """GRPO: each response's score relative to the other responses to the same prompt, (s - mean) / (std + eps) over
+    its group (rows [g*k, (g+1)*k) are one prompt's k samples), given to every valid token of the response."""
+    groups = scores.reshape(-1, group_size)
+    mean, std = groups.mean(1, keepdim=True), groups.std(1, keepdim=True)
+    relative = ((groups - mean) / (std + eps)).reshape(-1)
+    return relative[:, None] * mask
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:

@@ -3,6 +3,7 @@ unless the config allows it, never a hub download)."""
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 from rlaif.errors import UserError
@@ -18,6 +19,8 @@ def quiet_transformers() -> None:
 
     logging.set_verbosity_error()
     logging.disable_progress_bar()
+    # Deprecation notices that transformers raises from inside peft's calls: nothing a user of rlaif can act on.
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\.")
 
 MINILM = "builtin:minilm"
 TINY_LLAMA = "builtin:tiny-llama"

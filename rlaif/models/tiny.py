@@ -12,6 +12,8 @@ import json
 import math
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -132,8 +134,16 @@ def ensure_tiny_policy(cfg: PolicyConfig) -> Path:
         print(f"building the tiny demo policy (once; cached at {target})", flush=True)
         tmp = Path(tempfile.mkdtemp(dir=root))
         try:
-            _build(cfg, tmp)
+            # In a child process: inside a torchrun rank, transformers writes weights only from global rank 0, so a
+            # build on any other rank (or on another node's rank 0) would silently lack its model files.
+            subprocess.run([sys.executable, "-m", "rlaif.models.tiny", cfg.model_dump_json(), str(tmp)], check=True)
+            if not (tmp / "config.json").exists() or not (tmp / "model.safetensors").exists():
+                raise RuntimeError(f"tiny policy build in {tmp} is incomplete")
             os.replace(tmp, target)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+if __name__ == "__main__":  # the build step of ensure_tiny_policy: python -m rlaif.models.tiny POLICY_JSON OUT_DIR
+    _build(PolicyConfig.model_validate_json(sys.argv[1]), Path(sys.argv[2]))

@@ -1,13 +1,17 @@
-"""Stage 4: PPO fine-tuning of the policy against the reward model, multi-process under torchrun.
+"""Stage 4: PPO (or GRPO) fine-tuning of the policy against the reward model, multi-process under torchrun.
 
-Per iteration: each rank takes its slice of a seeded global batch of prompts, samples responses, scores them with the
-reward model (its own tokenizer, normalised by its saved mean/std, clipped), computes old log-probs and values in one
-forward pass (the value head shares the policy's backbone) and reference log-probs with the LoRA adapter disabled,
-puts the score on the last real response token with a per-token KL penalty, runs GAE, whitens advantages over all
-ranks, and takes clipped PPO steps on shuffled minibatches (DDP averages gradients).
+Per iteration: each rank takes its slice of a seeded global batch of prompts and samples responses (distributed
+rollout), scores them with the reward model (its own tokenizer, normalised by its saved mean/std, clipped), computes
+old log-probs and values in one forward pass (the value head shares the policy's backbone) and reference log-probs
+with the LoRA adapter disabled. PPO puts the score on the last real response token with a per-token KL penalty, runs
+GAE and whitens advantages over all ranks; GRPO scores each response against the other samples for its prompt.
+The rollouts are then gathered, and every optimizer step takes a seeded minibatch of the whole global batch, split
+over ranks and micro-batches with the loss normalised by the minibatch's token count: the update is the same for any
+number of processes. DDP or DeepSpeed ZeRO through training.Engine; checkpoints resume exactly.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import shutil
@@ -17,11 +21,10 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from rlaif import distributed as dist
-from rlaif import report
+from rlaif import faults, report
 from rlaif.algo import ppo as algo
 from rlaif.errors import UserError
 from rlaif.io import storage
@@ -30,6 +33,7 @@ from rlaif.models.generation import decode, encode_prompts, response_logits_and_
 from rlaif.models.loading import load_policy
 from rlaif.stages.common import StageContext, model_dir
 from rlaif.stages.train_rm import batched_rewards, load_reward_model
+from rlaif.training import Checkpoints, Engine, MetricsLog
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -53,6 +57,7 @@ def build_policy(cfg, device):
     """(trainable PolicyWithValue, function giving reference logits). LoRA: the reference is the adapter disabled."""
     c = cfg.ppo
     tokenizer, lm = load_policy(cfg.policy)
+    torch.manual_seed(cfg.seed)  # the same adapter and value-head initialisation whether or not the policy was cached
     if c.lora_rank > 0:
         from peft import LoraConfig, get_peft_model
 
@@ -69,133 +74,257 @@ def build_policy(cfg, device):
             return response_logits_and_hidden(frozen, *args)[0]
 
     policy = PolicyWithValue(lm, lm.config.hidden_size).to(device)
+    if c.algorithm == "grpo":
+        policy.value_head.requires_grad_(False)  # no critic: advantages come from the group
     return tokenizer, policy, reference_logits
 
 
+def pad_right(x: torch.Tensor, width: int, value: int) -> torch.Tensor:
+    return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
+
+
+def pad_left(x: torch.Tensor, width: int, value: int) -> torch.Tensor:
+    return torch.nn.functional.pad(x, (width - x.shape[1], 0), value=value)
+
+
 @torch.no_grad()
-def rollout(cfg, policy, reference_logits, tokenizer, rm, rm_tokenizer, rm_stats, prompts, seed, device):
+def rollout(cfg, policy, reference_logits, tokenizer, reward_fn, prompts, seed, device, kl_coef, amp):
+    """One rank's rollout: responses, scores, old/reference log-probs, values, advantages and returns."""
     c, timings = cfg.ppo, {}
+    grpo = c.algorithm == "grpo"
+    samples = c.group_size if grpo else 1
     t0 = time.time()
     policy.eval()
     texts = [cfg.policy.prompt_template.format(prompt=p["prompt"]) for p in prompts]
     enc = encode_prompts(tokenizer, texts, device)
-    responses = sample(policy.lm, tokenizer, enc, max_new_tokens=c.max_new_tokens, temperature=c.temperature, seed=seed)
+    with amp():
+        responses = sample(policy.lm, tokenizer, enc, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
+                           num_return_sequences=samples, seed=seed)
+    # A fixed response width: every rank's tensors line up for the gather before the update.
+    responses = pad_right(responses, c.max_new_tokens, tokenizer.pad_token_id)
     mask = response_mask(responses, tokenizer.eos_token_id)
+    prompt_ids = enc["input_ids"].repeat_interleave(samples, 0)  # generate() returns a prompt's samples together
+    prompt_mask = enc["attention_mask"].repeat_interleave(samples, 0)
     timings["generate_s"] = time.time() - t0
 
     t0 = time.time()
     decoded = decode(tokenizer, responses, mask)
-    raw = batched_rewards(rm, rm_tokenizer, [p["prompt"] for p in prompts], decoded, rm_stats["max_length"], device)
-    score = ((raw - rm_stats["mean"]) / max(rm_stats["std"], 1e-6)).clamp(-c.reward_clip, c.reward_clip)
+    raw = reward_fn([p["prompt"] for p in prompts for _ in range(samples)], decoded)
+    score = raw.clamp(-c.reward_clip, c.reward_clip)
+    ended = ((responses == tokenizer.eos_token_id) & mask.bool()).any(1)
+    if c.missing_eos_penalty is not None:
+        score = score - c.missing_eos_penalty * (~ended).float()
     timings["score_s"] = time.time() - t0
 
     t0 = time.time()
-    args = (enc["input_ids"], enc["attention_mask"], responses, mask)
-    logits, values = policy(*args)
-    old_logprobs = token_logprobs(logits, responses, c.temperature)
-    ref_logprobs = token_logprobs(reference_logits(*args), responses, c.temperature)
+    args = (prompt_ids, prompt_mask, responses, mask)
+    with amp():
+        logits, values = policy(*args)
+        old_logprobs = token_logprobs(logits, responses, c.temperature)
+        ref_logprobs = token_logprobs(reference_logits(*args), responses, c.temperature)
+    values = values.float()
     timings["reference_s"] = time.time() - t0
 
     maskf = mask.float()
     kl = algo.kl_penalty(old_logprobs, ref_logprobs, c.kl_estimator) * maskf
-    rewards = algo.token_rewards(score, kl, maskf, c.kl_coef)
-    advantages, returns = algo.gae(rewards, values * maskf, maskf, c.gamma, c.lam)
-    advantages = algo.masked_whiten(advantages, maskf, all_reduce=dist.all_reduce_sum)
-    batch = dict(prompt_ids=enc["input_ids"], prompt_mask=enc["attention_mask"], responses=responses, mask=mask,
-                 old_logprobs=old_logprobs, old_values=values, advantages=advantages, returns=returns)
-    stats = {"reward_raw": raw.mean().item(), "score": score.mean().item(), "kl": (kl.sum(1)).mean().item(),
-             "response_length": maskf.sum(1).mean().item(),
-             "explained_variance": algo.explained_variance(values, returns, maskf)}
+    if grpo:
+        advantages = algo.group_advantages(score, samples, maskf)
+        values = returns = torch.zeros_like(maskf)
+    else:
+        rewards = algo.token_rewards(score, kl, maskf, kl_coef)
+        advantages, returns = algo.gae(rewards, values * maskf, maskf, c.gamma, c.lam)
+        advantages = algo.masked_whiten(advantages, maskf, all_reduce=dist.all_reduce_sum)
+    batch = dict(prompt_ids=prompt_ids, prompt_mask=prompt_mask, responses=responses, mask=mask, old_logprobs=old_logprobs,
+                 ref_logprobs=ref_logprobs, old_values=values, advantages=advantages, returns=returns)
+    stats = {"reward_raw": raw.mean().item(), "reward_std": raw.std().item() if raw.numel() > 1 else 0.0,
+             "score": score.mean().item(), "kl": kl.sum(1).mean().item(), "response_length": maskf.sum(1).mean().item(),
+             "eos_rate": ended.float().mean().item()}
+    if not grpo:
+        stats["explained_variance"] = algo.explained_variance(values, returns, maskf)
     return batch, stats, timings
 
 
-def update(cfg, model, policy, optimizer, batch, seed):
-    c = cfg.ppo
-    local = batch["responses"].shape[0]
-    mb = c.minibatch_size // dist.world_size()
-    policy.train()
+def gather_batch(batch: dict, pad_id: int) -> dict:
+    """Every rank's rollout, concatenated in rank order on every rank (prompts left-padded to a common width)."""
+    world = dist.world_size()
+    if world == 1:
+        return batch
+    width = int(-dist.all_reduce_min(-torch.tensor([float(batch["prompt_ids"].shape[1])])).item())
+    batch = dict(batch, prompt_ids=pad_left(batch["prompt_ids"], width, pad_id), prompt_mask=pad_left(batch["prompt_mask"], width, 0))
+    gathered = {}
+    for key, tensor in batch.items():
+        parts = [torch.empty_like(tensor) for _ in range(world)]
+        torch.distributed.all_gather(parts, tensor.contiguous())
+        gathered[key] = torch.cat(parts)
+    return gathered
+
+
+def update(cfg, engine: Engine, batch: dict, seed: int, kl_coef: float, amp) -> dict:
+    """PPO epochs over seeded minibatches of the global batch; each rank takes its slice of every minibatch."""
+    c, world, rank = cfg.ppo, dist.world_size(), dist.rank()
+    total = batch["responses"].shape[0]
+    per_rank = c.minibatch_size // world
+    micro = per_rank // c.grad_accum_steps
+    grpo = c.algorithm == "grpo"
+    engine.model.train()
     sums: dict[str, float] = {}
-    n = 0
+    minibatches, epochs_run = 0, 0
     for epoch in range(c.ppo_epochs):
-        order = torch.randperm(local, generator=torch.Generator().manual_seed(seed * 31 + epoch))
-        for start in range(0, local, mb):
-            idx = order[start : start + mb]
-            mask = batch["mask"][idx].float()
-            logits, values = model(batch["prompt_ids"][idx], batch["prompt_mask"][idx], batch["responses"][idx], batch["mask"][idx])
-            logprobs = token_logprobs(logits, batch["responses"][idx], c.temperature)
-            pg_loss, pg_stats = algo.policy_loss(logprobs, batch["old_logprobs"][idx], batch["advantages"][idx], mask, c.clip_eps)
-            vf_loss = algo.value_loss(values, batch["old_values"][idx], batch["returns"][idx], mask, c.value_clip)
-            loss = pg_loss + c.vf_coef * vf_loss
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_([p for p in policy.parameters() if p.requires_grad], c.grad_clip)
-            optimizer.step()
-            with torch.no_grad():
-                entropy = algo.masked_mean(algo.entropy_from_logits(logits.float() / c.temperature), mask).item()
-            for k, v in {"policy_loss": pg_loss.item(), "value_loss": vf_loss.item(), "entropy": entropy, **pg_stats}.items():
+        order = torch.randperm(total, generator=torch.Generator().manual_seed(seed * 31 + epoch))
+        epoch_kl = []
+        for start in range(0, total, c.minibatch_size):
+            chosen = order[start : start + c.minibatch_size]
+            # Gradient = sum over the minibatch's tokens / their count, whatever the split (DDP averages over ranks
+            # and the engine over micro-batches, hence the factor).
+            normalizer = batch["mask"][chosen].sum().item() / (world * c.grad_accum_steps)
+            mine = chosen[rank * per_rank : (rank + 1) * per_rank]
+            step = {"policy_loss": 0.0, "value_loss": 0.0, "kl_loss": 0.0, "entropy": 0.0, "clip_frac": 0.0, "approx_kl": 0.0}
+            for j in range(c.grad_accum_steps):
+                idx = mine[j * micro : (j + 1) * micro]
+                mask = batch["mask"][idx].float()
+                with engine.accumulating(), amp():
+                    logits, values = engine(batch["prompt_ids"][idx], batch["prompt_mask"][idx], batch["responses"][idx], batch["mask"][idx])
+                    logprobs = token_logprobs(logits, batch["responses"][idx], c.temperature)
+                    pg_loss, pg_stats = algo.policy_loss(logprobs, batch["old_logprobs"][idx], batch["advantages"][idx],
+                                                         mask, c.clip_eps, normalizer)
+                    if grpo:
+                        kl = algo.kl_penalty(logprobs, batch["ref_logprobs"][idx], c.kl_estimator)
+                        aux = algo.token_average(kl, mask, normalizer)
+                        loss = pg_loss + kl_coef * aux
+                    else:
+                        aux = algo.value_loss(values.float(), batch["old_values"][idx], batch["returns"][idx], mask,
+                                              c.value_clip, normalizer)
+                        loss = pg_loss + c.vf_coef * aux
+                    engine.backward(loss)
+                with torch.no_grad():
+                    entropy = algo.masked_mean(algo.entropy_from_logits(logits.float() / c.temperature), mask).item()
+                step["policy_loss"] += pg_loss.item() / c.grad_accum_steps
+                step["kl_loss" if grpo else "value_loss"] += aux.item() / c.grad_accum_steps
+                step["entropy"] += entropy / c.grad_accum_steps
+                for k in ("clip_frac", "approx_kl"):
+                    step[k] += pg_stats[k] / c.grad_accum_steps
+            step["grad_norm"] = engine.step()
+            epoch_kl.append(step["approx_kl"])
+            for k, v in step.items():
                 sums[k] = sums.get(k, 0.0) + v
-            n += 1
-    return {k: v / n for k, v in sums.items()}
+            minibatches += 1
+        epochs_run += 1
+        if c.target_kl is not None and dist.all_reduce_mean({"kl": sum(epoch_kl) / len(epoch_kl)})["kl"] > c.target_kl:
+            break  # the policy moved far enough from the rollout policy for this batch (every rank agrees)
+    out = {k: v / minibatches for k, v in sums.items() if not (k == "kl_loss" and not grpo) and not (k == "value_loss" and grpo)}
+    return {**out, "ppo_epochs_run": epochs_run}
+
+
+def check_sizes(c, world: int) -> None:
+    samples = c.group_size if c.algorithm == "grpo" else 1
+    if c.rollout_batch_size % (world * samples):
+        raise UserError(f"ppo.rollout_batch_size={c.rollout_batch_size} must be divisible by {world} processes"
+                        + (f" x group_size {samples}" if samples > 1 else ""))
+    if c.minibatch_size % (world * c.grad_accum_steps):
+        raise UserError(f"ppo.minibatch_size={c.minibatch_size} must be divisible by {world} processes x "
+                        f"grad_accum_steps {c.grad_accum_steps}")
+    if c.rollout_batch_size % c.minibatch_size:
+        raise UserError("ppo.rollout_batch_size must be a multiple of ppo.minibatch_size")
+
+
+def reward_model_scorer(ctx, device):
+    """Scores decoded responses with the stage-3 reward model, normalised by its saved mean and std."""
+    path = model_dir(ctx, "train_rm", "model")
+    tokenizer, rm = load_reward_model(path)
+    rm.to(device).eval().requires_grad_(False)
+    stats = json.loads((path / "reward_stats.json").read_text())
+
+    def score(prompts: list[str], responses: list[str]) -> torch.Tensor:
+        raw = batched_rewards(rm, tokenizer, prompts, responses, stats["max_length"], device)
+        return (raw - stats["mean"]) / max(stats["std"], 1e-6)
+
+    return score
 
 
 def run(ctx: StageContext) -> dict:
     cfg, c = ctx.cfg, ctx.cfg.ppo
     rank, world, device = dist.setup()
-    for name, value in (("rollout_batch_size", c.rollout_batch_size), ("minibatch_size", c.minibatch_size)):
-        if value % world:
-            raise UserError(f"ppo.{name}={value} must be divisible by the {world} processes")
-    if (c.rollout_batch_size // world) % (c.minibatch_size // world):
-        raise UserError("ppo.rollout_batch_size must be a multiple of ppo.minibatch_size")
+    check_sizes(c, world)
     torch.manual_seed(cfg.seed)
     prompts = split(cfg.data, "train")
+    use_amp = device.type == "cuda" and c.strategy == "ddp"  # bf16 on GPUs only (slow on CPUs); DeepSpeed has its own
+
+    def amp():
+        return torch.autocast("cuda", dtype=torch.bfloat16) if use_amp else contextlib.nullcontext()
 
     tokenizer, policy, reference_logits = build_policy(cfg, device)
-    rm_path = model_dir(ctx, "train_rm", "model")
-    rm_tokenizer, rm = load_reward_model(rm_path)
-    rm.to(device).eval().requires_grad_(False)
-    rm_stats = json.loads((rm_path / "reward_stats.json").read_text())
-    model = DDP(policy) if world > 1 else policy
-    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=c.lr, weight_decay=0.0)
+    reward_fn = reward_model_scorer(ctx, device)
+    samples = c.group_size if c.algorithm == "grpo" else 1
+    steps_per_iteration = c.ppo_epochs * (c.rollout_batch_size // c.minibatch_size)
+    engine = Engine(policy, strategy=c.strategy, zero_stage=c.zero_stage, lr=c.lr, weight_decay=0.0, grad_clip=c.grad_clip,
+                    accum_steps=c.grad_accum_steps, micro_batch=c.minibatch_size // world // c.grad_accum_steps,
+                    warmup_steps=0, total_steps=c.iterations * steps_per_iteration if c.anneal_lr else None, device=device)
+    controller = (algo.AdaptiveKLController(c.kl_coef, c.adaptive_kl_target, c.adaptive_kl_horizon)
+                  if c.adaptive_kl_target is not None and c.algorithm == "ppo" else algo.FixedKLController(c.kl_coef))
+    checkpoints = Checkpoints(ctx.url, ctx.config_hash, keep=c.keep_checkpoints)
+    state = checkpoints.restore(engine) or {"iteration": 0, "rows": [], "kl_coef": c.kl_coef}
+    controller.value = state["kl_coef"]
+    rows = state["rows"]
+    metrics = MetricsLog(enabled=rank == 0)
+    for row in rows:  # a resumed run's earlier iterations, so the logs are whole
+        metrics.log(row["iteration"], row)
 
     order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
-    local = c.rollout_batch_size // world
-    rows: list[dict] = []
-    bar = tqdm(range(c.iterations), desc="ppo", unit="iter", disable=rank != 0)
+    prompts_per_iteration = c.rollout_batch_size // samples
+    local = prompts_per_iteration // world
+    bar = tqdm(range(state["iteration"], c.iterations), desc=c.algorithm, unit="iter", disable=rank != 0,
+               initial=state["iteration"], total=c.iterations)
     for it in bar:
-        start = (it * c.rollout_batch_size) % len(prompts)
-        global_ids = [order[(start + k) % len(prompts)] for k in range(c.rollout_batch_size)]
+        start = (it * prompts_per_iteration) % len(prompts)
+        global_ids = [order[(start + k) % len(prompts)] for k in range(prompts_per_iteration)]
         my_prompts = [prompts[i] for i in global_ids[rank * local : (rank + 1) * local]]
         t_iter = time.time()
-        batch, stats, timings = rollout(cfg, policy, reference_logits, tokenizer, rm, rm_tokenizer, rm_stats,
-                                           my_prompts, seed=cfg.seed * 1_000_003 + it * 1009 + rank, device=device)
+        batch, stats, timings = rollout(cfg, engine.model, reference_logits, tokenizer, reward_fn, my_prompts,
+                                        seed=cfg.seed * 1_000_003 + it * 1009 + rank, device=device,
+                                        kl_coef=controller.value, amp=amp)
         t0 = time.time()
-        train_stats = update(cfg, model, policy, optimizer, batch, seed=cfg.seed + it)
+        batch = gather_batch(batch, tokenizer.pad_token_id)
+        train_stats = update(cfg, engine, batch, seed=cfg.seed + it, kl_coef=controller.value, amp=amp)
         timings["update_s"] = time.time() - t0
         timings["iteration_s"] = time.time() - t_iter
-        row = {"iteration": it + 1, **dist.all_reduce_mean({**stats, **train_stats}), **timings}
-        if rank == 0:
-            rows.append(row)
-            bar.set_postfix(reward=f"{row['reward_raw']:.2f}", kl=f"{row['kl']:.2f}")
+        row = {"iteration": it + 1, **dist.all_reduce_mean({**stats, **train_stats}), "kl_coef": controller.value,
+               "samples_per_s": c.rollout_batch_size / timings["iteration_s"], **timings}
+        controller.update(row["kl"], c.rollout_batch_size)
+        rows.append(row)
+        metrics.log(it + 1, row)
+        bar.set_postfix(reward=f"{row['reward_raw']:.2f}", kl=f"{row['kl']:.2f}")
+        if c.checkpoint_every and (it + 1) % c.checkpoint_every == 0 and it + 1 < c.iterations:
+            checkpoints.save(engine, it + 1, {"iteration": it + 1, "rows": rows, "kl_coef": controller.value})
+            faults.maybe_kill("ppo", it + 1, rank)
 
     result = None
-    if rank == 0:
-        out = Path(tempfile.mkdtemp(prefix="rlaif-ppo-"))
-        (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        (out / "reward_kl.png").write_bytes(report.ppo_curves(rows))
-        lm = policy.lm
-        if c.lora_rank > 0:
-            lm.save_pretrained(out / "adapter", safe_serialization=True)
-            lm = lm.merge_and_unload()
-        lm.save_pretrained(out / "policy", safe_serialization=True)
-        tokenizer.save_pretrained(out / "policy")
-        files = storage.upload_dir(out, ctx.url)
-        first, last = rows[0], rows[-1]
-        summary = {"iterations": c.iterations, "reward_first": first["reward_raw"], "reward_last": last["reward_raw"],
-                   "kl_last": last["kl"], "seconds_per_iteration": sum(r["iteration_s"] for r in rows) / len(rows)}
-        print(f"ppo: reward {first['reward_raw']:.3f} -> {last['reward_raw']:.3f}, KL {last['kl']:.3f}, "
-              f"{summary['seconds_per_iteration']:.2f}s/iteration")
-        result = ctx.commit(files=files, num_samples=c.iterations * c.rollout_batch_size, summary=summary)
-        shutil.rmtree(out, ignore_errors=True)
+    with engine.full_parameters():  # ZeRO-3: every rank takes part in gathering the weights
+        if rank == 0:
+            result = export(ctx, engine.model, tokenizer, rows, metrics)
     dist.barrier()
     dist.teardown()
+    return result
+
+
+def export(ctx: StageContext, policy: PolicyWithValue, tokenizer, rows: list[dict], metrics: MetricsLog) -> dict:
+    """The LoRA adapter, the merged Hugging Face policy, metrics, TensorBoard logs and the reward/KL plot."""
+    c = ctx.cfg.ppo
+    out = Path(tempfile.mkdtemp(prefix="rlaif-ppo-"))
+    (out / "reward_kl.png").write_bytes(report.ppo_curves(rows))
+    lm = policy.lm
+    if c.lora_rank > 0:
+        lm.save_pretrained(out / "adapter", safe_serialization=True)
+        lm = lm.merge_and_unload()
+    lm.save_pretrained(out / "policy", safe_serialization=True)
+    tokenizer.save_pretrained(out / "policy")
+    files = storage.upload_dir(out, ctx.url) + metrics.publish(ctx.url)
+    first, last = rows[0], rows[-1]
+    summary = {"algorithm": c.algorithm, "iterations": c.iterations, "reward_first": first["reward_raw"],
+               "reward_last": last["reward_raw"], "kl_last": last["kl"], "world_size": dist.world_size(),
+               "seconds_per_iteration": sum(r["iteration_s"] for r in rows) / len(rows),
+               "phase_seconds": {k: sum(r[k] for r in rows) for k in ("generate_s", "score_s", "reference_s", "update_s")}}
+    print(f"{c.algorithm}: reward {first['reward_raw']:.3f} -> {last['reward_raw']:.3f}, KL {last['kl']:.3f}, "
+          f"{summary['seconds_per_iteration']:.2f}s/iteration")
+    result = ctx.commit(files=files, num_samples=c.iterations * c.rollout_batch_size, summary=summary)
+    shutil.rmtree(out, ignore_errors=True)
     return result

@@ -51,3 +51,22 @@ def test_stage_without_its_input(tmp_path):
 def test_graph_and_help(args):
     proc = rlaif(*args)
     assert proc.returncode == 0 and ("generate" in proc.stdout)
+
+
+def test_launch_refuses_bad_overrides_json(tmp_path):
+    proc = rlaif("launch", "generate", "--config", "configs/tiny.yaml", "--storage-root", str(tmp_path),
+                 "--set-json", "ppo.lr=1")
+    assert_clean_failure(proc, "--set-json must be a JSON list of KEY=VALUE strings")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_launch_of_a_stage_whose_input_is_missing(tmp_path):
+    proc = rlaif("launch", "label", "--config", "configs/tiny.yaml", "--storage-root", str(tmp_path))
+    assert_clean_failure(proc, "generate")
+    assert not list(tmp_path.rglob("manifest.json"))
+
+
+def test_multinode_stage_outside_a_cluster(tmp_path):
+    proc = rlaif("run", "--config", "configs/tiny.yaml", "--storage-root", str(tmp_path), "--set", "train_rm.nodes=2")
+    assert_clean_failure(proc, "train_rm.nodes=2 needs a Kubernetes cluster")
+    assert not list(tmp_path.rglob("manifest.json"))

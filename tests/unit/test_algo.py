@@ -129,3 +129,52 @@ def test_adaptive_kl_controller_moves_toward_target():
 
 def test_entropy_of_uniform_is_log_vocab():
     assert math.isclose(ppo.entropy_from_logits(torch.zeros(2, 3, 11))[0, 0].item(), math.log(11), rel_tol=1e-6)
+
+
+def test_group_advantages_match_loop():
+    torch.manual_seed(3)
+    k, groups, steps = 4, 3, 5
+    scores = torch.randn(groups * k)
+    mask = (torch.rand(groups * k, steps) > 0.3).float()
+    got = ppo.group_advantages(scores, k, mask)
+    for g in range(groups):
+        members = [scores[g * k + i].item() for i in range(k)]
+        mean = sum(members) / k
+        std = math.sqrt(sum((m - mean) ** 2 for m in members) / (k - 1))
+        for i in range(k):
+            row = g * k + i
+            for t in range(steps):
+                expected = (members[i] - mean) / (std + 1e-6) * mask[row, t].item()
+                assert got[row, t].item() == pytest.approx(expected, abs=1e-5)
+    # equal scores within a group carry no signal
+    assert ppo.group_advantages(torch.ones(8), 4, torch.ones(8, 2)).abs().max() == 0
+
+
+def test_split_minibatch_losses_sum_to_the_whole_minibatch_loss():
+    """The normalizer makes micro-batch (and per-rank) losses add up to the token mean over the whole minibatch."""
+    torch.manual_seed(4)
+    b, t = 8, 6
+    logp, old = torch.randn(b, t) * 0.1, torch.randn(b, t) * 0.1
+    adv, mask = torch.randn(b, t), (torch.rand(b, t) > 0.4).float()
+    mask[:, 0] = 1
+    whole, _ = ppo.policy_loss(logp, old, adv, mask, 0.2)
+    parts = [ppo.policy_loss(logp[i : i + 2], old[i : i + 2], adv[i : i + 2], mask[i : i + 2], 0.2, normalizer=mask.sum().item())[0]
+             for i in range(0, b, 2)]
+    assert sum(parts).item() == pytest.approx(whole.item(), abs=1e-6)
+    values, old_values, returns = torch.randn(b, t), torch.randn(b, t), torch.randn(b, t)
+    whole_v = ppo.value_loss(values, old_values, returns, mask, 0.2)
+    parts_v = [ppo.value_loss(values[i : i + 4], old_values[i : i + 4], returns[i : i + 4], mask[i : i + 4], 0.2,
+                              normalizer=mask.sum().item()) for i in (0, 4)]
+    assert sum(parts_v).item() == pytest.approx(whole_v.item(), abs=1e-6)
+
+
+@pytest.mark.parametrize("steps,factor", [(1, 0.9), (63, 0.95), (64, 0.0), (200, 1.0), (1024, 0.5)])
+def test_discounted_suffix_sum_matches_loop(steps, factor):
+    torch.manual_seed(5)
+    x = torch.randn(3, steps, dtype=torch.float64)
+    expected = torch.zeros_like(x)
+    running = torch.zeros(3, dtype=torch.float64)
+    for t in reversed(range(steps)):
+        running = x[:, t] + factor * running
+        expected[:, t] = running
+    torch.testing.assert_close(ppo.discounted_suffix_sum(x, factor), expected, atol=1e-9, rtol=1e-9)

@@ -1,0 +1,156 @@
+"""PPO iterations/s and peak memory: rlaif's PPO loop against TRL's PPOTrainer (trl==1.12.0, the last release that
+has it), side by side in one run, on the same model and settings.
+
+Same policy (the demo's tiny Llama, LoRA r16, the reference = adapter disabled in both), same reward model (a
+Llama sequence classifier on the policy's tokenizer, fixed random weights: throughput does not depend on them), same
+prompts, rollout batch 64, minibatch 16, 2 PPO epochs, responses up to 48 tokens, one process each with the same
+threads. TRL adds its own critic (a second Llama with a score head, as its PPOTrainer requires); rlaif puts a value
+head on the policy's backbone. Each trainer runs in its own process, so its peak RSS is its own. Medians over --trials.
+
+    .venv-bench-ppo/bin/python bench/bench_ppo.py --trials 3 --iterations 6
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import append, report_result, side_by_side  # noqa: E402
+
+ROLLOUT, MINIBATCH, EPOCHS, RESPONSE_LEN, LORA_RANK, LR = 64, 16, 2, 48, 16, 1e-3
+OVERRIDES = [f"ppo.rollout_batch_size={ROLLOUT}", f"ppo.minibatch_size={MINIBATCH}", f"ppo.ppo_epochs={EPOCHS}",
+             f"ppo.max_new_tokens={RESPONSE_LEN}", f"ppo.lora_rank={LORA_RANK}", f"ppo.lr={LR}", "ppo.checkpoint_every=0"]
+
+
+def shared_models(work: Path) -> tuple[Path, Path]:
+    """The demo policy's directory and a reward model on its tokenizer, saved once for both workers."""
+    import torch
+    from transformers import LlamaForSequenceClassification
+
+    from rlaif.config import load_config
+    from rlaif.models.loading import load_tokenizer, resolve_policy
+
+    policy_dir = resolve_policy(load_config("configs/demo.yaml").policy)
+    rm_dir = work / "bench-ppo-rm"
+    if not (rm_dir / "config.json").exists():
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(str(policy_dir))
+        config.num_labels = 1
+        torch.manual_seed(0)
+        rm = LlamaForSequenceClassification(config)
+        rm.config.pad_token_id = config.pad_token_id
+        rm.save_pretrained(rm_dir, safe_serialization=True)
+        load_tokenizer(policy_dir).save_pretrained(rm_dir)
+    return policy_dir, rm_dir
+
+
+def prompts(n: int) -> list[str]:
+    from rlaif.config import load_config
+    from rlaif.io.prompts import split
+
+    cfg = load_config("configs/demo.yaml")
+    return [cfg.policy.prompt_template.format(prompt=p["prompt"]) for p in split(cfg.data, "train")[:n]]
+
+
+def worker_ours(work: Path, iterations: int) -> dict:
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    from rlaif import distributed as dist
+    from rlaif.config import load_config
+    from rlaif.models.loading import load_tokenizer
+    from rlaif.stages import ppo
+    from rlaif.training import Engine
+
+    policy_dir, rm_dir = shared_models(work)
+    cfg = load_config("configs/demo.yaml", OVERRIDES)
+    _, _, device = dist.setup()
+    tokenizer, policy, reference_logits = ppo.build_policy(cfg, device)
+    rm = AutoModelForSequenceClassification.from_pretrained(str(rm_dir)).eval().requires_grad_(False)
+    rm_tok = load_tokenizer(rm_dir, padding_side="right")
+
+    def reward_fn(prompt_texts, responses):
+        texts = [cfg.policy.prompt_template.format(prompt=p) + " " + r for p, r in zip(prompt_texts, responses)]
+        enc = rm_tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        with torch.no_grad():
+            return rm(**enc).logits.squeeze(-1).float()
+
+    engine = Engine(policy, strategy="ddp", zero_stage=2, lr=LR, weight_decay=0.0, grad_clip=cfg.ppo.grad_clip, accum_steps=1,
+                    micro_batch=MINIBATCH, warmup_steps=0, total_steps=None, device=device)
+    from rlaif.io.prompts import split
+
+    rows = split(cfg.data, "train")
+    start = time.time()
+    for it in range(iterations):
+        chunk = [rows[(it * ROLLOUT + k) % len(rows)] for k in range(ROLLOUT)]
+        batch, _, _ = ppo.rollout(cfg, policy, reference_logits, tokenizer, reward_fn, chunk, seed=it, device=device,
+                                  kl_coef=cfg.ppo.kl_coef, amp=contextlib.nullcontext)
+        ppo.update(cfg, engine, batch, seed=it, kl_coef=cfg.ppo.kl_coef, amp=contextlib.nullcontext)
+    seconds = time.time() - start
+    return {"iterations_per_s": iterations / seconds, "samples_per_s": iterations * ROLLOUT / seconds}
+
+
+def worker_trl(work: Path, iterations: int) -> dict:
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+    from trl.experimental.ppo import PPOConfig, PPOTrainer
+
+    from rlaif.models.loading import load_tokenizer
+    from rlaif.stages.ppo import LORA_TARGETS
+
+    policy_dir, rm_dir = shared_models(work)
+    tok = load_tokenizer(policy_dir, padding_side="left")
+    ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts(ROLLOUT * iterations)]
+    torch.manual_seed(0)
+    args = PPOConfig(output_dir=str(work / "trl-ppo-out"), per_device_train_batch_size=ROLLOUT, gradient_accumulation_steps=1,
+                     num_mini_batches=ROLLOUT // MINIBATCH, num_ppo_epochs=EPOCHS, local_rollout_forward_batch_size=ROLLOUT,
+                     total_episodes=ROLLOUT * iterations, response_length=RESPONSE_LEN, learning_rate=LR, stop_token="eos",
+                     num_sample_generations=0, report_to=[], save_strategy="no", logging_steps=10**6, use_cpu=True,
+                     bf16=False, fp16=False, dataloader_num_workers=0, disable_tqdm=True, kl_coef=0.05, vf_coef=0.1,
+                     lam=0.95, gamma=1.0, temperature=1.0)
+    trainer = PPOTrainer(
+        args=args, processing_class=tok, model=AutoModelForCausalLM.from_pretrained(str(policy_dir)), ref_model=None,
+        reward_model=AutoModelForSequenceClassification.from_pretrained(str(rm_dir)),
+        value_model=AutoModelForSequenceClassification.from_pretrained(str(rm_dir)),
+        train_dataset=Dataset.from_dict({"input_ids": ids}),
+        peft_config=LoraConfig(r=LORA_RANK, lora_alpha=2 * LORA_RANK, lora_dropout=0.0, target_modules=LORA_TARGETS),
+    )
+    start = time.time()
+    trainer.train()
+    seconds = time.time() - start
+    return {"iterations_per_s": iterations / seconds, "samples_per_s": iterations * ROLLOUT / seconds}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--trials", type=int, default=3)
+    p.add_argument("--iterations", type=int, default=6)
+    p.add_argument("--worker", choices=["ours", "trl"])
+    p.add_argument("--work", default="runs")
+    a = p.parse_args()
+    if a.worker:
+        report_result((worker_ours if a.worker == "ours" else worker_trl)(Path(a.work), a.iterations))
+        return
+    import trl
+
+    Path(a.work).mkdir(exist_ok=True)
+    shared_models(Path(a.work))
+    med = side_by_side(__file__, ("ours", "trl"), a.trials, ["--work", a.work, "--iterations", str(a.iterations)],
+                       ("iterations_per_s", "samples_per_s"))
+    o, t = med["ours"], med["trl"]
+    append(f"PPO iteration vs TRL PPOTrainer (trl {trl.__version__}; median of {a.trials} trials of {a.iterations} iterations)",
+           "\n".join([
+               "| trainer | iterations/s | samples/s | peak RSS (MiB) |", "|---|---|---|---|",
+               f"| rlaif ppo | {o['iterations_per_s']:.3f} | {o['samples_per_s']:.1f} | {o['peak_rss_mib']:.0f} |",
+               f"| TRL PPOTrainer | {t['iterations_per_s']:.3f} | {t['samples_per_s']:.1f} | {t['peak_rss_mib']:.0f} |",
+               f"| ratio (rlaif / TRL) | {o['iterations_per_s'] / t['iterations_per_s']:.2f}x | | "
+               f"{o['peak_rss_mib'] / t['peak_rss_mib']:.2f}x |"]))
+
+if __name__ == "__main__":
+    main()

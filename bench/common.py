@@ -1,0 +1,52 @@
+"""What the benchmarks share: side-by-side worker processes (each its own peak RSS), medians, and appending a dated,
+machine-described table to BENCHMARKS.md."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from typing import Callable
+
+import torch
+
+
+def report_result(result: dict) -> None:
+    """Called at the end of a worker process: its result plus its own peak RSS, on one parseable line."""
+    result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def side_by_side(script: str, workers: tuple[str, ...], trials: int, args: list[str], keys: tuple[str, ...],
+                 before_each: Callable[[str], None] | None = None) -> dict[str, dict[str, float]]:
+    """Runs `script --worker NAME ARGS` for every worker in every trial, interleaved; returns medians per worker."""
+    results: dict[str, list[dict]] = {w: [] for w in workers}
+    for trial in range(trials):
+        for who in workers:
+            if before_each:
+                before_each(who)
+            out = subprocess.run([sys.executable, script, "--worker", who, *args], capture_output=True, text=True,
+                                 env=dict(os.environ, OMP_NUM_THREADS=str(os.cpu_count())))
+            line = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")]
+            if not line:
+                sys.exit(f"{who} failed:\n{out.stderr[-4000:]}")
+            results[who].append(json.loads(line[0][7:]))
+            print(f"trial {trial + 1} {who}: {results[who][-1]}", flush=True)
+    return {w: {k: statistics.median(r[k] for r in rs) for k in (*keys, "peak_rss_mib")} for w, rs in results.items()}
+
+
+def machine(extra: str = "") -> str:
+    return (f"{platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads, torch {torch.__version__}"
+            + (f", {extra}" if extra else ""))
+
+
+def append(title: str, table: str) -> None:
+    """Prints the table and appends it to BENCHMARKS.md under a dated heading."""
+    text = f"\n### {title} ({time.strftime('%Y-%m-%d')}; {machine()})\n\n{table.rstrip()}\n"
+    print(text)
+    with open("BENCHMARKS.md", "a") as f:
+        f.write(text)

@@ -1,0 +1,118 @@
+"""Cluster settings shared by the KFP pipeline, the Airflow DAG and multi-node jobs: images, GPU scheduling,
+secrets, retries. Standard library only (Airflow imports it); read from YAML when a file is given.
+
+Nothing secret lives here: only the *names* of Kubernetes secrets, whose keys become environment variables."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, fields
+
+from rlaif.graph import Stage
+
+
+@dataclass(frozen=True)
+class SecretEnv:
+    """A Kubernetes secret whose keys are exposed to every stage as environment variables."""
+
+    name: str
+    """Secret name in the namespace where the pipeline runs."""
+    env: dict[str, str]
+    """Environment variable -> key in the secret."""
+    optional: bool = False
+    """Pods still start when the secret is absent (e.g. a judge key that only some configs need)."""
+
+
+@dataclass(frozen=True)
+class Toleration:
+    key: str
+    operator: str = "Exists"
+    value: str | None = None
+    effect: str | None = "NoSchedule"
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    image: str = "ghcr.io/rlaif/rlaif:0.1.0"
+    """CPU image (images/cpu/Dockerfile) for stages that get no GPU."""
+    gpu_image: str = "ghcr.io/rlaif/rlaif:0.1.0-cuda"
+    """CUDA image (images/cuda/Dockerfile) for stages with GPUs."""
+    use_gpus: bool = True
+    """False on CPU-only clusters: every stage gets the CPU image and no GPU limit."""
+    gpu_resource: str = "nvidia.com/gpu"
+    """Extended resource name of the GPUs."""
+    gpus_per_node: int | None = None
+    """GPUs per pod for the GPU stages; None: graph.py's per-stage default."""
+    gpu_node_selector: dict[str, str] = field(default_factory=dict)
+    """Node labels that pick the GPU type, e.g. {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}."""
+    gpu_tolerations: tuple[Toleration, ...] = (Toleration(key="nvidia.com/gpu"),)
+    """Tolerations for GPU node taints."""
+    node_selector: dict[str, str] = field(default_factory=dict)
+    """Node labels every stage's pod requires."""
+    secrets: tuple[SecretEnv, ...] = (
+        SecretEnv(name="rlaif-storage", env={"AWS_ACCESS_KEY_ID": "access_key", "AWS_SECRET_ACCESS_KEY": "secret_key"}),
+        SecretEnv(name="rlaif-judge", env={"RLAIF_JUDGE_API_KEY": "api_key"}, optional=True),
+    )
+    """Secrets mapped to environment variables in every stage (storage credentials, judge API key)."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Plain (non-secret) environment variables for every stage, e.g. AWS_ENDPOINT_URL of the cluster's MinIO."""
+    shm_gib: int = 8
+    """Size of the memory-backed /dev/shm (PyTorch DataLoader workers and NCCL need more than the 64 MiB default)."""
+    retries: int = 2
+    """Retries of a failed stage. A retry resumes: finished stages are cache hits, training resumes from checkpoints."""
+    namespace: str = ""
+    """Namespace for Airflow pods and multi-node jobs; empty: the namespace the pipeline pod runs in (or `default`)."""
+    service_account: str = ""
+    """Service account for the pods; a multi-node stage's account needs RBAC to create and watch TrainJobs."""
+    multinode_api: str = "trainjob"
+    """`trainjob` (Kubeflow Trainer v2) or `pytorchjob` (the older training operator) for stages with nodes > 1."""
+    trainjob_runtime: str = "torch-distributed"
+    """ClusterTrainingRuntime a TrainJob refers to."""
+    run_as_user: int = 1000
+    """Non-root user of the images."""
+
+    def __post_init__(self):
+        if self.multinode_api not in ("trainjob", "pytorchjob"):
+            raise ValueError(f"multinode_api must be 'trainjob' or 'pytorchjob', not {self.multinode_api!r}")
+
+    def gpus(self, stage: Stage) -> int:
+        if not self.use_gpus or stage.resources.gpus == 0:
+            return 0
+        return self.gpus_per_node or stage.resources.gpus
+
+    def image_for(self, stage: Stage) -> str:
+        return self.gpu_image if self.gpus(stage) else self.image
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+
+def from_dict(raw: dict) -> ClusterSpec:
+    """A ClusterSpec from plain data, refusing unknown keys (a typo must not silently fall back to a default)."""
+    known = {f.name for f in fields(ClusterSpec)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ValueError(f"unknown cluster setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    raw = dict(raw)
+    if "secrets" in raw:
+        raw["secrets"] = tuple(SecretEnv(**s) for s in raw["secrets"])
+    if "gpu_tolerations" in raw:
+        raw["gpu_tolerations"] = tuple(Toleration(**t) for t in raw["gpu_tolerations"])
+    return ClusterSpec(**raw)
+
+
+def load(path: str | None = None) -> ClusterSpec:
+    """From a YAML or JSON file, else from $RLAIF_CLUSTER_JSON (set on pods by the pipeline), else the defaults."""
+    if path:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        if path.endswith((".yaml", ".yml")):
+            import yaml
+
+            raw = yaml.safe_load(text) or {}
+        else:
+            raw = json.loads(text)
+        return from_dict(raw)
+    if os.environ.get("RLAIF_CLUSTER_JSON"):
+        return from_dict(json.loads(os.environ["RLAIF_CLUSTER_JSON"]))
+    return ClusterSpec()

@@ -1,0 +1,153 @@
+"""Multi-node training stages as Kubeflow jobs: a TrainJob (Kubeflow Trainer v2) or a PyTorchJob (the older
+training operator), generated from graph.py and the cluster settings, created by the pipeline step, watched until
+it ends, and reported with its status. Every pod runs the same entrypoint as a single-node stage under torchrun."""
+from __future__ import annotations
+
+import os
+import time
+
+from rlaif.config import PipelineConfig
+from rlaif.errors import UserError
+from rlaif.graph import Stage
+from rlaif.orchestration.cluster import ClusterSpec, load
+from rlaif.orchestration.launch import StageFailed, safe_run_id
+
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+API = {  # group, version, plural, terminal conditions (success, failure)
+    "trainjob": ("trainer.kubeflow.org", "v1alpha1", "trainjobs", "Complete", "Failed"),
+    "pytorchjob": ("kubeflow.org", "v1", "pytorchjobs", "Succeeded", "Failed"),
+}
+
+
+def _env(spec: ClusterSpec) -> list[dict]:
+    env = [{"name": k, "value": v} for k, v in sorted(spec.env.items())]
+    for secret in spec.secrets:
+        for var, key in sorted(secret.env.items()):
+            ref = {"name": secret.name, "key": key, "optional": secret.optional}
+            env.append({"name": var, "valueFrom": {"secretKeyRef": ref}})
+    return env
+
+
+def _resources(stage: Stage, spec: ClusterSpec) -> dict:
+    r = stage.resources
+    resources = {"requests": {"cpu": str(r.cpu), "memory": f"{r.memory_gib}Gi"}, "limits": {"memory": f"{r.memory_gib}Gi"}}
+    if spec.gpus(stage):
+        resources["limits"][spec.gpu_resource] = str(spec.gpus(stage))
+    return resources
+
+
+def _pod_extras(stage: Stage, spec: ClusterSpec) -> dict:
+    selector = {**spec.node_selector, **(spec.gpu_node_selector if spec.gpus(stage) else {})}
+    tolerations = [{k: v for k, v in vars(t).items() if v is not None} for t in spec.gpu_tolerations] if spec.gpus(stage) else []
+    return {"nodeSelector": selector, "tolerations": tolerations}
+
+
+def job_name(stage: Stage, cfg: PipelineConfig) -> str:
+    """DNS-1123 name, stable for a run and stage so that a retried step finds the job it created."""
+    name = f"rlaif-{safe_run_id(cfg.run_id)}-{stage.name}".lower().replace("_", "-").replace(".", "-")
+    return name[:63].rstrip("-")
+
+
+def job_manifest(stage: Stage, cfg: PipelineConfig, config_url: str, nodes: int, spec: ClusterSpec, namespace: str) -> dict:
+    """The TrainJob or PyTorchJob custom resource for a stage on `nodes` pods."""
+    gpus = spec.gpus(stage)
+    nproc = gpus or getattr(cfg, stage.name).nproc
+    entry = ["-m", "rlaif", *stage.argv(config_url)[1:]]
+    metadata = {"name": job_name(stage, cfg), "namespace": namespace,
+                "labels": {"app.kubernetes.io/part-of": "rlaif", "rlaif/run-id": safe_run_id(cfg.run_id)[:63],
+                           "rlaif/stage": stage.name}}
+    image = spec.image_for(stage)
+    if spec.multinode_api == "trainjob":
+        # The torch runtime sets PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK and PET_MASTER_ADDR/PORT; torchrun reads them.
+        return {
+            "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": metadata,
+            "spec": {
+                "runtimeRef": {"name": spec.trainjob_runtime},
+                "trainer": {"image": image, "command": ["torchrun", *entry], "numNodes": nodes, "numProcPerNode": nproc,
+                            "resourcesPerNode": _resources(stage, spec), "env": _env(spec)},
+            },
+        }
+    container = {
+        "name": "pytorch", "image": image, "env": _env(spec), "resources": _resources(stage, spec),
+        # The operator sets RANK (the node's rank), WORLD_SIZE (nodes), MASTER_ADDR and MASTER_PORT on every replica.
+        "command": ["torchrun", f"--nnodes={nodes}", f"--nproc_per_node={nproc}", "--node_rank=$(RANK)",
+                    "--master_addr=$(MASTER_ADDR)", "--master_port=$(MASTER_PORT)", *entry],
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+    pod = {"spec": {"containers": [container], **_pod_extras(stage, spec),
+                    "securityContext": {"runAsUser": spec.run_as_user, "runAsNonRoot": True},
+                    "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{spec.shm_gib}Gi"}}]}}
+    if spec.service_account:
+        pod["spec"]["serviceAccountName"] = spec.service_account
+    replica = {"restartPolicy": "OnFailure", "template": pod}
+    return {
+        "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": metadata,
+        "spec": {"runPolicy": {"backoffLimit": spec.retries},
+                 "pytorchReplicaSpecs": {"Master": {"replicas": 1, **replica}, "Worker": {"replicas": nodes - 1, **replica}}},
+    }
+
+
+def job_state(job: dict, api: str) -> tuple[str, str]:
+    """("running" | "succeeded" | "failed", message) from the job's status conditions."""
+    _, _, _, done, failed = API[api]
+    for cond in (job.get("status") or {}).get("conditions") or []:
+        if cond.get("status") != "True":
+            continue
+        if cond.get("type") == done:
+            return "succeeded", cond.get("message", "")
+        if cond.get("type") == failed:
+            return "failed", cond.get("message") or cond.get("reason", "")
+    return "running", ""
+
+
+def wait(client, api: str, namespace: str, name: str, poll_s: float = 15.0, timeout_s: float | None = None) -> tuple[str, str]:
+    """Polls the job until it succeeds or fails (or the timeout passes); `client` is a kubernetes CustomObjectsApi."""
+    group, version, plural, _, _ = API[api]
+    start = time.time()
+    while True:
+        job = client.get_namespaced_custom_object(group, version, namespace, plural, name)
+        state, message = job_state(job, api)
+        if state != "running":
+            return state, message
+        if timeout_s is not None and time.time() - start > timeout_s:
+            return "failed", f"still running after {timeout_s:.0f}s"
+        time.sleep(poll_s)
+
+
+def create_or_reuse(client, api: str, body: dict) -> None:
+    """Creates the job; a retried pipeline step finds the job it created before and waits on it instead."""
+    from kubernetes.client.exceptions import ApiException
+
+    group, version, plural, _, _ = API[api]
+    ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    try:
+        client.create_namespaced_custom_object(group, version, ns, plural, body)
+        print(f"created {body['kind']} {ns}/{name}", flush=True)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise UserError(f"could not create {body['kind']} {ns}/{name}: {exc.status} {exc.reason}") from None
+        job = client.get_namespaced_custom_object(group, version, ns, plural, name)
+        if job_state(job, api)[0] == "failed":  # a failed job from an earlier attempt: start over
+            client.delete_namespaced_custom_object(group, version, ns, plural, name)
+            time.sleep(5)
+            client.create_namespaced_custom_object(group, version, ns, plural, body)
+        print(f"{body['kind']} {ns}/{name} exists (an earlier attempt): waiting on it", flush=True)
+
+
+def run_multinode(stage: Stage, cfg: PipelineConfig, config_url: str, nodes: int) -> None:
+    """Called from inside a pipeline pod: create the job for this stage and wait for it."""
+    from kubernetes import client, config
+
+    config.load_incluster_config()
+    spec = load()
+    namespace = spec.namespace
+    if not namespace and os.path.exists(SERVICE_ACCOUNT_NAMESPACE):
+        with open(SERVICE_ACCOUNT_NAMESPACE, encoding="utf-8") as f:
+            namespace = f.read().strip()
+    body = job_manifest(stage, cfg, config_url, nodes, spec, namespace or "default")
+    api = client.CustomObjectsApi()
+    create_or_reuse(api, spec.multinode_api, body)
+    state, message = wait(api, spec.multinode_api, body["metadata"]["namespace"], body["metadata"]["name"])
+    if state != "succeeded":
+        print(f"{body['kind']} {body['metadata']['name']} failed: {message}", flush=True)
+        raise StageFailed(stage.name, 1)

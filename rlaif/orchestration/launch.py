@@ -1,0 +1,144 @@
+"""Launching one stage, the same way for every orchestrator: the local runner, a KFP component, an Airflow task
+and a Kubernetes pod all end here. A stage whose output already exists for its config and inputs is a cache hit;
+a training stage runs under torchrun (one process per GPU, or the config's nproc on CPU); a stage with nodes > 1
+becomes a Kubeflow TrainJob/PyTorchJob that this process creates and waits for."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+from rlaif.config import PipelineConfig, dump_config, load_config
+from rlaif.errors import UserError
+from rlaif.graph import STAGE_BY_NAME, Stage
+from rlaif.io import manifest, storage
+from rlaif.io.prompts import load_prompts
+from rlaif.stages import common
+
+
+class StageFailed(Exception):
+    def __init__(self, stage: str, code: int):
+        super().__init__(f"stage '{stage}' failed with exit code {code} (its output is above)")
+        self.code = code
+
+
+def load_config_source(source: str | None, overrides: list[str] = (), run_id: str = "", storage_root: str = "") -> PipelineConfig:
+    """`source` is a config path/URL, or the YAML itself when it spans lines (how KFP and Airflow users paste one)."""
+    extra = [f"run_id={run_id}"] * bool(run_id) + [f"storage.root={storage_root}"] * bool(storage_root)
+    if source and "\n" in source:
+        import tempfile
+
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+            f.write(source)
+            f.flush()
+            return load_config(f.name, [*overrides, *extra])
+    return load_config(source or None, [*overrides, *extra])
+
+
+def safe_run_id(text: str) -> str:
+    """An orchestrator's run name (e.g. Airflow's `manual__2026-11-22T08:00:00+00:00`) as a storage path segment."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.") or "run"
+
+
+def prepare(cfg: PipelineConfig) -> str:
+    """Cheap checks before any work, then the resolved config written once per run; returns its URL."""
+    storage.configure(cfg.storage.endpoint_url)
+    root = storage.normalize(cfg.storage.root)
+    storage.check_writable(root)
+    load_prompts(cfg.data)
+    for stage in STAGE_BY_NAME.values():
+        nodes = getattr(getattr(cfg, stage.name), "nodes", 1)
+        if nodes > 1 and not os.environ.get("KUBERNETES_SERVICE_HOST"):
+            raise UserError(f"{stage.name}.nodes={nodes} needs a Kubernetes cluster with Kubeflow Trainer: submit the "
+                            f"pipeline to KFP or Airflow, or set {stage.name}.nodes=1 to run here")
+    config_url = storage.join(root, cfg.run_id, "config.yaml")
+    text = dump_config(cfg).encode()
+    if not storage.exists(config_url) or storage.read_bytes(config_url) != text:
+        storage.write_bytes_atomic(config_url, text)
+    return config_url
+
+
+def processes_per_node(stage: Stage, cfg: PipelineConfig) -> int:
+    """One rank per visible GPU; on CPU, the stage config's nproc."""
+    if not stage.resources.torchrun:
+        return 1
+    import torch
+
+    return torch.cuda.device_count() or getattr(cfg, stage.name).nproc
+
+
+def command(stage: Stage, config_url: str, nproc: int) -> list[str]:
+    """graph.py's argv, with this interpreter as `rlaif` and torchrun in front for the training stages."""
+    argv = [sys.executable, "-m", "rlaif", *stage.argv(config_url)[1:]]
+    if stage.resources.torchrun:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *argv[1:]]
+    return argv
+
+
+def launch(cfg: PipelineConfig, name: str, config_url: str) -> dict:
+    """Runs one stage unless its output exists; returns its manifest. Raises StageFailed or UserError."""
+    stage = STAGE_BY_NAME[name]
+    ctx = common.context(cfg, name)  # requires the upstream manifests: a clear error when one is missing
+    if (hit := common.cached(ctx)) is not None:
+        print(f"[{name}] cache hit: output exists for this config and inputs, skipped", flush=True)
+        return hit
+    nodes = getattr(getattr(cfg, name), "nodes", 1)
+    start = time.time()
+    if nodes > 1:
+        from rlaif.orchestration import jobs
+
+        jobs.run_multinode(stage, cfg, config_url, nodes)
+    else:
+        nproc = processes_per_node(stage, cfg)
+        cmd = command(stage, config_url, nproc)
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        if stage.resources.torchrun and "OMP_NUM_THREADS" not in env:  # ranks share this machine's cores
+            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+        print(f"[{name}] running: {' '.join(cmd[1:])}", flush=True)
+        code = subprocess.call(cmd, env=env)
+        if code != 0:
+            raise StageFailed(name, code)
+    print(f"[{name}] done in {time.time() - start:.1f}s", flush=True)
+    return manifest.require(ctx.url, name)
+
+
+def kfp_component(name: str, config: str, overrides: list[str], run_id: str, storage_root: str,
+                  default_run_id: str, upstream: dict, output) -> dict:
+    """The body of every KFP component: check that the upstream artifacts are the manifests in storage (a stale or
+    foreign run directory is refused), launch the stage, and publish its manifest as this step's artifact."""
+    from rlaif.models.loading import quiet_transformers
+
+    quiet_transformers()
+    cfg = load_config_source(config, overrides, run_id or safe_run_id(default_run_id), storage_root)
+    config_url = prepare(cfg)
+    for dep, artifact in upstream.items():
+        with open(artifact.path, encoding="utf-8") as f:
+            passed = json.load(f)
+        stored = manifest.require(common.stage_url(cfg, dep), dep)
+        if passed["digest"] != stored["digest"]:
+            raise UserError(f"upstream '{dep}' in storage ({stored['digest'][:12]}) is not the one this pipeline run "
+                            f"produced ({passed['digest'][:12]}): another run wrote to run_id '{cfg.run_id}'")
+    result = launch(cfg, name, config_url)
+    with open(output.path, "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=2)
+    output.metadata.update(url=common.stage_url(cfg, name), digest=result["digest"], run_id=cfg.run_id)
+    return result
+
+
+def publish_evaluation(result: dict, cfg_url_dir: str, metrics, report_html, report_md) -> None:
+    """Evaluation in the KFP UI: scalar metrics, and the report as HTML and Markdown visualizations."""
+    summary = result["summary"]
+    for key in ("win_rate", "win_rate_length_controlled", "kl_to_reference", "reward_policy_mean",
+                "reward_reference_mean", "n_prompts"):
+        metrics.log_metric(key, float(summary[key]))
+    metrics.log_metric("win_rate_ci95_low", float(summary["win_rate_ci95"][0]))
+    metrics.log_metric("win_rate_ci95_high", float(summary["win_rate_ci95"][1]))
+    for judge, j in summary["judges"].items():
+        if judge != "training":
+            metrics.log_metric(f"win_rate_{judge}", float(j["win_rate"]))
+    for artifact, name in ((report_html, "report.html"), (report_md, "report.md")):
+        with open(artifact.path, "wb") as f:
+            f.write(storage.read_bytes(storage.join(cfg_url_dir, name)))

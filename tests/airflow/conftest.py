@@ -1,0 +1,24 @@
+"""Airflow's own environment (.venv-airflow): a throwaway AIRFLOW_HOME on SQLite, the DAGs folder pointing at dags/,
+set before Airflow is imported (it reads its configuration at import)."""
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+HOME = Path(tempfile.mkdtemp(prefix="rlaif-airflow-"))
+os.environ.update(
+    AIRFLOW_HOME=str(HOME),
+    AIRFLOW__CORE__DAGS_FOLDER=str(REPO / "dags"),
+    AIRFLOW__CORE__LOAD_EXAMPLES="False",
+    AIRFLOW__CORE__UNIT_TEST_MODE="True",
+    AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{HOME}/airflow.db",
+    RLAIF_WORKDIR=str(REPO),  # the local DAG's tasks resolve configs/ and data/ here
+    RLAIF_CACHE=str(HOME / "rlaif-cache"),
+    # Sentinels: if a secret's value ever reached a DAG, a pod spec or a log, the tests below would find it.
+    AWS_SECRET_ACCESS_KEY="S3CR3T-value-9f2c",
+    RLAIF_JUDGE_API_KEY="S3CR3T-judge-77ab",
+)
+os.environ.setdefault("RLAIF_BIN", str(REPO / ".venv/bin/rlaif"))
+subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, capture_output=True, timeout=600)

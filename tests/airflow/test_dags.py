@@ -1,0 +1,112 @@
+"""DAG integrity (Astronomer style), the rendered pod spec of every `rlaif` task, and `rlaif_local` run end to end
+with dag.test() on the tiny config."""
+import json
+from pathlib import Path
+
+import pytest
+from airflow.dag_processing.dagbag import DagBag
+
+from rlaif.graph import STAGES, STAGE_BY_NAME
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def dagbag():
+    return DagBag(dag_folder=str(REPO / "dags"))
+
+
+def test_dags_import_cleanly(dagbag):
+    assert dagbag.import_errors == {}
+    assert set(dagbag.dag_ids) == {"rlaif", "rlaif_local"}
+
+
+@pytest.mark.parametrize("dag_id", ["rlaif", "rlaif_local"])
+def test_dag_is_the_stage_graph(dagbag, dag_id):
+    dag = dagbag.get_dag(dag_id)
+    assert set(dag.task_ids) == set(STAGE_BY_NAME)
+    for stage in STAGES:
+        task = dag.get_task(stage.name)
+        assert task.upstream_task_ids == set(stage.inputs), stage.name
+        assert task.retries >= 1 and task.doc_md == stage.description
+    assert "rlaif" in dag.tags and dag.doc_md.startswith("# RLAIF")
+    assert set(dag.params) == {"config", "overrides", "run_id", "storage_root"}
+    assert dag.max_active_runs == 1
+    # no cycles: a topological sort consumes every task
+    assert len(dag.topological_sort()) == len(STAGES)
+
+
+def _rendered(task, **params):
+    from types import SimpleNamespace
+
+    context = {"params": {"config": "configs/demo.yaml", "overrides": [], "run_id": "", "storage_root": "", **params},
+               "dag_run": SimpleNamespace(run_id="scheduled__2026-11-22T00:00:00+00:00")}
+    return task.render_template(task.arguments, context)
+
+
+def test_pod_spec_of_every_stage(dagbag):
+    dag = dagbag.get_dag("rlaif")
+    for stage in STAGES:
+        task = dag.get_task(stage.name)
+        pod = task.build_pod_request_obj(context=None, dry_run=True)
+        (container,) = pod.spec.containers
+        assert container.image.endswith("-cuda") and container.command == ["rlaif"]
+        limits, requests = container.resources.limits, container.resources.requests
+        assert limits["nvidia.com/gpu"] == str(stage.resources.gpus)
+        assert requests == {"cpu": str(stage.resources.cpu), "memory": f"{stage.resources.memory_gib}Gi"}
+        secret_env = {e.name: e.value_from.secret_key_ref for e in container.env if e.value_from}
+        assert secret_env["AWS_SECRET_ACCESS_KEY"].name == "rlaif-storage"
+        assert secret_env["AWS_SECRET_ACCESS_KEY"].key == "secret_key"
+        assert pod.spec.tolerations[0].key == "nvidia.com/gpu"
+        assert any(v.name == "dshm" and v.empty_dir.medium == "Memory" for v in pod.spec.volumes)
+        assert any(m.mount_path == "/dev/shm" for m in container.volume_mounts)
+        assert pod.spec.security_context.run_as_non_root is True
+        args = _rendered(task, overrides=["ppo.lr=1e-5"], storage_root="s3://bucket/rlaif")
+        assert args[:2] == ["launch", stage.name]
+        assert json.loads(args[args.index("--set-json") + 1]) == ["ppo.lr=1e-5"]
+        assert args[args.index("--run-id") + 1] == "scheduled__2026-11-22T00:00:00+00:00"  # launch sanitises it
+        assert args[args.index("--storage-root") + 1] == "s3://bucket/rlaif"
+        assert _rendered(task, run_id="exp-7")[args.index("--run-id") + 1] == "exp-7"
+
+
+def test_no_secret_value_in_dags_or_pods(dagbag):
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    for dag_id in ("rlaif", "rlaif_local"):
+        dag = dagbag.get_dag(dag_id)
+        text = json.dumps(DagSerialization.to_dict(dag), default=str)
+        assert "S3CR3T" not in text, dag_id
+    for task in dagbag.get_dag("rlaif").tasks:
+        assert "S3CR3T" not in str(task.build_pod_request_obj(context=None, dry_run=True))
+    assert "S3CR3T" not in (REPO / "dags/rlaif_dags.py").read_text()
+
+
+@pytest.mark.slow
+def test_rlaif_local_runs_end_to_end(dagbag, tmp_path):
+    from airflow.utils.state import DagRunState
+
+    dag = dagbag.get_dag("rlaif_local")
+    conf = {"config": "configs/tiny.yaml", "overrides": ["evaluate.n_prompts=8"], "run_id": "airflow-e2e",
+            "storage_root": f"file://{tmp_path}/runs"}
+    dagrun = dag.test(run_conf=conf)
+    assert dagrun.state == DagRunState.SUCCESS
+    run_dir = tmp_path / "runs" / "airflow-e2e"
+    for stage in STAGES:
+        assert json.loads((run_dir / stage.name / "manifest.json").read_text())["stage"] == stage.name
+    assert json.loads((run_dir / "evaluate" / "metrics.json").read_text())["n_prompts"] == 8
+    assert "S3CR3T" not in "".join(p.read_text(errors="replace") for p in run_dir.rglob("*.json"))
+    assert "S3CR3T" not in (run_dir / "config.yaml").read_text()
+
+
+@pytest.mark.slow
+def test_rlaif_local_fails_the_task_on_a_bad_config(dagbag, tmp_path):
+    from airflow.utils.state import DagRunState
+
+    conf = {"config": "configs/tiny.yaml", "overrides": ["ppo.iterationz=3"], "run_id": "bad",
+            "storage_root": f"file://{tmp_path}/runs"}
+    dagrun = dagbag.get_dag("rlaif_local").test(run_conf=conf)
+    assert dagrun.state == DagRunState.FAILED
+    generate = dagrun.get_task_instance("generate")
+    assert generate.state == "failed" and generate.try_number == 1  # a user error is not retried
+    assert dagrun.get_task_instance("label").state == "upstream_failed"
+    assert not (tmp_path / "runs" / "bad" / "generate" / "manifest.json").exists()

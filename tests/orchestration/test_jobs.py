@@ -1,0 +1,115 @@
+"""Multi-node stages: the TrainJob / PyTorchJob specs generated from graph.py, and the create-and-wait loop against
+a fake Kubernetes API that records calls and walks the job through its conditions."""
+import pytest
+
+from rlaif.config import load_config
+from rlaif.errors import UserError
+from rlaif.graph import STAGE_BY_NAME
+from rlaif.orchestration import jobs
+from rlaif.orchestration.cluster import ClusterSpec
+
+
+@pytest.fixture
+def cfg():
+    return load_config("configs/tiny.yaml", ["run_id=Exp_1", "ppo.nodes=4"])
+
+
+def test_trainjob_spec(cfg):
+    spec = ClusterSpec(gpus_per_node=8, env={"AWS_ENDPOINT_URL": "http://minio:9000"})
+    body = jobs.job_manifest(STAGE_BY_NAME["ppo"], cfg, "s3://b/r/Exp_1/config.yaml", 4, spec, "team-a")
+    assert body["apiVersion"] == "trainer.kubeflow.org/v1alpha1" and body["kind"] == "TrainJob"
+    assert body["metadata"]["name"] == "rlaif-exp-1-ppo" and body["metadata"]["namespace"] == "team-a"
+    trainer = body["spec"]["trainer"]
+    assert body["spec"]["runtimeRef"] == {"name": "torch-distributed"}
+    assert trainer["numNodes"] == 4 and trainer["numProcPerNode"] == 8
+    assert trainer["command"] == ["torchrun", "-m", "rlaif", "stage", "ppo", "--config", "s3://b/r/Exp_1/config.yaml"]
+    assert trainer["image"] == spec.gpu_image
+    assert trainer["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == "8"
+    env = {e["name"]: e for e in trainer["env"]}
+    assert env["AWS_ENDPOINT_URL"]["value"] == "http://minio:9000"
+    assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "rlaif-storage", "key": "secret_key", "optional": False}
+    assert "value" not in env["AWS_SECRET_ACCESS_KEY"]
+
+
+def test_pytorchjob_spec(cfg):
+    spec = ClusterSpec(multinode_api="pytorchjob", gpu_node_selector={"gpu": "a100"}, service_account="rlaif-runner")
+    body = jobs.job_manifest(STAGE_BY_NAME["train_rm"], cfg, "s3://b/c.yaml", 3, spec, "default")
+    assert body["apiVersion"] == "kubeflow.org/v1" and body["kind"] == "PyTorchJob"
+    replicas = body["spec"]["pytorchReplicaSpecs"]
+    assert replicas["Master"]["replicas"] == 1 and replicas["Worker"]["replicas"] == 2
+    pod = replicas["Worker"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["name"] == "pytorch"  # the operator finds the container by this name
+    assert container["command"][:3] == ["torchrun", "--nnodes=3", "--nproc_per_node=1"]
+    assert "--node_rank=$(RANK)" in container["command"]
+    assert container["command"][-5:] == ["rlaif", "stage", "train_rm", "--config", "s3://b/c.yaml"]
+    assert pod["nodeSelector"] == {"gpu": "a100"} and pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+    assert pod["serviceAccountName"] == "rlaif-runner" and pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["volumes"][0]["emptyDir"]["medium"] == "Memory"
+
+
+def test_cpu_cluster_job_uses_config_nproc(cfg):
+    body = jobs.job_manifest(STAGE_BY_NAME["ppo"], cfg, "u", 2, ClusterSpec(use_gpus=False), "ns")
+    assert body["spec"]["trainer"]["numProcPerNode"] == cfg.ppo.nproc
+    assert "nvidia.com/gpu" not in body["spec"]["trainer"]["resourcesPerNode"]["limits"]
+
+
+class FakeCustomObjects:
+    """Answers like the Kubernetes API: the job runs for `polls` reads, then ends in `final`."""
+
+    def __init__(self, final: str, polls: int = 2, exists: dict | None = None):
+        self.final, self.polls, self.created, self.deleted, self.job = final, polls, [], [], exists
+
+    def create_namespaced_custom_object(self, group, version, namespace, plural, body):
+        from kubernetes.client.exceptions import ApiException
+
+        if self.job is not None:
+            raise ApiException(status=409, reason="AlreadyExists")
+        self.created.append((group, version, namespace, plural, body))
+        self.job = {"status": {}}
+
+    def delete_namespaced_custom_object(self, group, version, namespace, plural, name):
+        self.deleted.append(name)
+        self.job = None
+
+    def get_namespaced_custom_object(self, group, version, namespace, plural, name):
+        self.polls -= 1
+        if self.polls > 0:
+            return {"status": {"conditions": [{"type": "Created", "status": "True"}]}}
+        return {"status": {"conditions": [{"type": "Created", "status": "True"},
+                                          {"type": self.final, "status": "True", "message": f"job {self.final}"}]}}
+
+
+@pytest.mark.parametrize("api,final,expected", [("trainjob", "Complete", "succeeded"), ("trainjob", "Failed", "failed"),
+                                                 ("pytorchjob", "Succeeded", "succeeded"), ("pytorchjob", "Failed", "failed")])
+def test_wait_reads_the_terminal_condition(api, final, expected):
+    client = FakeCustomObjects(final, polls=3)
+    state, message = jobs.wait(client, api, "ns", "job", poll_s=0)
+    assert (state, message) == (expected, f"job {final}")
+
+
+def test_create_then_a_retry_reuses_the_running_job(cfg):
+    body = jobs.job_manifest(STAGE_BY_NAME["ppo"], cfg, "u", 2, ClusterSpec(), "ns")
+    client = FakeCustomObjects("Complete")
+    jobs.create_or_reuse(client, "trainjob", body)
+    assert client.created[0][:4] == ("trainer.kubeflow.org", "v1alpha1", "ns", "trainjobs")
+    jobs.create_or_reuse(client, "trainjob", body)  # a retried pipeline step: 409, the job is still running
+    assert len(client.created) == 1 and client.deleted == []
+
+
+def test_a_failed_job_from_an_earlier_attempt_is_replaced(cfg, monkeypatch):
+    monkeypatch.setattr(jobs.time, "sleep", lambda s: None)
+    body = jobs.job_manifest(STAGE_BY_NAME["ppo"], cfg, "u", 2, ClusterSpec(), "ns")
+    client = FakeCustomObjects("Failed", polls=1, exists={"status": {}})
+    jobs.create_or_reuse(client, "trainjob", body)
+    assert client.deleted == ["rlaif-exp-1-ppo"] and len(client.created) == 1
+
+
+def test_multinode_outside_a_cluster_is_refused_before_any_stage(cfg, monkeypatch, tmp_path):
+    from rlaif.orchestration import launch
+
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    cfg = load_config("configs/tiny.yaml", ["ppo.nodes=2", f"storage.root=file://{tmp_path}"])
+    with pytest.raises(UserError, match="ppo.nodes=2 needs a Kubernetes cluster"):
+        launch.prepare(cfg)
+    assert not (tmp_path / "tiny").exists()

@@ -1,0 +1,160 @@
+"""The Kubeflow pipeline: generated from graph.py, compiled copy fresh, resources and secrets wired, and the whole
+pipeline executed by KFP itself through kfp.local on the tiny config."""
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlaif.graph import STAGES, STAGE_BY_NAME
+from rlaif.orchestration import kfp_pipeline
+from rlaif.orchestration.cluster import ClusterSpec, SecretEnv, from_dict
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def compiled(tmp_path, spec: ClusterSpec | None = None) -> dict:
+    out = tmp_path / "p.yaml"
+    from kfp import compiler
+
+    compiler.Compiler().compile(kfp_pipeline.build_pipeline(spec), str(out))
+    docs = list(yaml.safe_load_all(out.read_text()))
+    return {"pipeline": docs[0], "platform": docs[1] if len(docs) > 1 else {}}
+
+
+def test_checked_in_yaml_is_fresh(tmp_path):
+    kfp_pipeline.compile_pipeline(str(tmp_path / "p.yaml"), None, str(tmp_path / "components"))
+    stale = "stale: run `make pipeline` and commit pipelines/ and components/"
+    assert (tmp_path / "p.yaml").read_text() == (REPO / "pipelines/rlaif_pipeline.yaml").read_text(), stale
+    for stage in STAGES:
+        fresh = (tmp_path / "components" / stage.name / "component.yaml").read_text()
+        assert fresh == (REPO / "components" / stage.name / "component.yaml").read_text(), stale
+
+
+def test_components_take_exactly_the_graph_inputs():
+    assert set(kfp_pipeline.COMPONENTS) == set(STAGE_BY_NAME)
+    for stage in STAGES:
+        spec = kfp_pipeline.COMPONENTS[stage.name].component_spec
+        artifacts_in = {n for n, i in spec.inputs.items() if i.type.startswith("system.")}
+        assert artifacts_in == {f"{dep}_manifest" for dep in stage.inputs}, stage.name
+        assert "manifest" in spec.outputs
+        assert {"config", "overrides", "run_id", "storage_root", "default_run_id"} <= set(spec.inputs)
+
+
+def test_pipeline_tasks_edges_resources_and_secrets(tmp_path):
+    spec = ClusterSpec(gpu_node_selector={"nvidia.com/gpu.product": "H100"}, node_selector={"pool": "ml"},
+                       env={"AWS_ENDPOINT_URL": "http://minio.minio:9000"})
+    docs = compiled(tmp_path, spec)
+    kfp_name = {s.name: s.name.replace("_", "-") for s in STAGES}  # KFP task names are DNS-style
+    tasks = docs["pipeline"]["root"]["dag"]["tasks"]
+    assert set(tasks) == set(kfp_name.values())
+    executors = docs["pipeline"]["deploymentSpec"]["executors"]
+    k8s = docs["platform"]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    for stage in STAGES:
+        task = tasks[kfp_name[stage.name]]
+        assert set(task.get("dependentTasks", [])) == {kfp_name[d] for d in stage.inputs}
+        for dep in stage.inputs:
+            src = task["inputs"]["artifacts"][f"{dep}_manifest"]["taskOutputArtifact"]
+            assert src == {"outputArtifactKey": "manifest", "producerTask": kfp_name[dep]}
+        assert task["retryPolicy"]["maxRetryCount"] == spec.retries
+        assert task["cachingOptions"] == {} or not task["cachingOptions"].get("enableCache")
+        container = executors[f"exec-{kfp_name[stage.name]}"]["container"]
+        res = container["resources"]
+        assert float(res["cpuRequest"]) == stage.resources.cpu
+        assert container["image"] == spec.gpu_image  # every stage has a GPU on a GPU cluster
+        assert res["accelerator"]["resourceType"] == "nvidia.com/gpu" and int(res["accelerator"]["resourceCount"]) == 1
+        env = {e["name"]: e["value"] for e in container["env"]}
+        assert env["AWS_ENDPOINT_URL"] == "http://minio.minio:9000"
+        assert json.loads(env["RLAIF_CLUSTER_JSON"])["gpu_image"] == spec.gpu_image
+        platform = k8s[f"exec-{kfp_name[stage.name]}"]
+        secrets = {s["secretName"]: s for s in platform["secretAsEnv"]}
+        assert {e["envVar"]: e["secretKey"] for e in secrets["rlaif-storage"]["keyToEnv"]} == {
+            "AWS_ACCESS_KEY_ID": "access_key", "AWS_SECRET_ACCESS_KEY": "secret_key"}
+        assert secrets["rlaif-judge"]["optional"] is True
+        assert platform["nodeSelector"]["labels"] == {"pool": "ml", "nvidia.com/gpu.product": "H100"}
+        assert platform["tolerations"][0]["key"] == "nvidia.com/gpu"
+        assert platform["emptyDirMounts"][0]["mountPath"] == "/dev/shm"
+
+
+def test_cpu_cluster_gets_cpu_image_and_no_gpus(tmp_path):
+    docs = compiled(tmp_path, ClusterSpec(use_gpus=False))
+    for name, executor in docs["pipeline"]["deploymentSpec"]["executors"].items():
+        assert executor["container"]["image"] == ClusterSpec().image
+        assert "accelerator" not in executor["container"]["resources"], name
+
+
+def test_no_secret_value_reaches_the_compiled_pipeline(tmp_path, monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "S3CR3T-value-9f2c")
+    monkeypatch.setenv("RLAIF_JUDGE_API_KEY", "S3CR3T-judge-77ab")
+    text = yaml.safe_dump(compiled(tmp_path))
+    assert "S3CR3T" not in text
+    assert "S3CR3T" not in (REPO / "pipelines/rlaif_pipeline.yaml").read_text()
+
+
+def test_cluster_settings_refuse_unknown_keys():
+    with pytest.raises(ValueError, match="unknown cluster setting.*gpu_typo"):
+        from_dict({"gpu_typo": "a100"})
+    with pytest.raises(ValueError, match="multinode_api"):
+        from_dict({"multinode_api": "mpijob"})
+    spec = from_dict(yaml.safe_load((REPO / "configs/cluster.yaml").read_text()))
+    assert spec.secrets[0] == SecretEnv(name="rlaif-storage", env={"AWS_ACCESS_KEY_ID": "access_key",
+                                                                    "AWS_SECRET_ACCESS_KEY": "secret_key"})
+
+
+def test_submit_sends_the_config_inline_and_validates_it_first(tmp_path):
+    class FakeClient:
+        calls = []
+
+        def create_run_from_pipeline_func(self, func, experiment_name, arguments):
+            self.calls.append((func, experiment_name, arguments))
+            return type("Run", (), {"run_id": "run-123"})()
+
+    client = FakeClient()
+    run = kfp_pipeline.submit("http://kfp.invalid", "configs/tiny.yaml", ["ppo.iterations=3"], "exp1", "s3://b/r",
+                              None, "rlaif-dev", client=client)
+    assert run == "run-123"
+    _, experiment, args = client.calls[0]
+    assert experiment == "rlaif-dev"
+    assert args["config"] == (REPO / "configs/tiny.yaml").read_text() and args["overrides"] == ["ppo.iterations=3"]
+    assert args["run_id"] == "exp1" and args["storage_root"] == "s3://b/r"
+    from rlaif.errors import UserError
+
+    with pytest.raises(UserError, match="ppo.iterationz"):
+        kfp_pipeline.submit("http://kfp.invalid", "configs/tiny.yaml", ["ppo.iterationz=3"], "", "", None, "x", client=client)
+    assert len(client.calls) == 1
+
+
+@pytest.mark.slow
+def test_pipeline_runs_end_to_end_in_kfp_local(tmp_path, monkeypatch):
+    from kfp import local
+
+    # Components run `python3 -m kfp.dsl.executor_main` in a subprocess: this environment's python must come first.
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.chdir(REPO)  # relative paths in the config resolve here, as in the image's working directory
+    root = tmp_path / "kfp-root"
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root), raise_on_error=True)
+    pipeline = kfp_pipeline.build_pipeline()
+    storage_root = f"file://{tmp_path}/runs"
+    pipeline(config=(REPO / "configs/tiny.yaml").read_text(), overrides=["evaluate.n_prompts=8"], run_id="",
+             storage_root=storage_root)
+
+    (job,) = [p for p in root.iterdir() if p.is_dir()]
+    run_dir = tmp_path / "runs" / job.name  # empty run_id: the KFP job's name
+    for stage in STAGES:
+        stored = json.loads((run_dir / stage.name / "manifest.json").read_text())
+        passed = json.loads((job / stage.name.replace("_", "-") / "manifest").read_text())  # KFP task names
+        assert passed["digest"] == stored["digest"]
+    metrics = json.loads((job / "evaluate" / "executor_output.json").read_text())
+    logged = metrics["artifacts"]["metrics"]["artifacts"][0]["metadata"]
+    summary = json.loads((run_dir / "evaluate" / "metrics.json").read_text())
+    assert logged["win_rate"] == pytest.approx(summary["win_rate"]) and logged["n_prompts"] == 8
+    assert logged["kl_to_reference"] == pytest.approx(summary["kl_to_reference"])
+    assert (job / "evaluate" / "report").read_text().startswith("<!doctype html>")
+    assert (job / "evaluate" / "report_markdown").read_text().startswith("#")
+
+    # A retried or repeated run on the same run_id: every stage is a cache hit and the outputs are unchanged.
+    before = {s.name: (run_dir / s.name / "manifest.json").read_text() for s in STAGES}
+    pipeline(config="configs/tiny.yaml", overrides=["evaluate.n_prompts=8"], run_id=job.name, storage_root=storage_root)
+    assert before == {s.name: (run_dir / s.name / "manifest.json").read_text() for s in STAGES}

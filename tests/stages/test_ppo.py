@@ -1,0 +1,115 @@
+"""PPO and GRPO as real processes on the tiny config: the update is the same for 1 and 2 processes and for gradient
+accumulation; kill -9 of a rank, then a re-run, resumes and ends with the weights of an uninterrupted run; GRPO and
+DeepSpeed ZeRO-2 train and export."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def torchrun(nproc: int, *args, env=None, timeout=600):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
+    full_env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=full_env)
+
+
+@pytest.mark.parametrize("algorithm", ["ppo", "grpo"])
+def test_update_is_the_same_for_one_and_two_processes_and_with_accumulation(tmp_path, algorithm):
+    extra = [f"ppo.algorithm={algorithm}", "ppo.group_size=2"]
+    runs = {"one": (1, []), "two": (2, []), "one-accum": (1, ["ppo.grad_accum_steps=2"]), "two-accum": (2, ["ppo.grad_accum_steps=2"])}
+    weights = {}
+    for name, (nproc, overrides) in runs.items():
+        proc = torchrun(nproc, "tests/stages/ppo_update_worker.py", str(tmp_path / f"{name}.pt"), *extra, *overrides)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        weights[name] = torch.load(tmp_path / f"{name}.pt", weights_only=True)
+    init = torch.load(tmp_path / "one.pt", weights_only=True)
+    lora = [n for n in init if "lora_B" in n]
+    assert lora and max(weights["one"][n].abs().max().item() for n in lora) > 1e-3  # LoRA B starts at 0: it moved
+    for name in ("two", "one-accum", "two-accum"):
+        for key in weights["one"]:
+            torch.testing.assert_close(weights[name][key], weights["one"][key], atol=2e-6, rtol=1e-5, msg=f"{name}: {key}")
+
+
+@pytest.fixture(scope="module")
+def upstream(tmp_path_factory):
+    """generate, label and train_rm of the tiny config, once; each test copies the run directory."""
+    root = tmp_path_factory.mktemp("ppo-upstream")
+    for stage in ("generate", "label", "train_rm"):
+        proc = subprocess.run([sys.executable, "-m", "rlaif", "launch", stage, "--config", "configs/tiny.yaml",
+                               "--storage-root", f"file://{root}"], cwd=REPO, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return root / "tiny"
+
+
+def launch_ppo(run_dir: Path, *overrides, env=None):
+    args = [sys.executable, "-m", "rlaif", "launch", "ppo", "--config", "configs/tiny.yaml",
+            "--storage-root", f"file://{run_dir.parent}", "--run-id", run_dir.name]
+    for item in overrides:
+        args += ["--set", item]
+    return subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=900, env=dict(os.environ, **(env or {})))
+
+
+def copy_run(upstream: Path, tmp_path: Path, name: str) -> Path:
+    target = tmp_path / name
+    shutil.copytree(upstream, target, ignore=shutil.ignore_patterns("ppo", "evaluate"))
+    return target
+
+
+def test_kill_minus_nine_of_a_rank_then_resume_matches_uninterrupted(upstream, tmp_path):
+    settings = ("ppo.iterations=4", "ppo.checkpoint_every=1")
+    straight = copy_run(upstream, tmp_path, "straight")
+    done = launch_ppo(straight, *settings)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    crash = copy_run(upstream, tmp_path, "crash")
+    killed = launch_ppo(crash, *settings, env={"RLAIF_FAULT": "ppo:2:1"})
+    assert killed.returncode != 0
+    assert not (crash / "ppo/manifest.json").exists()
+    assert json.loads((crash / "ppo/checkpoints/latest.json").read_text())["step"] == 2
+    resumed = launch_ppo(crash, *settings)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from checkpoint step-00000002" in resumed.stdout + resumed.stderr
+
+    expected = load_file(str(straight / "ppo/adapter/adapter_model.safetensors"))
+    got = load_file(str(crash / "ppo/adapter/adapter_model.safetensors"))
+    assert expected.keys() == got.keys()
+    for key in expected:
+        torch.testing.assert_close(got[key], expected[key], atol=1e-6, rtol=1e-6, msg=key)
+    rows = [json.loads(line) for line in (crash / "ppo/metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [1, 2, 3, 4]  # the resumed run's log is whole
+    straight_rows = [json.loads(line) for line in (straight / "ppo/metrics.jsonl").read_text().splitlines()]
+    assert [r["reward_raw"] for r in rows] == pytest.approx([r["reward_raw"] for r in straight_rows], abs=1e-6)
+    for key in ("generate_s", "score_s", "reference_s", "update_s", "kl", "entropy", "clip_frac", "approx_kl",
+                "value_loss", "explained_variance", "response_length", "reward_std"):
+        assert key in rows[0], key
+    assert (crash / "ppo/tensorboard").is_dir() and (crash / "ppo/reward_kl.png").stat().st_size > 1000
+
+
+def test_grpo_trains_without_a_critic(upstream, tmp_path):
+    run = copy_run(upstream, tmp_path, "grpo")
+    proc = launch_ppo(run, "ppo.algorithm=grpo", "ppo.group_size=2", "ppo.kl_estimator=k3", "ppo.iterations=2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((run / "ppo/manifest.json").read_text())["summary"]
+    assert summary["algorithm"] == "grpo" and summary["world_size"] == 2
+    row = json.loads((run / "ppo/metrics.jsonl").read_text().splitlines()[-1])
+    assert "kl_loss" in row and "value_loss" not in row and "explained_variance" not in row
+    assert (run / "ppo/policy/model.safetensors").exists() and (run / "ppo/adapter/adapter_model.safetensors").exists()
+
+
+def test_deepspeed_zero2_trains_and_exports_a_loadable_policy(upstream, tmp_path):
+    run = copy_run(upstream, tmp_path, "zero2")
+    proc = launch_ppo(run, "ppo.strategy=deepspeed", "ppo.zero_stage=2", "ppo.iterations=2", "ppo.lora_rank=0")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(run / "ppo/policy"))
+    assert sum(p.numel() for p in model.parameters()) > 10_000
