@@ -25,25 +25,36 @@ OVERRIDES = [f"ppo.rollout_batch_size={ROLLOUT}", f"ppo.minibatch_size={MINIBATC
              f"ppo.max_new_tokens={RESPONSE_LEN}", f"ppo.lora_rank={LORA_RANK}", f"ppo.lr={LR}", "ppo.checkpoint_every=0"]
 
 
-def shared_models(work: Path) -> tuple[Path, Path]:
-    """The demo policy's directory and a reward model on its tokenizer, saved once for both workers."""
+SIZES = {"demo": None, "h512x8": (512, 8, 8, 1536)}  # hidden, layers, heads, intermediate (random weights)
+
+
+def shared_models(work: Path, size: str) -> tuple[Path, Path]:
+    """The policy's directory (the demo's tiny Llama, or a larger random one on its tokenizer) and a reward model
+    on the same tokenizer, saved once for both workers."""
     import torch
-    from transformers import LlamaForSequenceClassification
+    from transformers import AutoConfig, LlamaForCausalLM, LlamaForSequenceClassification
 
     from rlaif.config import load_config
     from rlaif.models.loading import load_tokenizer, resolve_policy
 
     policy_dir = resolve_policy(load_config("configs/demo.yaml").policy)
-    rm_dir = work / "bench-ppo-rm"
+    if SIZES[size] is not None:
+        hidden, layers, heads, inter = SIZES[size]
+        big = work / f"bench-ppo-policy-{size}"
+        if not (big / "config.json").exists():
+            config = AutoConfig.from_pretrained(str(policy_dir))
+            config.hidden_size, config.num_hidden_layers, config.num_attention_heads = hidden, layers, heads
+            config.num_key_value_heads, config.intermediate_size, config.head_dim = heads, inter, hidden // heads
+            torch.manual_seed(0)
+            LlamaForCausalLM(config).save_pretrained(big, safe_serialization=True)
+            load_tokenizer(policy_dir).save_pretrained(big)
+        policy_dir = big
+    rm_dir = work / f"bench-ppo-rm-{size}"
     if not (rm_dir / "config.json").exists():
-        from transformers import AutoConfig
-
         config = AutoConfig.from_pretrained(str(policy_dir))
         config.num_labels = 1
         torch.manual_seed(0)
-        rm = LlamaForSequenceClassification(config)
-        rm.config.pad_token_id = config.pad_token_id
-        rm.save_pretrained(rm_dir, safe_serialization=True)
+        LlamaForSequenceClassification(config).save_pretrained(rm_dir, safe_serialization=True)
         load_tokenizer(policy_dir).save_pretrained(rm_dir)
     return policy_dir, rm_dir
 
@@ -56,7 +67,7 @@ def prompts(n: int) -> list[str]:
     return [cfg.policy.prompt_template.format(prompt=p["prompt"]) for p in split(cfg.data, "train")[:n]]
 
 
-def worker_ours(work: Path, iterations: int) -> dict:
+def worker_ours(work: Path, iterations: int, size: str) -> dict:
     import torch
     from transformers import AutoModelForSequenceClassification
 
@@ -66,8 +77,8 @@ def worker_ours(work: Path, iterations: int) -> dict:
     from rlaif.stages import ppo
     from rlaif.training import Engine
 
-    policy_dir, rm_dir = shared_models(work)
-    cfg = load_config("configs/demo.yaml", OVERRIDES)
+    policy_dir, rm_dir = shared_models(work, size)
+    cfg = load_config("configs/demo.yaml", [*OVERRIDES, f"policy.model={policy_dir}"])
     _, _, device = dist.setup()
     tokenizer, policy, reference_logits = ppo.build_policy(cfg, device)
     rm = AutoModelForSequenceClassification.from_pretrained(str(rm_dir)).eval().requires_grad_(False)
@@ -94,7 +105,7 @@ def worker_ours(work: Path, iterations: int) -> dict:
     return {"iterations_per_s": iterations / seconds, "samples_per_s": iterations * ROLLOUT / seconds}
 
 
-def worker_trl(work: Path, iterations: int) -> dict:
+def worker_trl(work: Path, iterations: int, size: str) -> dict:
     import torch
     from datasets import Dataset
     from peft import LoraConfig
@@ -104,7 +115,7 @@ def worker_trl(work: Path, iterations: int) -> dict:
     from rlaif.models.loading import load_tokenizer
     from rlaif.stages.ppo import LORA_TARGETS
 
-    policy_dir, rm_dir = shared_models(work)
+    policy_dir, rm_dir = shared_models(work, size)
     tok = load_tokenizer(policy_dir, padding_side="left")
     ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts(ROLLOUT * iterations)]
     torch.manual_seed(0)
@@ -133,18 +144,20 @@ def main() -> None:
     p.add_argument("--iterations", type=int, default=6)
     p.add_argument("--worker", choices=["ours", "trl"])
     p.add_argument("--work", default="runs")
+    p.add_argument("--size", choices=list(SIZES), default="demo", help="policy size (h512x8: 28M parameters)")
     a = p.parse_args()
     if a.worker:
-        report_result((worker_ours if a.worker == "ours" else worker_trl)(Path(a.work), a.iterations))
+        report_result((worker_ours if a.worker == "ours" else worker_trl)(Path(a.work), a.iterations, a.size))
         return
     import trl
 
     Path(a.work).mkdir(exist_ok=True)
-    shared_models(Path(a.work))
-    med = side_by_side(__file__, ("ours", "trl"), a.trials, ["--work", a.work, "--iterations", str(a.iterations)],
+    shared_models(Path(a.work), a.size)
+    med = side_by_side(__file__, ("ours", "trl"), a.trials, ["--work", a.work, "--iterations", str(a.iterations), "--size", a.size],
                        ("iterations_per_s", "samples_per_s"))
     o, t = med["ours"], med["trl"]
-    append(f"PPO iteration vs TRL PPOTrainer (trl {trl.__version__}; median of {a.trials} trials of {a.iterations} iterations)",
+    append(f"PPO iteration vs TRL PPOTrainer (policy {a.size}; trl {trl.__version__}; median of {a.trials} trials of "
+           f"{a.iterations} iterations)",
            "\n".join([
                "| trainer | iterations/s | samples/s | peak RSS (MiB) |", "|---|---|---|---|",
                f"| rlaif ppo | {o['iterations_per_s']:.3f} | {o['samples_per_s']:.1f} | {o['peak_rss_mib']:.0f} |",
