@@ -100,7 +100,7 @@ def worker_ours(work: Path, iterations: int, size: str) -> dict:
         chunk = [rows[(it * ROLLOUT + k) % len(rows)] for k in range(ROLLOUT)]
         batch, _, _ = ppo.rollout(cfg, policy, reference_logits, tokenizer, reward_fn, chunk, seed=it, device=device,
                                   kl_coef=cfg.ppo.kl_coef, amp=contextlib.nullcontext)
-        ppo.update(cfg, engine, batch, seed=it, kl_coef=cfg.ppo.kl_coef, amp=contextlib.nullcontext)
+        ppo.update(cfg, engine, ppo.whiten_advantages(cfg, batch), seed=it, kl_coef=cfg.ppo.kl_coef, amp=contextlib.nullcontext)
     seconds = time.time() - start
     return {"iterations_per_s": iterations / seconds, "samples_per_s": iterations * ROLLOUT / seconds}
 

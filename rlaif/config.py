@@ -188,6 +188,10 @@ class PPOConfig(Strict):
     """DDP, or DeepSpeed ZeRO (the `deepspeed` extra) for the policy and value head."""
     zero_stage: Literal[2, 3] = 2
     """ZeRO stage when strategy is deepspeed."""
+    async_rollout: bool = False
+    """Generate the next rollout in a background thread, with an actor copy of the policy holding the weights from
+    before the current update, while the current update trains (one step off-policy; the PPO ratio to the rollout
+    log-probs corrects it). Costs a second copy of the policy. A resumed run regenerates its first batch on-policy."""
     target_kl: float | None = None
     """Stop an iteration's remaining PPO epochs when the mean approximate KL to the rollout policy exceeds this."""
     ppo_epochs: int = 2

@@ -54,7 +54,8 @@ class PolicyWithValue(nn.Module):
 
 
 def build_policy(cfg, device):
-    """(trainable PolicyWithValue, function giving reference logits). LoRA: the reference is the adapter disabled."""
+    """(tokenizer, trainable PolicyWithValue, reference_logits(policy, *inputs)). LoRA: the reference is the adapter
+    disabled; all weights: a frozen copy."""
     c = cfg.ppo
     tokenizer, lm = load_policy(cfg.policy)
     torch.manual_seed(cfg.seed)  # the same adapter and value-head initialisation whether or not the policy was cached
@@ -64,13 +65,13 @@ def build_policy(cfg, device):
         targets = [t for t in LORA_TARGETS if any(n.endswith(t) for n, _ in lm.named_modules())]
         lm = get_peft_model(lm, LoraConfig(r=c.lora_rank, lora_alpha=c.lora_alpha, lora_dropout=0.0, target_modules=targets))
 
-        def reference_logits(*args):
-            with lm.disable_adapter():
-                return response_logits_and_hidden(lm, *args)[0]
+        def reference_logits(policy, *args):
+            with policy.lm.disable_adapter():  # of the policy given: the learner's or the async actor's copy
+                return response_logits_and_hidden(policy.lm, *args)[0]
     else:
         frozen = copy.deepcopy(lm).eval().requires_grad_(False).to(device)
 
-        def reference_logits(*args):
+        def reference_logits(policy, *args):
             return response_logits_and_hidden(frozen, *args)[0]
 
     policy = PolicyWithValue(lm, lm.config.hidden_size).to(device)
@@ -121,7 +122,7 @@ def rollout(cfg, policy, reference_logits, tokenizer, reward_fn, prompts, seed, 
     with amp():
         logits, values = policy(*args)
         old_logprobs = token_logprobs(logits, responses, c.temperature)
-        ref_logprobs = token_logprobs(reference_logits(*args), responses, c.temperature)
+        ref_logprobs = token_logprobs(reference_logits(policy, *args), responses, c.temperature)
     values = values.float()
     timings["reference_s"] = time.time() - t0
 
@@ -132,8 +133,7 @@ def rollout(cfg, policy, reference_logits, tokenizer, reward_fn, prompts, seed, 
         values = returns = torch.zeros_like(maskf)
     else:
         rewards = algo.token_rewards(score, kl, maskf, kl_coef)
-        advantages, returns = algo.gae(rewards, values * maskf, maskf, c.gamma, c.lam)
-        advantages = algo.masked_whiten(advantages, maskf, all_reduce=dist.all_reduce_sum)
+        advantages, returns = algo.gae(rewards, values * maskf, maskf, c.gamma, c.lam)  # whitened after the gather
     batch = dict(prompt_ids=prompt_ids, prompt_mask=prompt_mask, responses=responses, mask=mask, old_logprobs=old_logprobs,
                  ref_logprobs=ref_logprobs, old_values=values, advantages=advantages, returns=returns)
     stats = {"reward_raw": raw.mean().item(), "reward_std": raw.std().item() if raw.numel() > 1 else 0.0,
@@ -157,6 +157,13 @@ def gather_batch(batch: dict, pad_id: int) -> dict:
         torch.distributed.all_gather(parts, tensor.contiguous())
         gathered[key] = torch.cat(parts)
     return gathered
+
+
+def whiten_advantages(cfg, batch: dict) -> dict:
+    """PPO whitens advantages over the whole gathered batch (every rank holds it, so no collective is needed)."""
+    if cfg.ppo.algorithm == "grpo":
+        return batch
+    return dict(batch, advantages=algo.masked_whiten(batch["advantages"], batch["mask"].float()))
 
 
 def update(cfg, engine: Engine, batch: dict, seed: int, kl_coef: float, amp) -> dict:
@@ -215,6 +222,14 @@ def update(cfg, engine: Engine, batch: dict, seed: int, kl_coef: float, amp) -> 
     return {**out, "ppo_epochs_run": epochs_run}
 
 
+@torch.no_grad()
+def sync_actor(actor: nn.Module, learner: nn.Module) -> None:
+    """Copy the learner's trainable weights into the rollout actor (frozen base weights are shared values already)."""
+    for a, p in zip(actor.parameters(), learner.parameters()):
+        if p.requires_grad:
+            a.copy_(p)
+
+
 def check_sizes(c, world: int) -> None:
     samples = c.group_size if c.algorithm == "grpo" else 1
     if c.rollout_batch_size % (world * samples):
@@ -225,6 +240,8 @@ def check_sizes(c, world: int) -> None:
                         f"grad_accum_steps {c.grad_accum_steps}")
     if c.rollout_batch_size % c.minibatch_size:
         raise UserError("ppo.rollout_batch_size must be a multiple of ppo.minibatch_size")
+    if c.async_rollout and c.strategy != "ddp":
+        raise UserError("ppo.async_rollout needs strategy ddp (an actor copy of sharded ZeRO weights is not supported)")
 
 
 def reward_model_scorer(ctx, device):
@@ -272,18 +289,40 @@ def run(ctx: StageContext) -> dict:
     order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
     prompts_per_iteration = c.rollout_batch_size // samples
     local = prompts_per_iteration // world
-    bar = tqdm(range(state["iteration"], c.iterations), desc=c.algorithm, unit="iter", disable=rank != 0,
-               initial=state["iteration"], total=c.iterations)
-    for it in bar:
+
+    def collect(it: int, model, kl_coef: float):
+        """Iteration `it`'s rollout on this rank: its slice of a seeded global batch of prompts."""
         start = (it * prompts_per_iteration) % len(prompts)
         global_ids = [order[(start + k) % len(prompts)] for k in range(prompts_per_iteration)]
         my_prompts = [prompts[i] for i in global_ids[rank * local : (rank + 1) * local]]
+        with torch.cuda.stream(actor_stream) if actor_stream is not None else contextlib.nullcontext():
+            return rollout(cfg, model, reference_logits, tokenizer, reward_fn, my_prompts,
+                           seed=cfg.seed * 1_000_003 + it * 1009 + rank, device=device, kl_coef=kl_coef, amp=amp)
+
+    # Asynchronous rollout: an actor copy generates iteration it+1 with the weights from before update it, in a
+    # thread, while the learner trains on iteration it. PPO's ratio to the rollout log-probs corrects the one step.
+    actor = actor_stream = pool = pending = None
+    if c.async_rollout:
+        from concurrent.futures import ThreadPoolExecutor
+
+        actor = copy.deepcopy(engine.model).eval().requires_grad_(False)
+        actor_stream = torch.cuda.Stream() if device.type == "cuda" else None
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout")
+    bar = tqdm(range(state["iteration"], c.iterations), desc=c.algorithm, unit="iter", disable=rank != 0,
+               initial=state["iteration"], total=c.iterations)
+    for it in bar:
         t_iter = time.time()
-        batch, stats, timings = rollout(cfg, engine.model, reference_logits, tokenizer, reward_fn, my_prompts,
-                                        seed=cfg.seed * 1_000_003 + it * 1009 + rank, device=device,
-                                        kl_coef=controller.value, amp=amp)
+        if actor is None:
+            batch, stats, timings = collect(it, engine.model, controller.value)
+        else:
+            if pending is None:  # the first iteration (or the first after a resume): nothing generated ahead yet
+                sync_actor(actor, engine.model)
+                pending = pool.submit(collect, it, actor, controller.value)
+            batch, stats, timings = pending.result()
+            sync_actor(actor, engine.model)  # the weights before this update generate the next batch
+            pending = pool.submit(collect, it + 1, actor, controller.value) if it + 1 < c.iterations else None
         t0 = time.time()
-        batch = gather_batch(batch, tokenizer.pad_token_id)
+        batch = whiten_advantages(cfg, gather_batch(batch, tokenizer.pad_token_id))
         train_stats = update(cfg, engine, batch, seed=cfg.seed + it, kl_coef=controller.value, amp=amp)
         timings["update_s"] = time.time() - t0
         timings["iteration_s"] = time.time() - t_iter
@@ -297,6 +336,8 @@ def run(ctx: StageContext) -> dict:
             checkpoints.save(engine, it + 1, {"iteration": it + 1, "rows": rows, "kl_coef": controller.value})
             faults.maybe_kill("ppo", it + 1, rank)
 
+    if pool is not None:
+        pool.shutdown()
     result = None
     with engine.full_parameters():  # ZeRO-3: every rank takes part in gathering the weights
         if rank == 0:

@@ -28,7 +28,7 @@ def synthetic_batch(cfg, policy, reference_logits, vocab: int, rows: int = 8, pr
     with torch.no_grad():
         logits, values = policy(prompt_ids, prompt_mask, responses, mask)
         old_logprobs = token_logprobs(logits, responses, cfg.ppo.temperature)
-        ref_logprobs = token_logprobs(reference_logits(prompt_ids, prompt_mask, responses, mask), responses, cfg.ppo.temperature)
+        ref_logprobs = token_logprobs(reference_logits(policy, prompt_ids, prompt_mask, responses, mask), responses, cfg.ppo.temperature)
     return dict(prompt_ids=prompt_ids, prompt_mask=prompt_mask, responses=responses, mask=mask, old_logprobs=old_logprobs,
                 ref_logprobs=ref_logprobs, old_values=values.float(), advantages=torch.randn(rows, width, generator=g) * mask,
                 returns=torch.randn(rows, width, generator=g) * mask)
