@@ -75,7 +75,6 @@ def worker_ours(work: Path, iterations: int, size: str) -> dict:
     from rlaif.config import load_config
     from rlaif.models.loading import load_tokenizer
     from rlaif.stages import ppo
-    from rlaif.training import Engine
 
     policy_dir, rm_dir = shared_models(work, size)
     cfg = load_config("configs/demo.yaml", [*OVERRIDES, f"policy.model={policy_dir}"])
@@ -90,8 +89,7 @@ def worker_ours(work: Path, iterations: int, size: str) -> dict:
         with torch.no_grad():
             return rm(**enc).logits.squeeze(-1).float()
 
-    engine = Engine(policy, strategy="ddp", zero_stage=2, lr=LR, weight_decay=0.0, grad_clip=cfg.ppo.grad_clip, accum_steps=1,
-                    micro_batch=MINIBATCH, warmup_steps=0, total_steps=None, device=device)
+    engine = ppo.make_engine(cfg, policy, device)  # the demo settings + OVERRIDES: DDP, no accumulation, constant LR
     from rlaif.io.prompts import split
 
     rows = split(cfg.data, "train")

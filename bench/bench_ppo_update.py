@@ -23,7 +23,6 @@ from rlaif import distributed as dist
 from rlaif.config import load_config
 from rlaif.models.generation import token_logprobs
 from rlaif.stages import ppo
-from rlaif.training import Engine
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import append  # noqa: E402
@@ -76,11 +75,10 @@ def batch_for(policy) -> dict:
 
 def measure(name, dims, lora_rank, trials) -> dict:
     cfg = load_config("configs/demo.yaml", [f"ppo.rollout_batch_size={ROLLOUT}", f"ppo.minibatch_size={MINIBATCH}",
-                                            "ppo.ppo_epochs=2", f"ppo.lora_rank={lora_rank}"])
+                                            "ppo.ppo_epochs=2", f"ppo.lora_rank={lora_rank}", "ppo.lr=1e-4"])
     policy = policy_of_size(*dims, lora_rank)
     batch = batch_for(policy)
-    engine = Engine(policy, strategy="ddp", zero_stage=2, lr=1e-4, weight_decay=0.0, grad_clip=1.0, accum_steps=1,
-                    micro_batch=MINIBATCH, warmup_steps=0, total_steps=None, device=torch.device("cpu"))
+    engine = ppo.make_engine(cfg, policy, torch.device("cpu"))
     run = lambda: ppo.update(cfg, engine, batch, seed=0, kl_coef=0.05, amp=contextlib.nullcontext)  # noqa: E731
     run()  # warm-up
     with FlopCounterMode(display=False) as counter:

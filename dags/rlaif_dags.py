@@ -46,6 +46,7 @@ def _doc(title: str) -> str:
 
 
 def _launch_args(name: str) -> list[str]:
+    """`rlaif launch` arguments, templated by Airflow: the same for a pod and for a local process."""
     return ["launch", name, "--config", "{{ params.config }}", "--set-json", "{{ params.overrides | tojson }}",
             "--run-id", RUN_ID, "--storage-root", "{{ params.storage_root }}"]
 
@@ -77,15 +78,15 @@ def _pod_task(stage) -> KubernetesPodOperator:
     )
 
 
-def run_launch(stage: str, config: str, overrides_json: str, run_id: str, storage_root: str) -> None:
-    """`$RLAIF_BIN launch <stage>` as a child process (an argv list, never a shell line), its output in the task log.
-    Exit code 2 is a user error (bad config, missing input): failed without retries, which could not fix it."""
+def run_launch(launch_args: list[str]) -> None:
+    """`$RLAIF_BIN launch <stage> ...` as a child process (an argv list, never a shell line), its output in the task
+    log. Exit code 2 is a user error (bad config, missing input): failed without retries, which could not fix it."""
     import subprocess
 
     from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-    argv = [os.environ.get("RLAIF_BIN", "rlaif"), "launch", stage, "--config", config, "--set-json", overrides_json,
-            "--run-id", run_id, "--storage-root", storage_root]
+    stage = launch_args[1]
+    argv = [os.environ.get("RLAIF_BIN", "rlaif"), *launch_args]
     proc = subprocess.Popen(argv, cwd=os.environ.get("RLAIF_WORKDIR") or None, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, bufsize=1)
     for line in proc.stdout:
@@ -101,8 +102,7 @@ def _local_task(stage) -> PythonOperator:
         task_id=stage.name,
         doc_md=stage.description,
         python_callable=run_launch,
-        op_kwargs={"stage": stage.name, "config": "{{ params.config }}", "overrides_json": "{{ params.overrides | tojson }}",
-                   "run_id": RUN_ID, "storage_root": "{{ params.storage_root }}"},
+        op_kwargs={"launch_args": _launch_args(stage.name)},  # each item rendered by Airflow
     )
 
 

@@ -116,18 +116,15 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "report":
             return _report(args.runs, args.output)  # a config given as s3:// URL needs the endpoint from the environment
-        overrides = list(args.overrides)
         if args.command == "run":
-            overrides += [f"run_id={args.run_id}"] * bool(args.run_id) + [f"storage.root={args.storage_root}"] * bool(args.storage_root)
-        cfg = load_config(args.config, overrides)
-        if args.command == "run":
+            from rlaif.orchestration.launch import load_config_source
             from rlaif.runner import run
 
-            run(cfg)
+            run(load_config_source(args.config, args.overrides, args.run_id or "", args.storage_root or ""))
         else:
             from rlaif.runner import run_stage
 
-            run_stage(cfg, args.name)
+            run_stage(load_config(args.config, args.overrides), args.name)
         return 0
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -339,20 +339,26 @@ def _describe(err: ValidationError) -> str:
 
 
 def load_config(path: str | None, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:
-    raw: dict = {}
-    if path:
-        from rlaif.io.storage import read_text  # local import: storage imports this module's types
+    """The config from a YAML file (local path or URL), or the defaults when there is none, plus `--set` overrides."""
+    if not path:
+        return parse_config("", "defaults", overrides)
+    from rlaif.io.storage import read_text  # local import: storage imports this module's types
 
-        try:
-            text = read_text(path)
-        except FileNotFoundError:
-            raise UserError(f"config file not found: {path}") from None
-        try:
-            raw = yaml.safe_load(text) or {}
-        except yaml.YAMLError as exc:
-            raise UserError(f"config file {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
-        if not isinstance(raw, dict):
-            raise UserError(f"config file {path} must hold a mapping of sections")
+    try:
+        text = read_text(path)
+    except FileNotFoundError:
+        raise UserError(f"config file not found: {path}") from None
+    return parse_config(text, f"config file {path}", overrides)
+
+
+def parse_config(text: str, source: str, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:
+    """The config from YAML text (`source` names it in errors), plus `--set` overrides."""
+    try:
+        raw = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise UserError(f"{source} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"{source} must hold a mapping of sections")
     raw = apply_overrides(raw, overrides)
     try:
         return PipelineConfig.model_validate(raw)

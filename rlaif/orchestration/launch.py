@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 
-from rlaif.config import PipelineConfig, dump_config, load_config
+from rlaif.config import PipelineConfig, dump_config, load_config, parse_config
 from rlaif.errors import UserError
 from rlaif.graph import STAGE_BY_NAME, Stage
 from rlaif.io import manifest, storage
@@ -26,16 +26,12 @@ class StageFailed(Exception):
 
 
 def load_config_source(source: str | None, overrides: list[str] = (), run_id: str = "", storage_root: str = "") -> PipelineConfig:
-    """`source` is a config path/URL, or the YAML itself when it spans lines (how KFP and Airflow users paste one)."""
-    extra = [f"run_id={run_id}"] * bool(run_id) + [f"storage.root={storage_root}"] * bool(storage_root)
+    """`source` is a config path/URL, or the YAML itself when it spans lines (how KFP and Airflow users paste one);
+    `run_id` and `storage_root`, when given, override the config's."""
+    overrides = [*overrides, *[f"run_id={run_id}"] * bool(run_id), *[f"storage.root={storage_root}"] * bool(storage_root)]
     if source and "\n" in source:
-        import tempfile
-
-        with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
-            f.write(source)
-            f.flush()
-            return load_config(f.name, [*overrides, *extra])
-    return load_config(source or None, [*overrides, *extra])
+        return parse_config(source, "inline config", overrides)
+    return load_config(source or None, overrides)
 
 
 def safe_run_id(text: str) -> str:
@@ -128,7 +124,7 @@ def kfp_component(name: str, config: str, overrides: list[str], run_id: str, sto
     return result
 
 
-def publish_evaluation(result: dict, cfg_url_dir: str, metrics, report_html, report_md) -> None:
+def publish_evaluation(result: dict, stage_url: str, metrics, report_html, report_md) -> None:
     """Evaluation in the KFP UI: scalar metrics, and the report as HTML and Markdown visualizations."""
     summary = result["summary"]
     for key in ("win_rate", "win_rate_length_controlled", "kl_to_reference", "reward_policy_mean",
@@ -141,4 +137,4 @@ def publish_evaluation(result: dict, cfg_url_dir: str, metrics, report_html, rep
             metrics.log_metric(f"win_rate_{judge}", float(j["win_rate"]))
     for artifact, name in ((report_html, "report.html"), (report_md, "report.md")):
         with open(artifact.path, "wb") as f:
-            f.write(storage.read_bytes(storage.join(cfg_url_dir, name)))
+            f.write(storage.read_bytes(storage.join(stage_url, name)))

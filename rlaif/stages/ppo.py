@@ -230,6 +230,15 @@ def sync_actor(actor: nn.Module, learner: nn.Module) -> None:
             a.copy_(p)
 
 
+def make_engine(cfg, policy: PolicyWithValue, device) -> Engine:
+    """The policy's optimizer engine as ppo.* configures it (DDP or ZeRO, accumulation, constant or annealed LR)."""
+    c = cfg.ppo
+    steps_per_iteration = c.ppo_epochs * (c.rollout_batch_size // c.minibatch_size)
+    return Engine(policy, strategy=c.strategy, zero_stage=c.zero_stage, lr=c.lr, weight_decay=0.0, grad_clip=c.grad_clip,
+                  accum_steps=c.grad_accum_steps, micro_batch=c.minibatch_size // dist.world_size() // c.grad_accum_steps,
+                  warmup_steps=0, total_steps=c.iterations * steps_per_iteration if c.anneal_lr else None, device=device)
+
+
 def check_sizes(c, world: int) -> None:
     samples = c.group_size if c.algorithm == "grpo" else 1
     if c.rollout_batch_size % (world * samples):
@@ -272,10 +281,7 @@ def run(ctx: StageContext) -> dict:
     tokenizer, policy, reference_logits = build_policy(cfg, device)
     reward_fn = reward_model_scorer(ctx, device)
     samples = c.group_size if c.algorithm == "grpo" else 1
-    steps_per_iteration = c.ppo_epochs * (c.rollout_batch_size // c.minibatch_size)
-    engine = Engine(policy, strategy=c.strategy, zero_stage=c.zero_stage, lr=c.lr, weight_decay=0.0, grad_clip=c.grad_clip,
-                    accum_steps=c.grad_accum_steps, micro_batch=c.minibatch_size // world // c.grad_accum_steps,
-                    warmup_steps=0, total_steps=c.iterations * steps_per_iteration if c.anneal_lr else None, device=device)
+    engine = make_engine(cfg, policy, device)
     controller = (algo.AdaptiveKLController(c.kl_coef, c.adaptive_kl_target, c.adaptive_kl_horizon)
                   if c.adaptive_kl_target is not None and c.algorithm == "ppo" else algo.FixedKLController(c.kl_coef))
     checkpoints = Checkpoints(ctx.url, ctx.config_hash, keep=c.keep_checkpoints)

@@ -12,7 +12,6 @@ from rlaif import distributed as dist
 from rlaif.config import load_config
 from rlaif.stages import ppo
 from rlaif.models.generation import token_logprobs
-from rlaif.training import Engine
 
 
 def synthetic_batch(cfg, policy, reference_logits, vocab: int, rows: int = 8, prompt_len: int = 6) -> dict:
@@ -43,11 +42,8 @@ def main(out: str, overrides: list[str]) -> None:
     mine = {k: v[rank * local : (rank + 1) * local] for k, v in batch.items()}
     gathered = ppo.gather_batch(mine, tokenizer.pad_token_id)
     assert all(torch.equal(gathered[k], batch[k]) for k in batch), "gather must rebuild the global batch"
-    c = cfg.ppo
-    engine = Engine(policy, strategy=c.strategy, zero_stage=c.zero_stage, lr=c.lr, weight_decay=0.0, grad_clip=c.grad_clip,
-                    accum_steps=c.grad_accum_steps, micro_batch=c.minibatch_size // world // c.grad_accum_steps,
-                    warmup_steps=0, total_steps=None, device=device)
-    ppo.update(cfg, engine, gathered, seed=7, kl_coef=c.kl_coef, amp=contextlib.nullcontext)
+    engine = ppo.make_engine(cfg, policy, device)
+    ppo.update(cfg, engine, gathered, seed=7, kl_coef=cfg.ppo.kl_coef, amp=contextlib.nullcontext)
     if rank == 0:
         torch.save({n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}, out)
     dist.teardown()
