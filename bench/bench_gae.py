@@ -18,16 +18,21 @@ import torch
 from rlaif.algo.ppo import gae
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import append  # noqa: E402
+from common import append, device  # noqa: E402
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def gae_loop(rewards, values, mask, gamma, lam):
     """The reference form (CleanRL, TRL): last_gae carried backwards one step at a time."""
     batch, steps = rewards.shape
     advantages = torch.zeros_like(rewards)
-    last = torch.zeros(batch)
+    last = torch.zeros(batch, device=rewards.device)
     for t in reversed(range(steps)):
-        next_value = values[:, t + 1] * mask[:, t + 1] if t + 1 < steps else torch.zeros(batch)
+        next_value = values[:, t + 1] * mask[:, t + 1] if t + 1 < steps else torch.zeros(batch, device=rewards.device)
         delta = (rewards[:, t] + gamma * next_value - values[:, t]) * mask[:, t]
         last = delta + gamma * lam * last * (mask[:, t + 1] if t + 1 < steps else 0.0)
         advantages[:, t] = last * mask[:, t]
@@ -37,8 +42,10 @@ def gae_loop(rewards, values, mask, gamma, lam):
 def timed(fn, trials: int) -> float:
     times = []
     for _ in range(trials):
+        sync()
         start = time.perf_counter()
         fn()
+        sync()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -54,6 +61,8 @@ def main() -> None:
     rewards, values = torch.randn(a.batch, a.steps), torch.randn(a.batch, a.steps)
     lengths = torch.randint(a.steps // 2, a.steps + 1, (a.batch,))
     mask = (torch.arange(a.steps)[None, :] < lengths[:, None]).float()
+    rewards, values, mask = rewards.to(device()), values.to(device()), mask.to(device())
+    gae(rewards, values, mask, 1.0, 0.95)  # warm-up (kernel launch caches on a GPU)
     ours, loop = gae(rewards, values, mask, 1.0, 0.95), gae_loop(rewards, values, mask, 1.0, 0.95)
     torch.testing.assert_close(ours[0], loop[0], atol=1e-3, rtol=1e-4)
     t_ours = timed(lambda: gae(rewards, values, mask, 1.0, 0.95), a.trials)

@@ -5,7 +5,8 @@ Same policy (the demo's tiny Llama, LoRA r16, the reference = adapter disabled i
 Llama sequence classifier on the policy's tokenizer, fixed random weights: throughput does not depend on them), same
 prompts, rollout batch 64, minibatch 16, 2 PPO epochs, responses up to 48 tokens, one process each with the same
 threads. TRL adds its own critic (a second Llama with a score head, as its PPOTrainer requires); rlaif puts a value
-head on the policy's backbone. Each trainer runs in its own process, so its peak RSS is its own. Medians over --trials.
+head on the policy's backbone. Each trainer runs in its own process, so its peak memory (RSS on CPUs, allocated GPU
+memory on GPUs) is its own. On a GPU both run bf16 autocast. Medians over --trials.
 
     .venv-bench-ppo/bin/python bench/bench_ppo.py --trials 3 --iterations 6
 """
@@ -18,14 +19,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import append, report_result, side_by_side  # noqa: E402
+from common import append, peak_memory_key, report_result, side_by_side  # noqa: E402
 
 ROLLOUT, MINIBATCH, EPOCHS, RESPONSE_LEN, LORA_RANK, LR = 64, 16, 2, 48, 16, 1e-3
 OVERRIDES = [f"ppo.rollout_batch_size={ROLLOUT}", f"ppo.minibatch_size={MINIBATCH}", f"ppo.ppo_epochs={EPOCHS}",
              f"ppo.max_new_tokens={RESPONSE_LEN}", f"ppo.lora_rank={LORA_RANK}", f"ppo.lr={LR}", "ppo.checkpoint_every=0"]
 
 
-SIZES = {"demo": None, "h512x8": (512, 8, 8, 1536)}  # hidden, layers, heads, intermediate (random weights)
+SIZES = {"demo": None, "h512x8": (512, 8, 8, 1536), "h1024x16": (1024, 16, 16, 2816), "h2048x16": (2048, 16, 16, 5632)}
+# hidden, layers, heads, intermediate (random weights); the larger two are for GPUs
 
 
 def shared_models(work: Path, size: str) -> tuple[Path, Path]:
@@ -80,26 +82,28 @@ def worker_ours(work: Path, iterations: int, size: str) -> dict:
     cfg = load_config("configs/demo.yaml", [*OVERRIDES, f"policy.model={policy_dir}"])
     _, _, device = dist.setup()
     tokenizer, policy, reference_logits = ppo.build_policy(cfg, device)
-    rm = AutoModelForSequenceClassification.from_pretrained(str(rm_dir)).eval().requires_grad_(False)
+    rm = AutoModelForSequenceClassification.from_pretrained(str(rm_dir)).to(device).eval().requires_grad_(False)
     rm_tok = load_tokenizer(rm_dir, padding_side="right")
 
     def reward_fn(prompt_texts, responses):
         texts = [cfg.policy.prompt_template.format(prompt=p) + " " + r for p, r in zip(prompt_texts, responses)]
-        enc = rm_tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-        with torch.no_grad():
+        enc = rm_tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+        with torch.no_grad(), amp():
             return rm(**enc).logits.squeeze(-1).float()
 
     engine = ppo.make_engine(cfg, policy, device)  # the demo settings + OVERRIDES: DDP, no accumulation, constant LR
+    # bf16 autocast on GPUs, as the stage does (and as TRL's bf16=True does); fp32 on CPUs
+    amp = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.type == "cuda" else contextlib.nullcontext
     from rlaif.io.prompts import split
 
     rows = split(cfg.data, "train")
-    start = time.time()
+    start = ppo.clock()
     for it in range(iterations):
         chunk = [rows[(it * ROLLOUT + k) % len(rows)] for k in range(ROLLOUT)]
         batch, _, _ = ppo.rollout(cfg, policy, reference_logits, tokenizer, reward_fn, chunk, seed=it, device=device,
-                                  kl_coef=cfg.ppo.kl_coef, amp=contextlib.nullcontext)
-        ppo.update(cfg, engine, ppo.whiten_advantages(cfg, batch), seed=it, kl_coef=cfg.ppo.kl_coef, amp=contextlib.nullcontext)
-    seconds = time.time() - start
+                                  kl_coef=cfg.ppo.kl_coef, amp=amp)
+        ppo.update(cfg, engine, ppo.whiten_advantages(cfg, batch), seed=it, kl_coef=cfg.ppo.kl_coef, amp=amp)
+    seconds = ppo.clock() - start
     return {"iterations_per_s": iterations / seconds, "samples_per_s": iterations * ROLLOUT / seconds}
 
 
@@ -120,8 +124,8 @@ def worker_trl(work: Path, iterations: int, size: str) -> dict:
     args = PPOConfig(output_dir=str(work / "trl-ppo-out"), per_device_train_batch_size=ROLLOUT, gradient_accumulation_steps=1,
                      num_mini_batches=ROLLOUT // MINIBATCH, num_ppo_epochs=EPOCHS, local_rollout_forward_batch_size=ROLLOUT,
                      total_episodes=ROLLOUT * iterations, response_length=RESPONSE_LEN, learning_rate=LR, stop_token="eos",
-                     num_sample_generations=0, report_to=[], save_strategy="no", logging_steps=10**6, use_cpu=True,
-                     bf16=False, fp16=False, dataloader_num_workers=0, disable_tqdm=True, kl_coef=0.05, vf_coef=0.1,
+                     num_sample_generations=0, report_to=[], save_strategy="no", logging_steps=10**6,
+                     use_cpu=not torch.cuda.is_available(), bf16=torch.cuda.is_available(), fp16=False, dataloader_num_workers=0, disable_tqdm=True, kl_coef=0.05, vf_coef=0.1,
                      lam=0.95, gamma=1.0, temperature=1.0)
     trainer = PPOTrainer(
         args=args, processing_class=tok, model=AutoModelForCausalLM.from_pretrained(str(policy_dir)), ref_model=None,
@@ -132,6 +136,8 @@ def worker_trl(work: Path, iterations: int, size: str) -> dict:
     )
     start = time.time()
     trainer.train()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     seconds = time.time() - start
     return {"iterations_per_s": iterations / seconds, "samples_per_s": iterations * ROLLOUT / seconds}
 
@@ -154,14 +160,15 @@ def main() -> None:
     med = side_by_side(__file__, ("ours", "trl"), a.trials, ["--work", a.work, "--iterations", str(a.iterations), "--size", a.size],
                        ("iterations_per_s", "samples_per_s"))
     o, t = med["ours"], med["trl"]
+    mem, mem_title = peak_memory_key()
     append(f"PPO iteration vs TRL PPOTrainer (policy {a.size}; trl {trl.__version__}; median of {a.trials} trials of "
            f"{a.iterations} iterations)",
            "\n".join([
-               "| trainer | iterations/s | samples/s | peak RSS (MiB) |", "|---|---|---|---|",
-               f"| rlaif ppo | {o['iterations_per_s']:.3f} | {o['samples_per_s']:.1f} | {o['peak_rss_mib']:.0f} |",
-               f"| TRL PPOTrainer | {t['iterations_per_s']:.3f} | {t['samples_per_s']:.1f} | {t['peak_rss_mib']:.0f} |",
+               f"| trainer | iterations/s | samples/s | {mem_title} |", "|---|---|---|---|",
+               f"| rlaif ppo | {o['iterations_per_s']:.3f} | {o['samples_per_s']:.1f} | {o[mem]:.0f} |",
+               f"| TRL PPOTrainer | {t['iterations_per_s']:.3f} | {t['samples_per_s']:.1f} | {t[mem]:.0f} |",
                f"| ratio (rlaif / TRL) | {o['iterations_per_s'] / t['iterations_per_s']:.2f}x | | "
-               f"{o['peak_rss_mib'] / t['peak_rss_mib']:.2f}x |"]))
+               f"{o[mem] / t[mem]:.2f}x |"]))
 
 if __name__ == "__main__":
     main()

@@ -1,8 +1,9 @@
-"""The PPO update phase's achieved FLOP/s as a fraction of this machine's measured fp32 matmul peak (model FLOPs
-utilisation), at three policy sizes, with the stage's own update() on one process.
+"""The PPO update phase's achieved FLOP/s as a fraction of this machine's measured matmul peak (model FLOPs
+utilisation), at three policy sizes, with the stage's own update() on one process: fp32 on a CPU; on a GPU bf16
+autocast as the stage runs it, against the measured bf16 peak, with two larger sizes added.
 
 FLOPs are counted, not estimated: torch's FlopCounterMode records every matmul of one update (forward and backward).
-The peak is the best of repeated 2048x2048 fp32 matmuls with the same threads. Sizes: the demo's tiny Llama and
+The peak is the best of repeated 2048^3 fp32 matmuls with the same threads (8192^3 bf16 on a GPU). Sizes: the demo's tiny Llama and
 two wider/deeper ones (random weights; throughput does not depend on them). Batch and lengths are the demo's.
 
     .venv/bin/python bench/bench_ppo_update.py [--trials 3] [--append]
@@ -25,26 +26,32 @@ from rlaif.models.generation import token_logprobs
 from rlaif.stages import ppo
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import append  # noqa: E402
+from common import append, device  # noqa: E402
 
 SIZES = {  # name: (hidden, layers, heads, intermediate)
     "demo tiny (h128 x2)": (128, 2, 4, 384),
     "h256 x4": (256, 4, 4, 768),
     "h512 x8": (512, 8, 8, 1536),
 }
+GPU_SIZES = {"h1024 x16": (1024, 16, 16, 2816), "h2048 x16": (2048, 16, 16, 5632)}
 ROLLOUT, MINIBATCH, PROMPT_LEN, RESPONSE_LEN, VOCAB = 64, 16, 24, 48, 1024
 
 
-def matmul_peak(n: int = 2048, repeats: int = 10) -> float:
-    a, b = torch.randn(n, n), torch.randn(n, n)
+def matmul_peak(repeats: int = 10) -> float:
+    n, dtype = (8192, torch.bfloat16) if device().type == "cuda" else (2048, torch.float32)
+    a, b = torch.randn(n, n, dtype=dtype, device=device()), torch.randn(n, n, dtype=dtype, device=device())
     a @ b
     best = min(_time(lambda: a @ b) for _ in range(repeats))
     return 2 * n**3 / best
 
 
 def _time(fn) -> float:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     start = time.perf_counter()
     fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     return time.perf_counter() - start
 
 
@@ -57,20 +64,21 @@ def policy_of_size(hidden, layers, heads, intermediate, lora_rank):
                                       intermediate_size=intermediate, max_position_embeddings=256, tie_word_embeddings=True))
     if lora_rank:
         lm = get_peft_model(lm, LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, target_modules=ppo.LORA_TARGETS))
-    return ppo.PolicyWithValue(lm, hidden)
+    return ppo.PolicyWithValue(lm, hidden).to(device())
 
 
 def batch_for(policy) -> dict:
     g = torch.Generator().manual_seed(1)
     prompt_ids = torch.randint(3, VOCAB, (ROLLOUT, PROMPT_LEN), generator=g)
     responses = torch.randint(3, VOCAB, (ROLLOUT, RESPONSE_LEN), generator=g)
-    mask = torch.ones_like(responses)
+    batch = dict(prompt_ids=prompt_ids, prompt_mask=torch.ones_like(prompt_ids), responses=responses,
+                 mask=torch.ones_like(responses), advantages=torch.randn(ROLLOUT, RESPONSE_LEN, generator=g),
+                 returns=torch.randn(ROLLOUT, RESPONSE_LEN, generator=g))
+    batch = {k: v.to(device()) for k, v in batch.items()}
     with torch.no_grad():
-        logits, values = policy(prompt_ids, torch.ones_like(prompt_ids), responses, mask)
-    logprobs = token_logprobs(logits, responses)
-    return dict(prompt_ids=prompt_ids, prompt_mask=torch.ones_like(prompt_ids), responses=responses, mask=mask,
-                old_logprobs=logprobs, ref_logprobs=logprobs, old_values=values, advantages=torch.randn(ROLLOUT, RESPONSE_LEN, generator=g),
-                returns=torch.randn(ROLLOUT, RESPONSE_LEN, generator=g))
+        logits, values = policy(batch["prompt_ids"], batch["prompt_mask"], batch["responses"], batch["mask"])
+    logprobs = token_logprobs(logits, batch["responses"])
+    return dict(batch, old_logprobs=logprobs, ref_logprobs=logprobs, old_values=values.float())
 
 
 def measure(name, dims, lora_rank, trials) -> dict:
@@ -78,8 +86,9 @@ def measure(name, dims, lora_rank, trials) -> dict:
                                             "ppo.ppo_epochs=2", f"ppo.lora_rank={lora_rank}", "ppo.lr=1e-4"])
     policy = policy_of_size(*dims, lora_rank)
     batch = batch_for(policy)
-    engine = ppo.make_engine(cfg, policy, torch.device("cpu"))
-    run = lambda: ppo.update(cfg, engine, batch, seed=0, kl_coef=0.05, amp=contextlib.nullcontext)  # noqa: E731
+    engine = ppo.make_engine(cfg, policy, device())
+    amp = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device().type == "cuda" else contextlib.nullcontext
+    run = lambda: ppo.update(cfg, engine, batch, seed=0, kl_coef=0.05, amp=amp)  # noqa: E731
     run()  # warm-up
     with FlopCounterMode(display=False) as counter:
         run()
@@ -96,8 +105,10 @@ def main() -> None:
     a = p.parse_args()
     dist.setup()  # one process; sets the thread count as the stage does
     peak = matmul_peak()
-    rows = [measure(name, dims, lora, a.trials) for name, dims in SIZES.items() for lora in (16, 0)]
-    lines = [f"fp32 matmul peak (2048^3, {torch.get_num_threads()} threads): {peak / 1e9:.1f} GFLOP/s", "",
+    sizes = {**SIZES, **GPU_SIZES} if device().type == "cuda" else SIZES
+    rows = [measure(name, dims, lora, a.trials) for name, dims in sizes.items() for lora in (16, 0)]
+    peak_what = "bf16 matmul peak (8192^3)" if device().type == "cuda" else f"fp32 matmul peak (2048^3, {torch.get_num_threads()} threads)"
+    lines = [f"{peak_what}: {peak / 1e9:.1f} GFLOP/s", "",
              f"| policy | params | training | update s (64 seq x {PROMPT_LEN}+{RESPONSE_LEN} tok, 2 epochs) | counted GFLOP | GFLOP/s | of peak |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:

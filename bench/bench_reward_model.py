@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import append, report_result, side_by_side  # noqa: E402
+from common import append, peak_memory_key, report_result, side_by_side  # noqa: E402
 
 BATCH, MAX_LEN, LR = 16, 128, 1e-4
 
@@ -49,6 +49,7 @@ def worker_ours(run: Path) -> dict:
 
 
 def worker_trl(run: Path) -> dict:
+    import torch
     from datasets import Dataset
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
     from trl import RewardConfig, RewardTrainer
@@ -72,7 +73,8 @@ def worker_trl(run: Path) -> dict:
     model = AutoModelForSequenceClassification.from_pretrained(str(minilm_dir()), num_labels=1)
     args = RewardConfig(output_dir=str(run / "trl-out"), per_device_train_batch_size=BATCH, num_train_epochs=1,
                         learning_rate=LR, max_length=MAX_LEN, report_to=[], save_strategy="no", logging_steps=10**6,
-                        use_cpu=True, dataloader_num_workers=0, disable_tqdm=True, bf16=False, fp16=False)
+                        use_cpu=not torch.cuda.is_available(), bf16=torch.cuda.is_available(), fp16=False,
+                        dataloader_num_workers=0, disable_tqdm=True)
     trainer = RewardTrainer(model=model, args=args, train_dataset=Dataset.from_dict(rows), processing_class=tok)
     out = trainer.train()
     return {"pairs_per_s": out.metrics["train_samples_per_second"], "steps": out.global_step}
@@ -98,11 +100,12 @@ def main() -> None:
 
     med = side_by_side(__file__, ("ours", "trl"), a.trials, ["--run", str(run)], ("pairs_per_s", "steps"), fresh)
     o, t = med["ours"], med["trl"]
+    mem, mem_title = peak_memory_key()
     append(f"Reward-model training vs TRL RewardTrainer (trl {trl.__version__}; median of {a.trials})", "\n".join([
-        "| trainer | pairs/s | peak RSS (MiB) | steps |", "|---|---|---|---|",
-        f"| rlaif train_rm | {o['pairs_per_s']:.2f} | {o['peak_rss_mib']:.0f} | {o['steps']:.0f} |",
-        f"| TRL RewardTrainer | {t['pairs_per_s']:.2f} | {t['peak_rss_mib']:.0f} | {t['steps']:.0f} |",
-        f"| ratio (rlaif / TRL) | {o['pairs_per_s'] / t['pairs_per_s']:.2f}x | {o['peak_rss_mib'] / t['peak_rss_mib']:.2f}x | |"]))
+        f"| trainer | pairs/s | {mem_title} | steps |", "|---|---|---|---|",
+        f"| rlaif train_rm | {o['pairs_per_s']:.2f} | {o[mem]:.0f} | {o['steps']:.0f} |",
+        f"| TRL RewardTrainer | {t['pairs_per_s']:.2f} | {t[mem]:.0f} | {t['steps']:.0f} |",
+        f"| ratio (rlaif / TRL) | {o['pairs_per_s'] / t['pairs_per_s']:.2f}x | {o[mem] / t[mem]:.2f}x | |"]))
 
 if __name__ == "__main__":
     main()

@@ -18,6 +18,8 @@ import torch
 def report_result(result: dict) -> None:
     """Called at the end of a worker process: its result plus its own peak RSS, on one parseable line."""
     result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if torch.cuda.is_available():
+        result["peak_gpu_mib"] = torch.cuda.max_memory_allocated() / 2**20
     print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -36,11 +38,24 @@ def side_by_side(script: str, workers: tuple[str, ...], trials: int, args: list[
                 sys.exit(f"{who} failed:\n{out.stderr[-4000:]}")
             results[who].append(json.loads(line[0][7:]))
             print(f"trial {trial + 1} {who}: {results[who][-1]}", flush=True)
-    return {w: {k: statistics.median(r[k] for r in rs) for k in (*keys, "peak_rss_mib")} for w, rs in results.items()}
+    return {w: {k: statistics.median(r[k] for r in rs) for k in (*keys, *MEMORY_KEYS) if k in rs[0]} for w, rs in results.items()}
+
+
+MEMORY_KEYS = ("peak_rss_mib", "peak_gpu_mib")
+
+
+def peak_memory_key() -> tuple[str, str]:
+    """The memory that bounds a run here: GPU memory allocated on a GPU machine, process RSS on a CPU one."""
+    return ("peak_gpu_mib", "peak GPU allocated (MiB)") if torch.cuda.is_available() else ("peak_rss_mib", "peak RSS (MiB)")
+
+
+def device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
 def machine(extra: str = "") -> str:
-    return (f"{platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    gpu = f"{torch.cuda.get_device_name()}, " if torch.cuda.is_available() else ""
+    return (f"{gpu}{platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads, torch {torch.__version__}"
             + (f", {extra}" if extra else ""))
 
 

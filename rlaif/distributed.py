@@ -10,18 +10,23 @@ import torch.distributed as dist
 def setup() -> tuple[int, int, torch.device]:
     """(rank, world_size, device). Under torchrun: joins the group (nccl on GPUs, gloo on CPU)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank)
+    device = local_device()
+    if device.type == "cuda":
         torch.cuda.set_device(device)
     else:
-        device = torch.device("cpu")
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         # Ranks on one CPU box share its cores; oversubscribing threads makes every rank slower.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
     if world > 1 and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
     return rank(), world, device
+
+
+def local_device() -> torch.device:
+    """This process's GPU (by LOCAL_RANK) when there are GPUs, else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
 
 
 def rank() -> int:
@@ -45,9 +50,13 @@ def _all_reduce(t: torch.Tensor, op) -> torch.Tensor:
     """`op` over ranks (a copy; the input is unchanged). Identity without a process group."""
     if not dist.is_initialized():
         return t
-    out = t.clone()
+    out = t.to(_collective_device(), copy=True)  # NCCL reduces only GPU tensors, gloo CPU ones (here)
     dist.all_reduce(out, op=op)
-    return out
+    return out.to(t.device)
+
+
+def _collective_device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:

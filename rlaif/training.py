@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -30,6 +32,14 @@ def warmup_decay(optimizer, warmup_steps: int, total_steps: int | None):
     )
 
 
+def _deepspeed_arch_list() -> None:
+    """DeepSpeed's JIT builder parses TORCH_CUDA_ARCH_LIST as numbers and fails on arch-specific entries such as
+    '9.0a' (set by CUDA images for Hopper); its fused AdamW needs only the plain architecture."""
+    archs = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    if archs and re.search(r"\d[a-z]", archs):
+        os.environ["TORCH_CUDA_ARCH_LIST"] = re.sub(r"(\d)[a-z]+", r"\1", archs)
+
+
 class Engine:
     """One model, its optimizer and schedule, under DDP (default) or DeepSpeed ZeRO-2/3.
 
@@ -41,8 +51,7 @@ class Engine:
         self.world = dist.world_size()
         self._micro = 0
         params = [p for p in model.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-        scheduler = warmup_decay(optimizer, warmup_steps, total_steps)
+        on_gpu = device.type == "cuda"
         if strategy == "deepspeed":
             try:
                 import deepspeed
@@ -54,17 +63,24 @@ class Engine:
                 "gradient_clipping": grad_clip,
                 "zero_optimization": {"stage": zero_stage},
                 "zero_allow_untested_optimizer": True,
-                "bf16": {"enabled": device.type == "cuda"},
+                "bf16": {"enabled": on_gpu},
                 "steps_per_print": 10**9,
             }
+            # On GPUs DeepSpeed builds its own fused AdamW kernel (JIT on first use); on CPUs torch's AdamW.
+            if on_gpu:
+                ds_config["optimizer"] = {"type": "AdamW", "params": {"lr": lr, "weight_decay": weight_decay}}
+                _deepspeed_arch_list()
+            optimizer = None if on_gpu else torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
             self.module, self.optimizer, _, self.scheduler = deepspeed.initialize(
-                model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config, model_parameters=params
+                model=model, optimizer=optimizer, config=ds_config, model_parameters=params,
+                lr_scheduler=lambda opt: warmup_decay(opt, warmup_steps, total_steps),
             )
             self.model = self.module.module
         else:
             self.model = model
             self.module = DDP(model) if self.world > 1 else model
-            self.optimizer, self.scheduler = optimizer, scheduler
+            self.optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=on_gpu)
+            self.scheduler = warmup_decay(self.optimizer, warmup_steps, total_steps)
 
     def __call__(self, *args, **kwargs):
         return self.module(*args, **kwargs)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from rlaif.distributed import local_device
 from rlaif.models.loading import resolve
 
 
@@ -20,7 +21,8 @@ class EmbeddingJudge:
 
         path = resolve(backbone, "judge model")
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
-        self.model = AutoModel.from_pretrained(str(path), use_safetensors=True).eval()
+        self.device = local_device()
+        self.model = AutoModel.from_pretrained(str(path), use_safetensors=True).eval().to(self.device)
         self.temperature = temperature
         self.relevance_weight = relevance_weight
         self.batch_size = batch_size
@@ -32,7 +34,7 @@ class EmbeddingJudge:
         missing = list(dict.fromkeys(t for t in texts if t not in self._cache))
         for i in range(0, len(missing), self.batch_size):
             chunk = missing[i : i + self.batch_size]
-            enc = self.tokenizer(chunk, padding=True, truncation=True, max_length=128, return_tensors="pt")
+            enc = self.tokenizer(chunk, padding=True, truncation=True, max_length=128, return_tensors="pt").to(self.device)
             hidden = self.model(**enc).last_hidden_state
             mask = enc["attention_mask"].unsqueeze(-1).float()
             pooled = F.normalize((hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0), dim=-1)
@@ -53,4 +55,4 @@ class EmbeddingJudge:
         """P(first response is better), one comparison in the order given."""
         s1 = self.score(prompts, first, principles)
         s2 = self.score(prompts, second, principles)
-        return torch.sigmoid((s1 - s2) / self.temperature)
+        return torch.sigmoid((s1 - s2) / self.temperature).cpu()

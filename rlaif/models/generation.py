@@ -12,21 +12,23 @@ def encode_prompts(tokenizer, texts: list[str], device) -> dict:
 @torch.no_grad()
 def sample(model, tokenizer, enc: dict, *, max_new_tokens: int, temperature: float, top_p: float = 1.0, top_k: int = 0,
            num_return_sequences: int = 1, seed: int | None = None) -> torch.Tensor:
-    """Response token ids [batch * n, <= max_new_tokens] (KV cache on); rows are padded after their EOS."""
+    """Response token ids [batch * n, <= max_new_tokens] (KV cache on); rows are padded after their EOS.
+    bf16 autocast on GPUs (never on CPUs, where bf16 matmuls are slow)."""
     if seed is not None:
         torch.manual_seed(seed)
-    out = model.generate(
-        **enc,
-        do_sample=temperature > 0,
-        temperature=temperature if temperature > 0 else None,
-        top_p=top_p,
-        top_k=top_k or None,
-        max_new_tokens=max_new_tokens,
-        num_return_sequences=num_return_sequences,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        use_cache=True,
-    )
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=enc["input_ids"].is_cuda):
+        out = model.generate(
+            **enc,
+            do_sample=temperature > 0,
+            temperature=temperature if temperature > 0 else None,
+            top_p=top_p,
+            top_k=top_k or None,
+            max_new_tokens=max_new_tokens,
+            num_return_sequences=num_return_sequences,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            use_cache=True,
+        )
     return out[:, enc["input_ids"].shape[1]:]
 
 

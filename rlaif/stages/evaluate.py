@@ -17,6 +17,7 @@ import torch
 from rlaif import report
 from rlaif.algo.stats import length_controlled_win_rate, wilson_interval
 from rlaif.config import JudgeSpec
+from rlaif.distributed import local_device
 from rlaif.errors import UserError
 from rlaif.io import storage
 from rlaif.io.prompts import split
@@ -34,7 +35,7 @@ def answer(model, tokenizer, cfg, prompts, seed_base):
     out = []
     for b in range(0, len(prompts), e.batch_size):
         rows = prompts[b : b + e.batch_size]
-        enc = encode_prompts(tokenizer, [cfg.policy.prompt_template.format(prompt=p["prompt"]) for p in rows], "cpu")
+        enc = encode_prompts(tokenizer, [cfg.policy.prompt_template.format(prompt=p["prompt"]) for p in rows], model.device)
         resp = sample(model, tokenizer, enc, max_new_tokens=e.max_new_tokens, temperature=e.temperature, seed=seed_base + b)
         mask = response_mask(resp, tokenizer.eos_token_id)
         out.append((enc, resp, mask, decode(tokenizer, resp, mask)))
@@ -94,24 +95,27 @@ def check_gates(e, metrics: dict) -> dict:
 def run(ctx: StageContext) -> dict:
     cfg, e = ctx.cfg, ctx.cfg.evaluate
     prompts = split(cfg.data, "eval")[: e.n_prompts]
+    device = local_device()
     tokenizer, reference = load_policy(cfg.policy)
-    tuned = load_causal_lm(model_dir(ctx, "ppo", "policy")).eval()
+    reference.to(device)
+    tuned = load_causal_lm(model_dir(ctx, "ppo", "policy")).eval().to(device)
 
     seed = cfg.seed * 7919 + 17
     tuned_out = answer(tuned, tokenizer, cfg, prompts, seed)
     ref_out = answer(reference, tokenizer, cfg, prompts, seed)
     tuned_text = [t for batch in tuned_out for t in batch[3]]
     ref_text = [t for batch in ref_out for t in batch[3]]
-    tuned_len = torch.cat([b[2].sum(1) for b in tuned_out]).float()
-    ref_len = torch.cat([b[2].sum(1) for b in ref_out]).float()
+    tuned_len = torch.cat([b[2].sum(1) for b in tuned_out]).float().cpu()
+    ref_len = torch.cat([b[2].sum(1) for b in ref_out]).float().cpu()
     judges, p_by_judge = judge_all(cfg, prompts, tuned_text, ref_text, tuned_len, ref_len)
 
     rm_path = model_dir(ctx, "train_rm", "model")
     rm_tokenizer, rm = load_reward_model(rm_path)
+    rm.to(device)
     stats = json.loads((rm_path / "reward_stats.json").read_text())
     norm = lambda r: (r - stats["mean"]) / max(stats["std"], 1e-6)  # noqa: E731
-    r_tuned = norm(batched_rewards(rm, rm_tokenizer, [p["prompt"] for p in prompts], tuned_text, stats["max_length"], "cpu"))
-    r_ref = norm(batched_rewards(rm, rm_tokenizer, [p["prompt"] for p in prompts], ref_text, stats["max_length"], "cpu"))
+    r_tuned = norm(batched_rewards(rm, rm_tokenizer, [p["prompt"] for p in prompts], tuned_text, stats["max_length"], device).cpu())
+    r_ref = norm(batched_rewards(rm, rm_tokenizer, [p["prompt"] for p in prompts], ref_text, stats["max_length"], device).cpu())
     kl_seq, kl_token = kl_to_reference(tuned, reference, tuned_out, e.temperature)
 
     primary = judges["training"]

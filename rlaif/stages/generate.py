@@ -9,6 +9,7 @@ import time
 
 from tqdm import tqdm
 
+from rlaif.distributed import local_device
 from rlaif.io.prompts import split
 from rlaif.io.shards import ShardWriter
 from rlaif.models.generation import decode, encode_prompts, response_mask, sample
@@ -20,17 +21,20 @@ def run(ctx: StageContext) -> dict:
     cfg, g = ctx.cfg, ctx.cfg.generate
     prompts = split(cfg.data, "train")[: g.max_prompts]
     tokenizer, model = load_policy(cfg.policy)
+    device = local_device()
+    model.to(device)
 
     start, n_tokens, identical = time.time(), 0, 0
     with ShardWriter(ctx.url, g.shard_size) as writer:
         batches = range(0, len(prompts), g.batch_size)
         for b, i in enumerate(tqdm(batches, desc="generate", unit="batch")):
             rows = prompts[i : i + g.batch_size]
-            enc = encode_prompts(tokenizer, [cfg.policy.prompt_template.format(prompt=r["prompt"]) for r in rows], "cpu")
+            enc = encode_prompts(tokenizer, [cfg.policy.prompt_template.format(prompt=r["prompt"]) for r in rows], device)
             responses = sample(model, tokenizer, enc, max_new_tokens=g.max_new_tokens, temperature=g.temperature,
                                top_p=g.top_p, top_k=g.top_k, num_return_sequences=2, seed=cfg.seed * 1_000_003 + b)
             mask = response_mask(responses, tokenizer.eos_token_id)
             n_tokens += int(mask.sum())
+            responses, mask = responses.cpu(), mask.cpu()
             texts = decode(tokenizer, responses, mask)
             lengths = mask.sum(1).tolist()
             for j, row in enumerate(rows):

@@ -80,6 +80,13 @@ def build_policy(cfg, device):
     return tokenizer, policy, reference_logits
 
 
+def clock() -> float:
+    """Wall time once this thread's queued GPU work has run, so phase timings are not shifted by async kernels."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.current_stream().synchronize()
+    return time.perf_counter()
+
+
 def pad_right(x: torch.Tensor, width: int, value: int) -> torch.Tensor:
     return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
 
@@ -94,7 +101,7 @@ def rollout(cfg, policy, reference_logits, tokenizer, reward_fn, prompts, seed, 
     c, timings = cfg.ppo, {}
     grpo = c.algorithm == "grpo"
     samples = c.group_size if grpo else 1
-    t0 = time.time()
+    t0 = clock()
     policy.eval()
     texts = [cfg.policy.prompt_template.format(prompt=p["prompt"]) for p in prompts]
     enc = encode_prompts(tokenizer, texts, device)
@@ -106,25 +113,25 @@ def rollout(cfg, policy, reference_logits, tokenizer, reward_fn, prompts, seed, 
     mask = response_mask(responses, tokenizer.eos_token_id)
     prompt_ids = enc["input_ids"].repeat_interleave(samples, 0)  # generate() returns a prompt's samples together
     prompt_mask = enc["attention_mask"].repeat_interleave(samples, 0)
-    timings["generate_s"] = time.time() - t0
+    timings["generate_s"] = clock() - t0
 
-    t0 = time.time()
+    t0 = clock()
     decoded = decode(tokenizer, responses, mask)
-    raw = reward_fn([p["prompt"] for p in prompts for _ in range(samples)], decoded)
+    raw = reward_fn([p["prompt"] for p in prompts for _ in range(samples)], decoded).to(device)
     score = raw.clamp(-c.reward_clip, c.reward_clip)
     ended = ((responses == tokenizer.eos_token_id) & mask.bool()).any(1)
     if c.missing_eos_penalty is not None:
         score = score - c.missing_eos_penalty * (~ended).float()
-    timings["score_s"] = time.time() - t0
+    timings["score_s"] = clock() - t0
 
-    t0 = time.time()
+    t0 = clock()
     args = (prompt_ids, prompt_mask, responses, mask)
     with amp():
         logits, values = policy(*args)
         old_logprobs = token_logprobs(logits, responses, c.temperature)
         ref_logprobs = token_logprobs(reference_logits(policy, *args), responses, c.temperature)
     values = values.float()
-    timings["reference_s"] = time.time() - t0
+    timings["reference_s"] = clock() - t0
 
     maskf = mask.float()
     kl = algo.kl_penalty(old_logprobs, ref_logprobs, c.kl_estimator) * maskf
@@ -317,7 +324,7 @@ def run(ctx: StageContext) -> dict:
     bar = tqdm(range(state["iteration"], c.iterations), desc=c.algorithm, unit="iter", disable=rank != 0,
                initial=state["iteration"], total=c.iterations)
     for it in bar:
-        t_iter = time.time()
+        t_iter = clock()
         if actor is None:
             batch, stats, timings = collect(it, engine.model, controller.value)
         else:
@@ -327,11 +334,11 @@ def run(ctx: StageContext) -> dict:
             batch, stats, timings = pending.result()
             sync_actor(actor, engine.model)  # the weights before this update generate the next batch
             pending = pool.submit(collect, it + 1, actor, controller.value) if it + 1 < c.iterations else None
-        t0 = time.time()
+        t0 = clock()
         batch = whiten_advantages(cfg, gather_batch(batch, tokenizer.pad_token_id))
         train_stats = update(cfg, engine, batch, seed=cfg.seed + it, kl_coef=controller.value, amp=amp)
-        timings["update_s"] = time.time() - t0
-        timings["iteration_s"] = time.time() - t_iter
+        timings["update_s"] = clock() - t0
+        timings["iteration_s"] = clock() - t_iter
         row = {"iteration": it + 1, **dist.all_reduce_mean({**stats, **train_stats}), "kl_coef": controller.value,
                "samples_per_s": c.rollout_batch_size / timings["iteration_s"], **timings}
         controller.update(row["kl"], c.rollout_batch_size)

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# GPU validation and measurement, the source of BENCHMARKS.md's GPU rows. Run from the repository root on a GPU
+# machine where `python -m rlaif` works (and, for the peer benchmarks, where TRL is importable: see bench/).
+#   scripts/gpu_check.sh pipeline   the demo end to end on the GPU (bf16 autocast, NCCL group), per-stage times;
+#                                   then PPO under DeepSpeed ZeRO-2 and ZeRO-3 with DeepSpeed's fused AdamW (JIT)
+#   scripts/gpu_check.sh micro      gae and the PPO update's model FLOPs utilisation against the bf16 matmul peak
+#   scripts/gpu_check.sh ppo-vs-trl SIZE...   PPO iteration vs TRL PPOTrainer (needs trl==1.12.0 importable)
+#   scripts/gpu_check.sh rm-vs-trl  reward-model training vs TRL RewardTrainer (needs trl==1.16.0; after pipeline)
+# Each step's full log goes to $LOGS/<step>.log (default runs/gpu-check); the benches append to BENCHMARKS.md.
+set -uo pipefail
+PY=${PY:-python3}
+LOGS=${LOGS:-runs/gpu-check}
+mkdir -p "$LOGS"
+
+step() {  # step NAME COMMAND...: runs it, logs it, prints its exit code, time and last lines; never stops the script
+    local name=$1 start rc
+    shift
+    start=$(date +%s)
+    "$@" >"$LOGS/$name.log" 2>&1
+    rc=$?
+    echo "== $name: exit $rc in $(($(date +%s) - start)) s"
+    grep -E "done in|cache hit|win rate|reward .* -> |s/iteration|Error|error:" "$LOGS/$name.log" | tail -n 12
+    [ "$rc" = 0 ] || tail -n 25 "$LOGS/$name.log"
+}
+
+case "${1:-}" in
+pipeline)
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    $PY -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version(), 'transformers', transformers.__version__)"
+    step demo $PY -m rlaif run --config configs/demo.yaml --run-id gpu-demo
+    step zero2 $PY -m rlaif run --config configs/demo.yaml --run-id gpu-demo --set ppo.strategy=deepspeed \
+        --set ppo.zero_stage=2 --set ppo.iterations=12 --set evaluate.n_prompts=64
+    step zero3 $PY -m rlaif run --config configs/demo.yaml --run-id gpu-demo --set ppo.strategy=deepspeed \
+        --set ppo.zero_stage=3 --set ppo.iterations=12 --set evaluate.n_prompts=64
+    ;;
+micro)
+    step gae $PY bench/bench_gae.py --append
+    step mfu $PY bench/bench_ppo_update.py --append
+    ;;
+ppo-vs-trl)
+    shift
+    for size in "$@"; do step "ppo-$size" $PY bench/bench_ppo.py --trials 3 --iterations 6 --size "$size"; done
+    ;;
+rm-vs-trl)
+    step rm $PY bench/bench_reward_model.py --source-run runs/gpu-demo --trials 3
+    ;;
+*)
+    sed -n 2,10p "$0"
+    exit 2
+    ;;
+esac
