@@ -10,20 +10,15 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 from rlaif.algo.ppo import gae
+from rlaif.distributed import clock, local_device
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import append, device  # noqa: E402
-
-
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+from common import append  # noqa: E402
 
 
 def gae_loop(rewards, values, mask, gamma, lam):
@@ -42,11 +37,9 @@ def gae_loop(rewards, values, mask, gamma, lam):
 def timed(fn, trials: int) -> float:
     times = []
     for _ in range(trials):
-        sync()
-        start = time.perf_counter()
+        start = clock()
         fn()
-        sync()
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
     return statistics.median(times)
 
 
@@ -61,7 +54,7 @@ def main() -> None:
     rewards, values = torch.randn(a.batch, a.steps), torch.randn(a.batch, a.steps)
     lengths = torch.randint(a.steps // 2, a.steps + 1, (a.batch,))
     mask = (torch.arange(a.steps)[None, :] < lengths[:, None]).float()
-    rewards, values, mask = rewards.to(device()), values.to(device()), mask.to(device())
+    rewards, values, mask = rewards.to(local_device()), values.to(local_device()), mask.to(local_device())
     gae(rewards, values, mask, 1.0, 0.95)  # warm-up (kernel launch caches on a GPU)
     ours, loop = gae(rewards, values, mask, 1.0, 0.95), gae_loop(rewards, values, mask, 1.0, 0.95)
     torch.testing.assert_close(ours[0], loop[0], atol=1e-3, rtol=1e-4)

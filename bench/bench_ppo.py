@@ -13,13 +13,13 @@ memory on GPUs) is its own. On a GPU both run bf16 autocast. Medians over --tria
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import append, peak_memory_key, report_result, side_by_side  # noqa: E402
+
+from rlaif.distributed import clock  # noqa: E402
 
 ROLLOUT, MINIBATCH, EPOCHS, RESPONSE_LEN, LORA_RANK, LR = 64, 16, 2, 48, 16, 1e-3
 OVERRIDES = [f"ppo.rollout_batch_size={ROLLOUT}", f"ppo.minibatch_size={MINIBATCH}", f"ppo.ppo_epochs={EPOCHS}",
@@ -92,18 +92,17 @@ def worker_ours(work: Path, iterations: int, size: str) -> dict:
             return rm(**enc).logits.squeeze(-1).float()
 
     engine = ppo.make_engine(cfg, policy, device)  # the demo settings + OVERRIDES: DDP, no accumulation, constant LR
-    # bf16 autocast on GPUs, as the stage does (and as TRL's bf16=True does); fp32 on CPUs
-    amp = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.type == "cuda" else contextlib.nullcontext
+    amp = ppo.autocast(device.type == "cuda")  # bf16 on GPUs, as the stage does (and as TRL's bf16=True does)
     from rlaif.io.prompts import split
 
     rows = split(cfg.data, "train")
-    start = ppo.clock()
+    start = clock()
     for it in range(iterations):
         chunk = [rows[(it * ROLLOUT + k) % len(rows)] for k in range(ROLLOUT)]
         batch, _, _ = ppo.rollout(cfg, policy, reference_logits, tokenizer, reward_fn, chunk, seed=it, device=device,
                                   kl_coef=cfg.ppo.kl_coef, amp=amp)
         ppo.update(cfg, engine, ppo.whiten_advantages(cfg, batch), seed=it, kl_coef=cfg.ppo.kl_coef, amp=amp)
-    seconds = ppo.clock() - start
+    seconds = clock() - start
     return {"iterations_per_s": iterations / seconds, "samples_per_s": iterations * ROLLOUT / seconds}
 
 
@@ -125,7 +124,8 @@ def worker_trl(work: Path, iterations: int, size: str) -> dict:
                      num_mini_batches=ROLLOUT // MINIBATCH, num_ppo_epochs=EPOCHS, local_rollout_forward_batch_size=ROLLOUT,
                      total_episodes=ROLLOUT * iterations, response_length=RESPONSE_LEN, learning_rate=LR, stop_token="eos",
                      num_sample_generations=0, report_to=[], save_strategy="no", logging_steps=10**6,
-                     use_cpu=not torch.cuda.is_available(), bf16=torch.cuda.is_available(), fp16=False, dataloader_num_workers=0, disable_tqdm=True, kl_coef=0.05, vf_coef=0.1,
+                     use_cpu=not torch.cuda.is_available(), bf16=torch.cuda.is_available(), fp16=False,
+                     dataloader_num_workers=0, disable_tqdm=True, kl_coef=0.05, vf_coef=0.1,
                      lam=0.95, gamma=1.0, temperature=1.0)
     trainer = PPOTrainer(
         args=args, processing_class=tok, model=AutoModelForCausalLM.from_pretrained(str(policy_dir)), ref_model=None,
@@ -134,11 +134,9 @@ def worker_trl(work: Path, iterations: int, size: str) -> dict:
         train_dataset=Dataset.from_dict({"input_ids": ids}),
         peft_config=LoraConfig(r=LORA_RANK, lora_alpha=2 * LORA_RANK, lora_dropout=0.0, target_modules=LORA_TARGETS),
     )
-    start = time.time()
+    start = clock()
     trainer.train()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    seconds = time.time() - start
+    seconds = clock() - start
     return {"iterations_per_s": iterations / seconds, "samples_per_s": iterations * ROLLOUT / seconds}
 
 

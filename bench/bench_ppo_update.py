@@ -3,18 +3,17 @@ utilisation), at three policy sizes, with the stage's own update() on one proces
 autocast as the stage runs it, against the measured bf16 peak, with two larger sizes added.
 
 FLOPs are counted, not estimated: torch's FlopCounterMode records every matmul of one update (forward and backward).
-The peak is the best of repeated 2048^3 fp32 matmuls with the same threads (8192^3 bf16 on a GPU). Sizes: the demo's tiny Llama and
-two wider/deeper ones (random weights; throughput does not depend on them). Batch and lengths are the demo's.
+The peak is the best of repeated 2048^3 fp32 matmuls with the same threads (8192^3 bf16 on a GPU). Sizes: the
+demo's tiny Llama and two wider/deeper ones (random weights; throughput does not depend on them). Batch and lengths
+are the demo's.
 
     .venv/bin/python bench/bench_ppo_update.py [--trials 3] [--append]
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -26,7 +25,7 @@ from rlaif.models.generation import token_logprobs
 from rlaif.stages import ppo
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import append, device  # noqa: E402
+from common import append  # noqa: E402
 
 SIZES = {  # name: (hidden, layers, heads, intermediate)
     "demo tiny (h128 x2)": (128, 2, 4, 384),
@@ -38,21 +37,17 @@ ROLLOUT, MINIBATCH, PROMPT_LEN, RESPONSE_LEN, VOCAB = 64, 16, 24, 48, 1024
 
 
 def matmul_peak(repeats: int = 10) -> float:
-    n, dtype = (8192, torch.bfloat16) if device().type == "cuda" else (2048, torch.float32)
-    a, b = torch.randn(n, n, dtype=dtype, device=device()), torch.randn(n, n, dtype=dtype, device=device())
+    n, dtype = (8192, torch.bfloat16) if dist.local_device().type == "cuda" else (2048, torch.float32)
+    a, b = torch.randn(n, n, dtype=dtype, device=dist.local_device()), torch.randn(n, n, dtype=dtype, device=dist.local_device())
     a @ b
     best = min(_time(lambda: a @ b) for _ in range(repeats))
     return 2 * n**3 / best
 
 
 def _time(fn) -> float:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    start = time.perf_counter()
+    start = dist.clock()
     fn()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
+    return dist.clock() - start
 
 
 def policy_of_size(hidden, layers, heads, intermediate, lora_rank):
@@ -64,7 +59,7 @@ def policy_of_size(hidden, layers, heads, intermediate, lora_rank):
                                       intermediate_size=intermediate, max_position_embeddings=256, tie_word_embeddings=True))
     if lora_rank:
         lm = get_peft_model(lm, LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, target_modules=ppo.LORA_TARGETS))
-    return ppo.PolicyWithValue(lm, hidden).to(device())
+    return ppo.PolicyWithValue(lm, hidden).to(dist.local_device())
 
 
 def batch_for(policy) -> dict:
@@ -74,7 +69,7 @@ def batch_for(policy) -> dict:
     batch = dict(prompt_ids=prompt_ids, prompt_mask=torch.ones_like(prompt_ids), responses=responses,
                  mask=torch.ones_like(responses), advantages=torch.randn(ROLLOUT, RESPONSE_LEN, generator=g),
                  returns=torch.randn(ROLLOUT, RESPONSE_LEN, generator=g))
-    batch = {k: v.to(device()) for k, v in batch.items()}
+    batch = {k: v.to(dist.local_device()) for k, v in batch.items()}
     with torch.no_grad():
         logits, values = policy(batch["prompt_ids"], batch["prompt_mask"], batch["responses"], batch["mask"])
     logprobs = token_logprobs(logits, batch["responses"])
@@ -86,8 +81,8 @@ def measure(name, dims, lora_rank, trials) -> dict:
                                             "ppo.ppo_epochs=2", f"ppo.lora_rank={lora_rank}", "ppo.lr=1e-4"])
     policy = policy_of_size(*dims, lora_rank)
     batch = batch_for(policy)
-    engine = ppo.make_engine(cfg, policy, device())
-    amp = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device().type == "cuda" else contextlib.nullcontext
+    engine = ppo.make_engine(cfg, policy, dist.local_device())
+    amp = ppo.autocast(dist.local_device().type == "cuda")
     run = lambda: ppo.update(cfg, engine, batch, seed=0, kl_coef=0.05, amp=amp)  # noqa: E731
     run()  # warm-up
     with FlopCounterMode(display=False) as counter:
@@ -105,9 +100,10 @@ def main() -> None:
     a = p.parse_args()
     dist.setup()  # one process; sets the thread count as the stage does
     peak = matmul_peak()
-    sizes = {**SIZES, **GPU_SIZES} if device().type == "cuda" else SIZES
+    sizes = {**SIZES, **GPU_SIZES} if dist.local_device().type == "cuda" else SIZES
     rows = [measure(name, dims, lora, a.trials) for name, dims in sizes.items() for lora in (16, 0)]
-    peak_what = "bf16 matmul peak (8192^3)" if device().type == "cuda" else f"fp32 matmul peak (2048^3, {torch.get_num_threads()} threads)"
+    peak_what = ("bf16 matmul peak (8192^3)" if dist.local_device().type == "cuda"
+                 else f"fp32 matmul peak (2048^3, {torch.get_num_threads()} threads)")
     lines = [f"{peak_what}: {peak / 1e9:.1f} GFLOP/s", "",
              f"| policy | params | training | update s (64 seq x {PROMPT_LEN}+{RESPONSE_LEN} tok, 2 epochs) | counted GFLOP | GFLOP/s | of peak |",
              "|---|---|---|---|---|---|---|"]

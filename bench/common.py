@@ -49,9 +49,6 @@ def peak_memory_key() -> tuple[str, str]:
     return ("peak_gpu_mib", "peak GPU allocated (MiB)") if torch.cuda.is_available() else ("peak_rss_mib", "peak RSS (MiB)")
 
 
-def device() -> torch.device:
-    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-
 
 def machine(extra: str = "") -> str:
     gpu = f"{torch.cuda.get_device_name()}, " if torch.cuda.is_available() else ""

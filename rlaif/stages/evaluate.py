@@ -114,8 +114,8 @@ def run(ctx: StageContext) -> dict:
     rm.to(device)
     stats = json.loads((rm_path / "reward_stats.json").read_text())
     norm = lambda r: (r - stats["mean"]) / max(stats["std"], 1e-6)  # noqa: E731
-    r_tuned = norm(batched_rewards(rm, rm_tokenizer, [p["prompt"] for p in prompts], tuned_text, stats["max_length"], device).cpu())
-    r_ref = norm(batched_rewards(rm, rm_tokenizer, [p["prompt"] for p in prompts], ref_text, stats["max_length"], device).cpu())
+    r_tuned = norm(batched_rewards(rm, rm_tokenizer, [p["prompt"] for p in prompts], tuned_text, stats["max_length"], device))
+    r_ref = norm(batched_rewards(rm, rm_tokenizer, [p["prompt"] for p in prompts], ref_text, stats["max_length"], device))
     kl_seq, kl_token = kl_to_reference(tuned, reference, tuned_out, e.temperature)
 
     primary = judges["training"]

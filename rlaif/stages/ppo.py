@@ -16,7 +16,6 @@ import copy
 import json
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -26,6 +25,7 @@ from tqdm import tqdm
 from rlaif import distributed as dist
 from rlaif import faults, report
 from rlaif.algo import ppo as algo
+from rlaif.distributed import clock
 from rlaif.errors import UserError
 from rlaif.io import storage
 from rlaif.io.prompts import split
@@ -80,11 +80,9 @@ def build_policy(cfg, device):
     return tokenizer, policy, reference_logits
 
 
-def clock() -> float:
-    """Wall time once this thread's queued GPU work has run, so phase timings are not shifted by async kernels."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.current_stream().synchronize()
-    return time.perf_counter()
+def autocast(enabled: bool):
+    """A context factory: bf16 autocast on GPUs when enabled, else nothing (bf16 matmuls are slow on CPUs)."""
+    return (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if enabled else contextlib.nullcontext
 
 
 def pad_right(x: torch.Tensor, width: int, value: int) -> torch.Tensor:
@@ -280,10 +278,7 @@ def run(ctx: StageContext) -> dict:
     check_sizes(c, world)
     torch.manual_seed(cfg.seed)
     prompts = split(cfg.data, "train")
-    use_amp = device.type == "cuda" and c.strategy == "ddp"  # bf16 on GPUs only (slow on CPUs); DeepSpeed has its own
-
-    def amp():
-        return torch.autocast("cuda", dtype=torch.bfloat16) if use_amp else contextlib.nullcontext()
+    amp = autocast(device.type == "cuda" and c.strategy == "ddp")  # DeepSpeed runs bf16 itself
 
     tokenizer, policy, reference_logits = build_policy(cfg, device)
     reward_fn = reward_model_scorer(ctx, device)

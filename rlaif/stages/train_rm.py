@@ -220,8 +220,8 @@ def evaluate_reward_model(ctx: StageContext, model, tokenizer, rank: int, world:
 
     def flush():
         prompts = [s["prompt.txt"] for s in batch]
-        r_a = batched_rewards(model, tokenizer, prompts, [s["response_a.txt"] for s in batch], c.max_length, device).double().cpu()
-        r_b = batched_rewards(model, tokenizer, prompts, [s["response_b.txt"] for s in batch], c.max_length, device).double().cpu()
+        r_a = batched_rewards(model, tokenizer, prompts, [s["response_a.txt"] for s in batch], c.max_length, device).double()
+        r_b = batched_rewards(model, tokenizer, prompts, [s["response_b.txt"] for s in batch], c.max_length, device).double()
         held = torch.tensor([held_out(s["__key__"], c.held_out_fraction) for s in batch])
         train_r = torch.cat([r_a[~held], r_b[~held]])
         sums[0] += len(train_r)
