@@ -61,6 +61,8 @@ test-fast: $(VENV)/.installed
 
 bench: $(VENV)/.installed .venv-bench/.installed .venv-bench-ppo/.installed
 	$(BIN)/python bench/bench_gae.py --append
+	$(BIN)/python bench/bench_generation.py --append
+	$(BIN)/python bench/bench_label.py --append
 	$(BIN)/python bench/bench_ppo_update.py --append
 	.venv-bench-ppo/bin/python bench/bench_ppo.py --trials 3 --iterations 6
 	test -f runs/demo/label/manifest.json || $(MAKE) demo

@@ -18,7 +18,7 @@ from rlaif.algo.ppo import gae
 from rlaif.distributed import clock, local_device
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import append  # noqa: E402
+from common import publish  # noqa: E402
 
 
 def gae_loop(rewards, values, mask, gamma, lam):
@@ -63,10 +63,7 @@ def main() -> None:
     table = (f"| gae form | median ms (batch {a.batch} x {a.steps} steps, {a.trials} trials) |\n|---|---|\n"
              f"| rlaif `gae` (blockwise discount-matrix products) | {t_ours * 1e3:.2f} |\n| loop over time steps | {t_loop * 1e3:.2f} |\n"
              f"| speed-up | {t_loop / t_ours:.1f}x |\n")
-    if a.append:
-        append("gae vs the loop form", table)
-    else:
-        print(table)
+    publish("gae vs the loop form", table, a.append)
 
 
 if __name__ == "__main__":

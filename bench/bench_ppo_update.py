@@ -25,7 +25,7 @@ from rlaif.models.generation import token_logprobs
 from rlaif.stages import ppo
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import append  # noqa: E402
+from common import publish  # noqa: E402
 
 SIZES = {  # name: (hidden, layers, heads, intermediate)
     "demo tiny (h128 x2)": (128, 2, 4, 384),
@@ -111,10 +111,7 @@ def main() -> None:
         lines.append(f"| {r['name']} | {r['params'] / 1e6:.2f}M | {'LoRA r' + str(r['lora']) if r['lora'] else 'all weights'} | "
                      f"{r['seconds']:.2f} | {r['flops'] / 1e9:.1f} | {r['flops_per_s'] / 1e9:.1f} | {r['flops_per_s'] / peak:.0%} |")
     table = "\n".join(lines) + "\n"
-    if a.append:
-        append("PPO update phase: model FLOPs utilisation", table)
-    else:
-        print(table)
+    publish("PPO update phase: model FLOPs utilisation", table, a.append)
 
 
 if __name__ == "__main__":

@@ -56,6 +56,14 @@ def machine(extra: str = "") -> str:
             + (f", {extra}" if extra else ""))
 
 
+def publish(title: str, table: str, to_benchmarks: bool) -> None:
+    """Prints the table; with --append, also adds it to BENCHMARKS.md under a dated heading."""
+    if to_benchmarks:
+        append(title, table)
+    else:
+        print(table)
+
+
 def append(title: str, table: str) -> None:
     """Prints the table and appends it to BENCHMARKS.md under a dated heading."""
     text = f"\n### {title} ({time.strftime('%Y-%m-%d')}; {machine()})\n\n{table.rstrip()}\n"

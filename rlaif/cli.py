@@ -3,6 +3,7 @@ code 2."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from rlaif.errors import UserError
@@ -34,6 +35,9 @@ def _parser() -> argparse.ArgumentParser:
     stage = sub.add_parser("stage", help="run one stage in this process (what launch starts, under torchrun if needed)")
     stage.add_argument("name", choices=list(STAGE_BY_NAME))
     config_args(stage)
+    stage.add_argument("--shard-index", type=int, default=0, help="generate: this pod's part of the prompts (0-based)")
+    stage.add_argument("--num-shards", type=int, default=1,
+                       help="generate: parts the prompts are split into across pods; the last part to finish commits")
 
     comp = sub.add_parser("compile", help="write the Kubeflow pipeline YAML (and the per-stage component YAMLs)")
     comp.add_argument("target", choices=["kfp"])
@@ -124,10 +128,13 @@ def main(argv: list[str] | None = None) -> int:
         else:
             from rlaif.runner import run_stage
 
-            run_stage(load_config(args.config, args.overrides), args.name)
+            run_stage(load_config(args.config, args.overrides), args.name, args.shard_index, args.num_shards)
         return 0
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        if error_file := os.environ.get("RLAIF_ERROR_FILE"):  # set by launch: the user error outlives torchrun's exit code
+            with open(error_file, "a", encoding="utf-8") as f:
+                f.write(f"{exc}\n")
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

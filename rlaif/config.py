@@ -79,6 +79,9 @@ class PolicyConfig(Strict):
     """Settings of the built-in tiny policy (used only when model is `builtin:tiny-llama`)."""
     trust_remote_code: bool = False
     """Allow the model directory's own Python code to run. Off unless you trust that model."""
+    chat_template: bool | None = None
+    """Format prompts with the tokenizer's chat template (one user turn, generation prompt added) instead of
+    prompt_template. None: whenever the tokenizer has a template."""
 
 
 class GenerateConfig(Strict):
@@ -92,24 +95,118 @@ class GenerateConfig(Strict):
     """Nucleus sampling mass."""
     top_k: int = 0
     """Keep only the k most likely tokens (0: off)."""
-    batch_size: int = 64
-    """Prompts per generation micro-batch."""
+    stop: list[str] = []
+    """Stop strings: a response ends before the first of these (besides the EOS token)."""
+    samples_per_prompt: int = Field(2, ge=2)
+    """Responses sampled per prompt; the pair is the first two distinct ones."""
+    identical_pairs: Literal["resample", "drop", "keep"] = "resample"
+    """What to do when a prompt's two responses are identical: `resample` the second up to max_resamples times (then
+    drop the pair if still identical), `drop` it, or `keep` it. Counted in the stage summary either way."""
+    max_resamples: int = Field(3, ge=0)
+    """Extra samples tried per identical pair when identical_pairs is resample."""
+    batch_size: int = 128
+    """Sequences per generation micro-batch (prompts x samples_per_prompt)."""
+    length_bucketing: bool = True
+    """Sort prompts by token length before forming micro-batches, so a batch pads to similar lengths."""
+    backend: Literal["transformers", "vllm"] = "transformers"
+    """`transformers` (default, CPU or GPU) or `vllm` (GPUs; the `vllm` extra). Both seed every sample on its own."""
+    nproc: int = Field(1, ge=1)
+    """Processes on CPU under torchrun, each generating a disjoint slice of the prompts (one per GPU on GPU
+    machines). Separate pods can split the work instead with `rlaif stage generate --shard-index I --num-shards N`."""
+    nodes: int = Field(1, ge=1)
+    """Nodes on a cluster: more than 1 runs generate as a Kubeflow TrainJob (or PyTorchJob) whose ranks split the
+    prompts (global rank 0 merges the parts); locally it is refused."""
     shard_size: int = 512
     """Samples per output shard."""
 
 
-class LabelConfig(Strict):
-    judge: Literal["embedding"] = "embedding"
-    """The AI labeler. `embedding`: the pretrained MiniLM scores each response by its similarity to a sampled
-    constitution principle (and to the prompt) and turns the score difference into a soft label."""
+DEFAULT_PREAMBLE = ("You compare two responses to a request. A better response follows the principle below more "
+                    "closely, and answers the request.")
+
+
+class HFJudgeConfig(Strict):
+    model: str = ""
+    """The judge: a Hugging Face causal-LM directory (local path or s3:// URL). Required for judge `hf`."""
+    max_length: int = 1024
+    """Longest judge input in tokens; longer inputs lose their beginning (the question at the end is kept)."""
+    trust_remote_code: bool = False
+    """Allow the judge directory's own Python code to run."""
+
+
+class OpenAIJudgeConfig(Strict):
+    base_url: str = ""
+    """An OpenAI-compatible API root, e.g. `http://vllm:8000/v1` (vLLM, TGI, llama.cpp server, a hosted API)."""
+    model: str = ""
+    """Model name sent with each request."""
+    api: Literal["completions", "chat"] = "completions"
+    """`completions` (/completions with a prompt; log-probs of the answer token) or `chat` (/chat/completions)."""
+    api_key_env: str = "OPENAI_API_KEY"
+    """Name of the environment variable holding the API key (never the key itself: keys do not go in configs)."""
+    concurrency: int = Field(16, ge=1)
+    """Requests in flight at once."""
+    timeout_s: float = Field(60.0, gt=0)
+    """Seconds before a request is abandoned and retried."""
+    max_retries: int = Field(5, ge=0)
+    """Retries of a request after a timeout, a connection error, 429 or 5xx (exponential backoff, Retry-After)."""
+    backoff_s: float = Field(1.0, ge=0)
+    """First retry delay; doubles per retry, with jitter."""
+    top_logprobs: int = Field(5, ge=1, le=20)
+    """Log-probs asked for per token; the answer's probabilities come from these when the server returns them."""
+
+
+class RulesJudgeConfig(Strict):
+    """Deterministic checks; a response's score is the fraction of checks it passes."""
+
+    min_words: int = 1
+    """A response shorter than this fails the length check."""
+    max_words: int | None = None
+    """A response longer than this fails the length check (None: no upper bound)."""
+    required: list[str] = []
+    """Keywords (case-insensitive) of which each present passes one check."""
+    forbidden: list[str] = []
+    """Keywords (case-insensitive) of which each absent passes one check."""
+    pattern: str | None = None
+    """Regular expression the response must contain (re.search) to pass the format check."""
+
+
+class JudgeSettings(Strict):
+    judge: Literal["embedding", "hf", "openai", "rules"] = "embedding"
+    """The AI labeler. `embedding`: the pretrained MiniLM scores each response by its similarity to the sampled
+    principle (and to the prompt). `hf`: a causal LM judge (RLAIF, Lee et al. 2023): the preference is read from the
+    log-probabilities of the answer tokens "1" and "2". `openai`: the same prompt sent to an OpenAI-compatible
+    endpoint. `rules`: deterministic checks (see `rules`)."""
     constitution: str = "data/constitution.yaml"
     """YAML list of principles; one is sampled per comparison (Constitutional AI)."""
-    temperature: float = 0.05
-    """Soft-label temperature: p(a) = sigmoid((score_a - score_b) / temperature)."""
+    temperature: float = Field(0.05, gt=0)
+    """Soft-label temperature of the score-based judges (embedding, rules): p(a) = sigmoid((s_a - s_b) / temperature)."""
     relevance_weight: float = 0.5
     """Weight of response-prompt similarity in the embedding judge's score."""
+    preamble: str = DEFAULT_PREAMBLE
+    """LLM judges (hf, openai): the instruction at the top of every judge prompt."""
+    chain_of_thought: bool = False
+    """LLM judges: the judge writes a rationale first (greedy), then the answer is read after it."""
+    rationale_tokens: int = Field(64, ge=1)
+    """LLM judges: longest rationale with chain_of_thought."""
+    few_shot: str | None = None
+    """LLM judges: JSONL of worked examples {prompt, response_1, response_2, preferred: 1 or 2, rationale?} shown
+    before each comparison."""
+    hf: HFJudgeConfig = HFJudgeConfig()
+    """Settings of the `hf` judge."""
+    openai: OpenAIJudgeConfig = OpenAIJudgeConfig()
+    """Settings of the `openai` judge."""
+    rules: RulesJudgeConfig = RulesJudgeConfig()
+    """Settings of the `rules` judge."""
+
+
+class LabelConfig(JudgeSettings):
+    mode: Literal["pairwise", "score"] = "pairwise"
+    """`pairwise`: the judge compares the two responses (both orders). `score` (d-RLAIF): the judge scores each
+    response alone, 1-10 as the expectation over the score tokens, rescaled to [-1, 1]; the label is then
+    sigmoid((score_a - score_b) / temperature). Judges hf and rules."""
+    min_confidence: float = Field(0.0, ge=0.0, lt=0.5)
+    """Drop pairs whose label is within this of 0.5 (|p - 0.5| < min_confidence); counted in the summary."""
     batch_size: int = 64
-    """Texts per judge forward pass."""
+    """Pairs per judge batch."""
     shard_size: int = 512
     """Samples per output shard."""
 
@@ -224,6 +321,10 @@ class PPOConfig(Strict):
     """PPO: adapt kl_coef so the per-sequence KL tracks this target (Ziegler et al.); None keeps kl_coef fixed."""
     adaptive_kl_horizon: int = 10000
     """PPO: horizon (in sequences) of the adaptive KL controller."""
+    reward: Literal["reward_model", "judge"] = "reward_model"
+    """`reward_model`: the stage-3 reward model's normalised score. `judge` (d-RLAIF, Lee et al. 2023): label's judge
+    scores each response alone in [-1, 1] (judges hf and rules) against a principle sampled per prompt; no reward
+    model in the loop (stage 3 still runs, and evaluation still reports its score)."""
     reward_clip: float = 5.0
     """Clip normalised rewards to +-this."""
     missing_eos_penalty: float | None = None
@@ -239,19 +340,11 @@ class PPOConfig(Strict):
     """Checkpoints kept in storage."""
 
 
-class JudgeSpec(Strict):
-    """A judge used by the evaluation (the training judge is always first, named `training`)."""
+class JudgeSpec(JudgeSettings):
+    """A further judge used by the evaluation (the training judge, `label`'s, is always first, named `training`)."""
 
     name: str
     """Name shown in the report, e.g. `heldout`."""
-    judge: Literal["embedding"] = "embedding"
-    """The judge kind (see label.judge)."""
-    constitution: str = "data/constitution.yaml"
-    """Principles this judge samples from."""
-    temperature: float = 0.05
-    """Soft-label temperature."""
-    relevance_weight: float = 0.5
-    """Weight of response-prompt similarity (embedding judge)."""
 
 
 class EvaluateConfig(Strict):

@@ -40,12 +40,12 @@ class Stage:
 STAGES: tuple[Stage, ...] = (
     Stage(
         name="generate",
-        description="sample two responses per training prompt from the starting policy",
+        description="sample a response pair per training prompt from the starting policy (ranks split the prompts)",
         inputs=(),
         outputs=("shard-*.tar (prompt.txt, response_a.txt, response_b.txt, gen.json)",),
         config_sections=("seed", "data", "policy", "generate"),
         uses_prompts=True,
-        resources=Resources(cpu=4, memory_gib=16, gpus=1),
+        resources=Resources(cpu=4, memory_gib=16, gpus=1, torchrun=True, nproc=1),
     ),
     Stage(
         name="label",
@@ -70,7 +70,7 @@ STAGES: tuple[Stage, ...] = (
         description="fine-tune the policy with PPO against the reward model, multi-process under torchrun",
         inputs=("train_rm",),
         outputs=("policy/ (merged HF directory)", "adapter/ (LoRA)", "metrics.jsonl", "reward_kl.png"),
-        config_sections=("seed", "data", "policy", "ppo"),
+        config_sections=("seed", "data", "policy", "label", "ppo"),  # label: its judge is the d-RLAIF reward
         uses_prompts=True,
         resources=Resources(cpu=8, memory_gib=32, gpus=1, torchrun=True, nproc=2),
     ),

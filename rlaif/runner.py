@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 from rlaif.config import PipelineConfig
+from rlaif.errors import UserError
 from rlaif.graph import topological_order
 from rlaif.io import manifest, storage
 from rlaif.orchestration import launch
@@ -32,22 +33,29 @@ def run(cfg: PipelineConfig) -> dict:
     return {"run_dir": run_url, "evaluation": result}
 
 
-def run_stage(cfg: PipelineConfig, name: str) -> None:
-    """What a container runs: one stage, skipped if its output already exists for this config and inputs."""
+def run_stage(cfg: PipelineConfig, name: str, part_index: int = 0, num_parts: int = 1) -> None:
+    """What a container runs: one stage, skipped if its output already exists for this config and inputs. A stage
+    split across pods (generate) runs part `part_index` of `num_parts`."""
     import importlib
 
     from rlaif.models.loading import quiet_transformers
 
     quiet_transformers()
     storage.configure(cfg.storage.endpoint_url)
-    ctx = common.context(cfg, name)
+    if num_parts > 1 and name != "generate":
+        raise UserError(f"--num-shards splits stage 'generate' only, not '{name}'")
+    if not 0 <= part_index < num_parts:
+        raise UserError(f"--shard-index {part_index} is outside 0..{num_parts - 1} (--num-shards {num_parts})")
+    ctx = common.context(cfg, name, part_index, num_parts)
     first_rank = int(os.environ.get("RANK", "0")) == 0  # the process group is not up yet: torchrun's env says
     if common.cached(ctx):
         if first_rank:
             print(f"[{name}] cache hit: output exists for this config and inputs, skipped")
         return
-    if first_rank:
-        manifest.invalidate(ctx.url)
     module = importlib.import_module(f"rlaif.stages.{name}")
+    if hasattr(module, "invalidate"):  # a stage split into parts removes only its own part's output
+        module.invalidate(ctx)
+    elif first_rank:
+        manifest.invalidate(ctx.url)
     module.run(ctx)
 

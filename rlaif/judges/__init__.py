@@ -1,0 +1,48 @@
+"""AI judges. Every judge has `name` and `prefer_first(prompts, first, second, principles) -> Tensor` (P(first is
+better), one order, on the CPU); judges that can score one response alone (d-RLAIF) also have
+`direct_score(prompts, responses, principles) -> Tensor` in [-1, 1]."""
+from __future__ import annotations
+
+import torch
+
+from rlaif.errors import UserError
+
+
+def make_judge(settings, batch_size: int):
+    """The judge that `settings` (label's config or an evaluation JudgeSpec) names."""
+    if settings.judge == "embedding":
+        from rlaif.judges.embedding import EmbeddingJudge
+
+        return EmbeddingJudge(settings.temperature, settings.relevance_weight, batch_size)
+    if settings.judge == "hf":
+        from rlaif.judges.hf import HFJudge
+
+        return HFJudge(settings, batch_size)
+    if settings.judge == "openai":
+        from rlaif.judges.openai import OpenAIJudge
+
+        return OpenAIJudge(settings)
+    if settings.judge == "rules":
+        from rlaif.judges.rules import RulesJudge
+
+        return RulesJudge(settings.rules, settings.temperature)
+    raise UserError(f"unknown judge {settings.judge!r}: use embedding, hf, openai or rules")
+
+
+def debiased(judge, prompts, first, second, principle_texts):
+    """P(first better) averaged over both orders (position bias removed), each order's value, and whether the two
+    orders agree. Swapping first and second gives exactly 1 - p."""
+    p_order_ab = judge.prefer_first(prompts, first, second, principle_texts)
+    p_order_ba = 1.0 - judge.prefer_first(prompts, second, first, principle_texts)
+    p = 0.5 * (p_order_ab + p_order_ba)
+    consistent = (p_order_ab > 0.5) == (p_order_ba > 0.5)
+    return p, p_order_ab, p_order_ba, consistent
+
+
+def scored(judge, prompts, first, second, principle_texts, temperature: float):
+    """d-RLAIF: each response scored alone in [-1, 1]; the label is sigmoid((s_first - s_second) / temperature)."""
+    if not hasattr(judge, "direct_score"):
+        raise UserError(f"judge {judge.name} cannot score one response alone: use judge hf or rules with label.mode=score")
+    s_first = judge.direct_score(prompts, first, principle_texts)
+    s_second = judge.direct_score(prompts, second, principle_texts)
+    return torch.sigmoid((s_first - s_second) / temperature), s_first, s_second

@@ -3,6 +3,20 @@ from __future__ import annotations
 
 import torch
 
+from rlaif.errors import UserError
+
+
+def format_prompts(tokenizer, policy, prompts: list[str]) -> list[str]:
+    """Prompts as the policy sees them: its tokenizer's chat template (one user turn) when it has one and the config
+    allows it, else policy.prompt_template."""
+    use_chat = policy.chat_template if policy.chat_template is not None else bool(getattr(tokenizer, "chat_template", None))
+    if use_chat:
+        if not getattr(tokenizer, "chat_template", None):
+            raise UserError("policy.chat_template is true but the policy's tokenizer has no chat template")
+        return [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+                for p in prompts]
+    return [policy.prompt_template.format(prompt=p) for p in prompts]
+
 
 def encode_prompts(tokenizer, texts: list[str], device) -> dict:
     enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
@@ -30,6 +44,48 @@ def sample(model, tokenizer, enc: dict, *, max_new_tokens: int, temperature: flo
             use_cache=True,
         )
     return out[:, enc["input_ids"].shape[1]:]
+
+
+class PerRowSampler:
+    """Sampling with one random stream per row, as a logits processor for greedy decoding (Gumbel-max: the argmax of
+    logits / T + Gumbel noise is a sample from softmax(logits / T), after top-k/top-p filtering). A row's tokens depend
+    only on its own seed, not on which other rows share its batch: any sample can be regenerated alone, and batching,
+    bucketing and sharding do not change what is sampled."""
+
+    def __init__(self, seeds: list[int], device, temperature: float, top_k: int = 0, top_p: float = 1.0):
+        from transformers import LogitsProcessorList, TopKLogitsWarper, TopPLogitsWarper
+
+        self.generators = [torch.Generator(device=device).manual_seed(s) for s in seeds]
+        self.temperature = temperature
+        self.filters = LogitsProcessorList(
+            ([TopKLogitsWarper(top_k)] if top_k else []) + ([TopPLogitsWarper(top_p)] if top_p < 1.0 else []))
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        scores = self.filters(input_ids, scores.float() / self.temperature)
+        uniform = torch.stack([torch.rand(scores.shape[-1], generator=g, device=scores.device) for g in self.generators])
+        return scores - torch.log(-torch.log(uniform.clamp(min=1e-12)))
+
+
+@torch.no_grad()
+def sample_seeded(model, tokenizer, enc: dict, seeds: list[int], *, max_new_tokens: int, temperature: float,
+                  top_p: float = 1.0, top_k: int = 0, stop: list[str] = ()) -> torch.Tensor:
+    """Response token ids [batch, <= max_new_tokens], row i sampled from its own seeds[i] (see PerRowSampler);
+    temperature 0 is greedy. Stops at EOS or, when given, a stop string."""
+    from transformers import LogitsProcessorList
+
+    processors = LogitsProcessorList([PerRowSampler(seeds, enc["input_ids"].device, temperature, top_k, top_p)]
+                                     if temperature > 0 else [])
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=enc["input_ids"].is_cuda):
+        out = model.generate(**enc, do_sample=False, logits_processor=processors, max_new_tokens=max_new_tokens,
+                             pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, use_cache=True,
+                             **({"stop_strings": list(stop), "tokenizer": tokenizer} if stop else {}))
+    return out[:, enc["input_ids"].shape[1]:]
+
+
+def truncate_at_stop(text: str, stop: list[str]) -> str:
+    """The text before the first stop string (generation stops on the token that completes it)."""
+    cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)
+    return text if cut < 0 else text[:cut].rstrip()
 
 
 def response_mask(responses: torch.Tensor, eos_id: int) -> torch.Tensor:

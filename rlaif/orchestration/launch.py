@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 
 from rlaif.config import PipelineConfig, dump_config, load_config, parse_config
@@ -94,7 +95,11 @@ def launch(cfg: PipelineConfig, name: str, config_url: str) -> dict:
         if stage.resources.torchrun and "OMP_NUM_THREADS" not in env:  # ranks share this machine's cores
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
         print(f"[{name}] running: {' '.join(cmd[1:])}", flush=True)
-        code = subprocess.call(cmd, env=env)
+        with tempfile.NamedTemporaryFile("r", suffix=".err", encoding="utf-8") as errors:
+            code = subprocess.call(cmd, env=dict(env, RLAIF_ERROR_FILE=errors.name))
+            user_errors = list(dict.fromkeys(line.strip() for line in errors if line.strip()))
+        if code != 0 and user_errors:  # torchrun reports any rank's failure as exit code 1: keep the user error
+            raise UserError(user_errors[0])
         if code != 0:
             raise StageFailed(name, code)
     print(f"[{name}] done in {time.time() - start:.1f}s", flush=True)

@@ -28,6 +28,8 @@ class StageContext:
     inputs: dict[str, dict]  # upstream stage name -> its manifest
     input_digests: dict[str, str]
     config_hash: str
+    part_index: int = 0  # `rlaif stage --shard-index`: this process's part of a stage split across pods
+    num_parts: int = 1  # `rlaif stage --num-shards`
 
     def input_url(self, name: str) -> str:
         return stage_url(self.cfg, name)
@@ -45,7 +47,7 @@ class StageContext:
         return {"path": name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
-def context(cfg: PipelineConfig, name: str) -> StageContext:
+def context(cfg: PipelineConfig, name: str, part_index: int = 0, num_parts: int = 1) -> StageContext:
     """Reads (and so requires) the upstream manifests; raises UserError if one is missing."""
     stage = STAGE_BY_NAME[name]
     inputs = {dep: manifest.require(stage_url(cfg, dep), dep) for dep in stage.inputs}
@@ -53,7 +55,8 @@ def context(cfg: PipelineConfig, name: str) -> StageContext:
     if stage.uses_prompts:
         path = Path(cfg.data.prompts)
         digests["prompts"] = sha256_file(path) if path.is_file() else "missing"
-    return StageContext(cfg, stage, stage_url(cfg, name), inputs, digests, stage_config_hash(cfg, stage.config_sections, digests))
+    return StageContext(cfg, stage, stage_url(cfg, name), inputs, digests, stage_config_hash(cfg, stage.config_sections, digests),
+                        part_index, num_parts)
 
 
 def cached(ctx: StageContext) -> dict | None:

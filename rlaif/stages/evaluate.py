@@ -21,10 +21,12 @@ from rlaif.distributed import local_device
 from rlaif.errors import UserError
 from rlaif.io import storage
 from rlaif.io.prompts import split
-from rlaif.models.generation import decode, encode_prompts, response_logits_and_hidden, response_mask, sample, token_logprobs
+from rlaif.models.generation import (decode, encode_prompts, format_prompts, response_logits_and_hidden, response_mask,
+                                    sample, token_logprobs)
 from rlaif.models.loading import load_causal_lm, load_policy
 from rlaif.stages.common import StageContext, model_dir, run_url
-from rlaif.stages.label import debiased, load_constitution, make_judge, sample_principle
+from rlaif.judges import debiased, make_judge
+from rlaif.stages.label import load_constitution, sample_principle
 from rlaif.stages.train_rm import batched_rewards, load_reward_model
 
 
@@ -35,7 +37,7 @@ def answer(model, tokenizer, cfg, prompts, seed_base):
     out = []
     for b in range(0, len(prompts), e.batch_size):
         rows = prompts[b : b + e.batch_size]
-        enc = encode_prompts(tokenizer, [cfg.policy.prompt_template.format(prompt=p["prompt"]) for p in rows], model.device)
+        enc = encode_prompts(tokenizer, format_prompts(tokenizer, cfg.policy, [p["prompt"] for p in rows]), model.device)
         resp = sample(model, tokenizer, enc, max_new_tokens=e.max_new_tokens, temperature=e.temperature, seed=seed_base + b)
         mask = response_mask(resp, tokenizer.eos_token_id)
         out.append((enc, resp, mask, decode(tokenizer, resp, mask)))
@@ -60,11 +62,11 @@ def judge_all(cfg, prompts, tuned_text, ref_text, tuned_len, ref_len) -> tuple[d
     """Every configured judge compares tuned vs start on every prompt, both orders; returns (per-judge metrics,
     per-judge P(tuned better) lists)."""
     e = cfg.evaluate
-    specs = [JudgeSpec(name="training", judge=cfg.label.judge, constitution=cfg.label.constitution,
-                       temperature=cfg.label.temperature, relevance_weight=cfg.label.relevance_weight), *e.judges]
+    training = JudgeSpec(name="training", **cfg.label.model_dump(include=set(JudgeSpec.model_fields) - {"name"}))
+    specs = [training, *e.judges]
     results, p_by_judge = {}, {}
     for spec in specs:
-        judge = make_judge(spec.judge, spec.temperature, spec.relevance_weight, cfg.label.batch_size)
+        judge = make_judge(spec, cfg.label.batch_size)
         principles = load_constitution(spec.constitution)
         chosen = [sample_principle(principles, cfg.seed + 1, p["id"])["text"] for p in prompts]
         p_tuned, _, _, consistent = debiased(judge, [p["prompt"] for p in prompts], tuned_text, ref_text, chosen)

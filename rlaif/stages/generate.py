@@ -1,54 +1,225 @@
-"""Stage 1: sample two responses per training prompt from the starting policy.
+"""Stage 1: sample response pairs for the training prompts from the starting policy.
 
-Reads the prompts file (training split), writes WebDataset shards of {prompt.txt, response_a.txt, response_b.txt,
-gen.json}. Each micro-batch is seeded from (seed, batch index), so the stage is reproducible.
+Writes WebDataset shards of {prompt.txt, response_a.txt, response_b.txt, gen.json}. Every sample has its own seed,
+derived from (seed, prompt id, sample index), so any pair can be regenerated exactly and the output does not depend on
+batching, length bucketing or how the prompts are split. The prompts can be split into disjoint parts: the ranks of
+a torchrun launch, or separate pods given `--shard-index I --num-shards N`; each part writes its shards and a part
+file, and the last part to finish (rank 0 under torchrun) merges them into one manifest.
 """
 from __future__ import annotations
 
+import json
+import os
 import time
 
 from tqdm import tqdm
 
-from rlaif.distributed import local_device
+from rlaif import distributed
+from rlaif.config import sha256_json
+from rlaif.errors import UserError
+from rlaif.io import manifest, storage
 from rlaif.io.prompts import split
 from rlaif.io.shards import ShardWriter
-from rlaif.models.generation import decode, encode_prompts, response_mask, sample
-from rlaif.models.loading import load_policy
+from rlaif.models.generation import decode, encode_prompts, format_prompts, response_mask, sample_seeded, truncate_at_stop
+from rlaif.models.loading import load_policy, resolve_policy
 from rlaif.stages.common import StageContext
 
+PART_SHARD_STRIDE = 100_000  # part i numbers its shards from i * stride, so names never collide and sort by part
 
-def run(ctx: StageContext) -> dict:
+
+def sample_seed(seed: int, prompt_id: str, index: int) -> int:
+    return int(sha256_json([seed, prompt_id, index])[:15], 16)
+
+
+def part_of(ctx: StageContext) -> tuple[int, int]:
+    """(index, count) of this process's part: --shard-index/--num-shards, else the torchrun rank and world size."""
+    if ctx.num_parts > 1:
+        return ctx.part_index, ctx.num_parts
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def part_url(ctx: StageContext, index: int, count: int) -> str:
+    return storage.join(ctx.url, "parts", f"part-{index:05d}-of-{count:05d}.json")
+
+
+def read_part(ctx: StageContext, index: int, count: int) -> dict | None:
+    """A finished part's record (its shards and counts) if it was made with this config, else None."""
+    try:
+        part = json.loads(storage.read_bytes(part_url(ctx, index, count)))
+    except FileNotFoundError:
+        return None
+    return part if part["config_hash"] == ctx.config_hash else None
+
+
+def invalidate(ctx: StageContext) -> None:
+    """A part removes only its own output (other parts may be running); a single process removes everything."""
+    index, count = part_of(ctx)
+    storage.remove(storage.join(ctx.url, manifest.MANIFEST))
+    if count == 1:
+        manifest.invalidate(ctx.url)
+        return
+    storage.remove(part_url(ctx, index, count))
+    for url in storage.glob(storage.join(ctx.url, "shard-*.tar")):
+        if int(url.rsplit("shard-", 1)[1][:6]) // PART_SHARD_STRIDE == index:
+            storage.remove(url)
+
+
+class TransformersBackend:
+    def __init__(self, cfg):
+        self.cfg, self.g = cfg, cfg.generate
+        self.tokenizer, self.model = load_policy(cfg.policy)
+        self.device = distributed.local_device()
+        self.model.to(self.device)
+
+    def format(self, prompts: list[str]) -> list[str]:
+        return format_prompts(self.tokenizer, self.cfg.policy, prompts)
+
+    def lengths(self, texts: list[str]) -> list[int]:
+        return [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False).input_ids]
+
+    def sample(self, texts: list[str], seeds: list[int]) -> list[tuple[str, int]]:
+        """(response text, response tokens) per (prompt text, seed)."""
+        g, tok = self.g, self.tokenizer
+        enc = encode_prompts(tok, texts, self.device)
+        out = sample_seeded(self.model, tok, enc, seeds, max_new_tokens=g.max_new_tokens, temperature=g.temperature,
+                            top_p=g.top_p, top_k=g.top_k, stop=g.stop).cpu()
+        mask = response_mask(out, tok.eos_token_id) * (out != tok.pad_token_id if tok.pad_token_id != tok.eos_token_id else 1)
+        texts_out = [truncate_at_stop(t, g.stop) for t in decode(tok, out, mask)]
+        return list(zip(texts_out, mask.sum(1).tolist()))
+
+
+class VLLMBackend:
+    """vLLM on GPUs (the `vllm` extra): per-request seeds, so samples match the contract above (not the same tokens
+    as the transformers backend: different kernels)."""
+
+    def __init__(self, cfg):
+        try:
+            from vllm import LLM, SamplingParams
+        except ImportError:
+            raise UserError("generate.backend=vllm needs vLLM on a GPU machine: pip install 'rlaif[vllm]'") from None
+        self.cfg, self.g, self.SamplingParams = cfg, cfg.generate, SamplingParams
+        self.llm = LLM(model=str(resolve_policy(cfg.policy)), seed=cfg.seed, trust_remote_code=cfg.policy.trust_remote_code)
+        self.tokenizer = self.llm.get_tokenizer()
+
+    def format(self, prompts: list[str]) -> list[str]:
+        return format_prompts(self.tokenizer, self.cfg.policy, prompts)
+
+    def lengths(self, texts: list[str]) -> list[int]:
+        return [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False).input_ids]
+
+    def sample(self, texts: list[str], seeds: list[int]) -> list[tuple[str, int]]:
+        g = self.g
+        params = [self.SamplingParams(n=1, seed=s, temperature=g.temperature, top_p=g.top_p, top_k=g.top_k or -1,
+                                      max_tokens=g.max_new_tokens, stop=g.stop or None) for s in seeds]
+        outs = self.llm.generate(texts, params, use_tqdm=False)
+        return [(o.outputs[0].text.strip(), len(o.outputs[0].token_ids)) for o in outs]
+
+
+def micro_batches(lengths: list[int], per_prompt: int, batch_size: int, bucketing: bool) -> list[list[int]]:
+    """Prompt indices per micro-batch of at most batch_size sequences; by length when bucketing (less padding)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i]) if bucketing else list(range(len(lengths)))
+    step = max(1, batch_size // per_prompt)
+    return [order[i : i + step] for i in range(0, len(order), step)]
+
+
+def generate_part(cfg, backend, rows: list[dict], writer: ShardWriter, desc: str) -> dict:
+    """Samples this part's pairs into `writer`; returns the counts for the summary."""
+    g = cfg.generate
+    texts = backend.format([r["prompt"] for r in rows])
+    counts = {"prompts": len(rows), "pairs": 0, "tokens": 0, "sequences": 0, "identical_pairs": 0, "resampled_pairs": 0,
+              "dropped_identical": 0}
+    pairs: dict[int, dict] = {}
+    for batch in tqdm(micro_batches(backend.lengths(texts), g.samples_per_prompt, g.batch_size, g.length_bucketing),
+                      desc=desc, unit="batch", disable=not distributed.is_main()):
+        jobs = [(i, j) for i in batch for j in range(g.samples_per_prompt)]
+        results = backend.sample([texts[i] for i, _ in jobs], [sample_seed(cfg.seed, rows[i]["id"], j) for i, j in jobs])
+        samples: dict[int, list] = {i: [] for i in batch}
+        for (i, j), (text, n_tokens) in zip(jobs, results):
+            samples[i].append((j, text, n_tokens))
+            counts["tokens"] += n_tokens
+        counts["sequences"] += len(jobs)
+        pending = [i for i in batch if not distinct_pair(samples[i])]
+        counts["identical_pairs"] += len(pending)
+        extra = g.samples_per_prompt
+        while pending and g.identical_pairs == "resample" and extra < g.samples_per_prompt + g.max_resamples:
+            results = backend.sample([texts[i] for i in pending], [sample_seed(cfg.seed, rows[i]["id"], extra) for i in pending])
+            for i, (text, n_tokens) in zip(pending, results):
+                samples[i].append((extra, text, n_tokens))
+                counts["tokens"] += n_tokens
+            counts["sequences"] += len(pending)
+            counts["resampled_pairs"] += len(pending)
+            pending = [i for i in pending if not distinct_pair(samples[i])]
+            extra += 1
+        for i in batch:
+            pair = distinct_pair(samples[i]) or (samples[i][:2] if g.identical_pairs == "keep" else None)
+            if pair is None:
+                counts["dropped_identical"] += 1
+                continue
+            pairs[i] = {"__key__": rows[i]["id"], "prompt.txt": rows[i]["prompt"], "response_a.txt": pair[0][1],
+                        "response_b.txt": pair[1][1],
+                        "gen.json": {"policy": cfg.policy.model, "sample_a": pair[0][0], "sample_b": pair[1][0],
+                                     "tokens_a": pair[0][2], "tokens_b": pair[1][2], "backend": g.backend}}
+    for i in sorted(pairs):  # prompt order, whatever the bucketing did
+        writer.write(pairs[i])
+    counts["pairs"] = len(pairs)
+    return counts
+
+
+def distinct_pair(samples: list[tuple]) -> list[tuple] | None:
+    """The first sample and the first one after it with different text, or None."""
+    for other in samples[1:]:
+        if other[1] != samples[0][1]:
+            return [samples[0], other]
+    return None
+
+
+def require_pairs(n_pairs: int, g) -> None:
+    if n_pairs == 0:
+        raise UserError("generate: every pair was dropped as identical (the policy samples the same response twice): "
+                        f"raise generate.temperature (now {g.temperature}) or set generate.identical_pairs=keep")
+
+
+def merge(ctx: StageContext, count: int) -> dict | None:
+    """The stage manifest over all parts, once every part has written its part file for this config; else None."""
+    parts = [read_part(ctx, index, count) for index in range(count)]
+    if None in parts:
+        return None
+    summary = {k: sum(p["summary"][k] for p in parts) for k in parts[0]["summary"] if k != "seconds"}
+    summary["seconds"] = max(p["summary"]["seconds"] for p in parts)
+    summary["tokens_per_s"] = summary["tokens"] / max(summary["seconds"], 1e-9)
+    summary["parts"] = count
+    require_pairs(summary["pairs"], ctx.cfg.generate)
+    return ctx.commit(shards=[s for p in parts for s in p["shards"]], summary=summary)
+
+
+def run(ctx: StageContext) -> dict | None:
     cfg, g = ctx.cfg, ctx.cfg.generate
+    index, count = part_of(ctx)
+    if count > 1 and ctx.num_parts == 1:
+        distributed.setup()  # torchrun ranks: the process group for the barrier before rank 0 merges
     prompts = split(cfg.data, "train")[: g.max_prompts]
-    tokenizer, model = load_policy(cfg.policy)
-    device = local_device()
-    model.to(device)
-
-    start, n_tokens, identical = time.time(), 0, 0
-    with ShardWriter(ctx.url, g.shard_size) as writer:
-        batches = range(0, len(prompts), g.batch_size)
-        for b, i in enumerate(tqdm(batches, desc="generate", unit="batch")):
-            rows = prompts[i : i + g.batch_size]
-            enc = encode_prompts(tokenizer, [cfg.policy.prompt_template.format(prompt=r["prompt"]) for r in rows], device)
-            responses = sample(model, tokenizer, enc, max_new_tokens=g.max_new_tokens, temperature=g.temperature,
-                               top_p=g.top_p, top_k=g.top_k, num_return_sequences=2, seed=cfg.seed * 1_000_003 + b)
-            mask = response_mask(responses, tokenizer.eos_token_id)
-            n_tokens += int(mask.sum())
-            responses, mask = responses.cpu(), mask.cpu()
-            texts = decode(tokenizer, responses, mask)
-            lengths = mask.sum(1).tolist()
-            for j, row in enumerate(rows):
-                a, bb = texts[2 * j], texts[2 * j + 1]
-                identical += a == bb
-                writer.write({
-                    "__key__": row["id"],
-                    "prompt.txt": row["prompt"],
-                    "response_a.txt": a,
-                    "response_b.txt": bb,
-                    "gen.json": {"policy": cfg.policy.model, "batch": b, "tokens_a": lengths[2 * j], "tokens_b": lengths[2 * j + 1]},
-                })
-    seconds = time.time() - start
-    summary = {"prompts": len(prompts), "identical_pairs": identical, "tokens": n_tokens, "tokens_per_s": n_tokens / max(seconds, 1e-9)}
-    print(f"generate: {len(prompts)} pairs, {n_tokens} tokens in {seconds:.1f}s ({summary['tokens_per_s']:.0f} tok/s), "
-          f"{identical} identical pairs")
-    return ctx.commit(shards=writer.shards, summary=summary)
+    rows = prompts[index::count]
+    if count > 1 and read_part(ctx, index, count):
+        print(f"generate: part {index} of {count} already written for this config, skipped")
+    else:
+        backend = TransformersBackend(cfg) if g.backend == "transformers" else VLLMBackend(cfg)
+        start = time.time()
+        with ShardWriter(ctx.url, g.shard_size, first_index=index * PART_SHARD_STRIDE if count > 1 else 0) as writer:
+            counts = generate_part(cfg, backend, rows, writer, "generate" if count == 1 else f"generate {index}/{count}")
+        counts["seconds"] = time.time() - start
+        print(f"generate{f' part {index}/{count}' if count > 1 else ''}: {counts['pairs']} pairs from {len(rows)} prompts, "
+              f"{counts['tokens']} tokens in {counts['seconds']:.1f}s ({counts['tokens'] / max(counts['seconds'], 1e-9):.0f} tok/s), "
+              f"{counts['identical_pairs']} identical pairs ({counts['resampled_pairs']} resamples, "
+              f"{counts['dropped_identical']} dropped)")
+        if count == 1:
+            require_pairs(counts["pairs"], g)
+            return ctx.commit(shards=writer.shards, summary={**counts, "tokens_per_s": counts["tokens"] / max(counts["seconds"], 1e-9), "parts": 1})
+        record = {"config_hash": ctx.config_hash, "shards": writer.shards, "summary": counts}
+        storage.write_bytes_atomic(part_url(ctx, index, count), json.dumps(record).encode())
+    if ctx.num_parts == 1:  # torchrun: everyone has written, then rank 0 merges
+        distributed.barrier()
+        return merge(ctx, count) if distributed.is_main() else None
+    merged = merge(ctx, count)
+    print(f"generate: all {count} parts written, manifest committed" if merged else
+          f"generate: part {index} of {count} written; the last part to finish commits the manifest")
+    return merged

@@ -29,7 +29,8 @@ from rlaif.distributed import clock
 from rlaif.errors import UserError
 from rlaif.io import storage
 from rlaif.io.prompts import split
-from rlaif.models.generation import decode, encode_prompts, response_logits_and_hidden, response_mask, sample, token_logprobs
+from rlaif.models.generation import (decode, encode_prompts, format_prompts, response_logits_and_hidden, response_mask,
+                                    sample, token_logprobs)
 from rlaif.models.loading import load_policy
 from rlaif.stages.common import StageContext, model_dir
 from rlaif.stages.train_rm import batched_rewards, load_reward_model
@@ -101,7 +102,7 @@ def rollout(cfg, policy, reference_logits, tokenizer, reward_fn, prompts, seed, 
     samples = c.group_size if grpo else 1
     t0 = clock()
     policy.eval()
-    texts = [cfg.policy.prompt_template.format(prompt=p["prompt"]) for p in prompts]
+    texts = format_prompts(tokenizer, cfg.policy, [p["prompt"] for p in prompts])
     enc = encode_prompts(tokenizer, texts, device)
     with amp():
         responses = sample(policy.lm, tokenizer, enc, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
@@ -272,6 +273,23 @@ def reward_model_scorer(ctx, device):
     return score
 
 
+def judge_scorer(cfg):
+    """d-RLAIF: label's judge scores each response alone in [-1, 1], against a principle sampled per prompt."""
+    from rlaif.judges import make_judge
+    from rlaif.stages.label import load_constitution, sample_principle
+
+    judge = make_judge(cfg.label, cfg.label.batch_size)
+    if not hasattr(judge, "direct_score"):
+        raise UserError(f"ppo.reward=judge needs a judge that scores one response alone (hf or rules), not {judge.name}")
+    principles = load_constitution(cfg.label.constitution)
+
+    def score(prompts: list[str], responses: list[str]) -> torch.Tensor:
+        chosen = [sample_principle(principles, cfg.seed, p)["text"] for p in prompts]
+        return judge.direct_score(prompts, responses, chosen)
+
+    return score
+
+
 def run(ctx: StageContext) -> dict:
     cfg, c = ctx.cfg, ctx.cfg.ppo
     rank, world, device = dist.setup()
@@ -281,7 +299,7 @@ def run(ctx: StageContext) -> dict:
     amp = autocast(device.type == "cuda" and c.strategy == "ddp")  # DeepSpeed runs bf16 itself
 
     tokenizer, policy, reference_logits = build_policy(cfg, device)
-    reward_fn = reward_model_scorer(ctx, device)
+    reward_fn = reward_model_scorer(ctx, device) if c.reward == "reward_model" else judge_scorer(cfg)
     samples = c.group_size if c.algorithm == "grpo" else 1
     engine = make_engine(cfg, policy, device)
     controller = (algo.AdaptiveKLController(c.kl_coef, c.adaptive_kl_target, c.adaptive_kl_horizon)
@@ -368,7 +386,7 @@ def export(ctx: StageContext, policy: PolicyWithValue, tokenizer, rows: list[dic
     tokenizer.save_pretrained(out / "policy")
     files = storage.upload_dir(out, ctx.url) + metrics.publish(ctx.url)
     first, last = rows[0], rows[-1]
-    summary = {"algorithm": c.algorithm, "iterations": c.iterations, "reward_first": first["reward_raw"],
+    summary = {"algorithm": c.algorithm, "reward": c.reward, "iterations": c.iterations, "reward_first": first["reward_raw"],
                "reward_last": last["reward_raw"], "kl_last": last["kl"], "world_size": dist.world_size(),
                "seconds_per_iteration": sum(r["iteration_s"] for r in rows) / len(rows),
                "phase_seconds": {k: sum(r[k] for r in rows) for k in ("generate_s", "score_s", "reference_s", "update_s")}}

@@ -137,3 +137,15 @@ def test_async_rollout_generates_one_update_behind(upstream, straight, tmp_path)
     assert async_rows[0]["reward_raw"] == pytest.approx(sync_rows[0]["reward_raw"], abs=1e-6)
     assert async_rows[1]["reward_raw"] != pytest.approx(sync_rows[1]["reward_raw"], abs=1e-6)
     assert len(async_rows) == 4 and (run / "ppo/adapter/adapter_model.safetensors").exists()
+
+
+def test_d_rlaif_reward_from_the_judge_without_the_reward_model(upstream, tmp_path):
+    run = copy_run(upstream, tmp_path, "d-rlaif")
+    proc = launch_ppo(run, "ppo.reward=judge", "label.judge=rules", "label.rules.min_words=3", "ppo.iterations=2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((run / "ppo/manifest.json").read_text())["summary"]
+    assert summary["reward"] == "judge"
+    rows = rows_of(run)  # one rules check (at least 3 words): every score is -1 or +1, so a batch mean lies between
+    assert all(-1.0 <= r["reward_raw"] <= 1.0 for r in rows)
+    refused = launch_ppo(copy_run(upstream, tmp_path, "refused"), "ppo.reward=judge", "ppo.iterations=1")
+    assert refused.returncode == 2 and "needs a judge that scores one response alone" in refused.stderr

@@ -54,7 +54,7 @@ def test_graph_order_and_wiring():
         assert all(order.index(dep) < order.index(stage.name) for dep in stage.inputs)
         assert set(stage.config_sections) <= set(PipelineConfig.model_fields)
         assert stage.argv("cfg.yaml", ("a=1",)) == ["rlaif", "stage", stage.name, "--config", "cfg.yaml", "--set", "a=1"]
-    assert {s.name for s in STAGES if s.resources.torchrun} == {"train_rm", "ppo"}
+    assert {s.name for s in STAGES if s.resources.torchrun} == {"generate", "train_rm", "ppo"}
     assert "torchrun x2" in render()
 
 

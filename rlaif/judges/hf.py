@@ -1,0 +1,105 @@
+"""Hugging Face causal-LM judge, the RLAIF method (Lee et al. 2023).
+
+Pairwise: the prompt (preamble, one sampled principle, optional worked examples, the request and both responses)
+ends with "Preferred response:"; the label is the softmax over the next-token logits of " 1" and " 2", i.e.
+P(first better) as a probability. With chain of thought, a greedy rationale comes first and the answer is read
+after it. Direct score (d-RLAIF): the expectation of the score over " 1/10" ... " 10/10", each scored as a whole
+continuation, rescaled from [1, 10] to [-1, 1].
+"""
+from __future__ import annotations
+
+import torch
+
+from rlaif.distributed import local_device
+from rlaif.errors import UserError
+from rlaif.judges import prompting
+from rlaif.models.generation import decode, response_logits_and_hidden, response_mask, sample, token_logprobs
+from rlaif.models.loading import load_causal_lm, load_tokenizer, resolve
+
+
+def answer_token(tokenizer, cue: str, answer: str) -> int:
+    """The single token that follows `cue` when the text continues with `answer`; a clear error when there is none."""
+    base = tokenizer(cue, add_special_tokens=False).input_ids
+    full = tokenizer(cue + answer, add_special_tokens=False).input_ids
+    extra = full[len(base):]
+    if full[: len(base)] != base or len(extra) != 1 or extra[0] == tokenizer.unk_token_id \
+            or tokenizer.decode(extra).strip() != answer.strip():
+        raise UserError(f"the judge's tokenizer has no single token for the answer {answer.strip()!r} after "
+                        f"{cue.strip()!r}: use a judge model whose tokenizer has one (most chat LMs do)")
+    return extra[0]
+
+
+class HFJudge:
+    def __init__(self, settings, batch_size: int):
+        if not settings.hf.model:
+            raise UserError("judge 'hf' needs a model: set label.hf.model to a Hugging Face causal-LM directory")
+        path = resolve(settings.hf.model, "judge model")
+        self.name = f"hf:{path.name}"
+        self.settings = settings
+        self.batch_size = batch_size
+        self.max_length = settings.hf.max_length
+        self.tokenizer = load_tokenizer(path, settings.hf.trust_remote_code, padding_side="left")
+        self.tokenizer.truncation_side = "left"  # keep the question at the end of a long prompt
+        self.device = local_device()
+        self.model = load_causal_lm(path, settings.hf.trust_remote_code).eval().to(self.device)
+        self.answer_ids = [answer_token(self.tokenizer, prompting.ANSWER_CUE, a) for a in prompting.ANSWERS]
+        self.examples = prompting.load_few_shot(settings.few_shot)
+
+    def _encode(self, texts: list[str]) -> dict:
+        enc = self.tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=self.max_length,
+                             add_special_tokens=False)
+        return {k: enc[k].to(self.device) for k in ("input_ids", "attention_mask")}
+
+    @torch.no_grad()
+    def _rationales(self, texts: list[str]) -> list[str]:
+        enc = self._encode(texts)
+        out = sample(self.model, self.tokenizer, enc, max_new_tokens=self.settings.rationale_tokens, temperature=0.0)
+        text = decode(self.tokenizer, out, response_mask(out, self.tokenizer.eos_token_id))
+        return [t.split(prompting.ANSWER_CUE.strip())[0] for t in text]  # a rationale that runs on into an answer stops
+
+    @torch.no_grad()
+    def _p_first(self, texts: list[str]) -> torch.Tensor:
+        enc = self._encode(texts)
+        logits = self.model(**enc).logits[:, -1, self.answer_ids].float()  # left padding: the last position is the cue
+        return torch.softmax(logits, dim=-1)[:, 0].cpu()
+
+    def prefer_first(self, prompts, first, second, principles) -> torch.Tensor:
+        s = self.settings
+        out = []
+        for i in range(0, len(prompts), self.batch_size):
+            sl = slice(i, i + self.batch_size)
+            texts = [prompting.pairwise_prompt(s.preamble, pr, self.examples, p, a, b, s.chain_of_thought)
+                     for p, a, b, pr in zip(prompts[sl], first[sl], second[sl], principles[sl])]
+            if s.chain_of_thought:
+                texts = [prompting.after_rationale(t, r) for t, r in zip(texts, self._rationales(texts))]
+            out.append(self._p_first(texts))
+        return torch.cat(out) if out else torch.zeros(0)
+
+    @torch.no_grad()
+    def direct_score(self, prompts, responses, principles) -> torch.Tensor:
+        """Expected 1-10 score under the judge, rescaled to [-1, 1]."""
+        candidates = [self.tokenizer(prompting.score_candidate(k), add_special_tokens=False).input_ids
+                      for k in prompting.SCORES]
+        width = max(map(len, candidates))
+        cand_ids = torch.full((len(candidates), width), self.tokenizer.pad_token_id, dtype=torch.long)
+        cand_mask = torch.zeros_like(cand_ids)
+        for k, ids in enumerate(candidates):
+            cand_ids[k, : len(ids)] = torch.tensor(ids)
+            cand_mask[k, : len(ids)] = 1
+        values = torch.tensor(prompting.SCORES, dtype=torch.float32)
+        n_cand = len(candidates)
+        out = []
+        step = max(1, self.batch_size // n_cand)
+        for i in range(0, len(prompts), step):
+            texts = [prompting.score_prompt(self.settings.preamble, pr, p, r)
+                     for p, r, pr in zip(prompts[i : i + step], responses[i : i + step], principles[i : i + step])]
+            enc = self._encode(texts)
+            rows = len(texts)
+            ids = enc["input_ids"].repeat_interleave(n_cand, 0)
+            mask = enc["attention_mask"].repeat_interleave(n_cand, 0)
+            c_ids, c_mask = cand_ids.repeat(rows, 1).to(self.device), cand_mask.repeat(rows, 1).to(self.device)
+            logits, _ = response_logits_and_hidden(self.model, ids, mask, c_ids, c_mask)
+            logp = (token_logprobs(logits, c_ids) * c_mask).sum(1).view(rows, n_cand).cpu()
+            expected = (torch.softmax(logp, dim=-1) * values).sum(-1)
+            out.append((expected - 5.5) / 4.5)
+        return torch.cat(out) if out else torch.zeros(0)

@@ -1,0 +1,66 @@
+"""Stage 2 end to end (in this process) with deterministic judges: what every label records, the summary's
+position consistency and label histogram, low-confidence pairs dropped and counted, d-RLAIF score mode, and
+malformed input shards refused with one clear error."""
+import pytest
+from conftest import write_pairs
+
+from rlaif.config import load_config
+from rlaif.errors import UserError
+from rlaif.io import manifest, shards
+from rlaif.io.shards import ShardWriter
+from rlaif.runner import run_stage
+
+PROMPTS = ["q1", "q2", "q3", "q4", "q5", "q6"]
+FIRST = ["a short one", "the sea is wide and deep", "x", "one two three four", "same words here", "rivers run"]
+SECOND = ["a much longer answer that keeps going", "no", "y z", "one two three", "same words here", "rivers run far"]
+
+
+def label(tmp_path, *overrides):
+    cfg = load_config(None, [f"storage.root=file://{tmp_path}", "label.judge=rules", "label.temperature=0.1",
+                             "label.rules.required=[sea, words]", "label.rules.min_words=3", *overrides])
+    write_pairs(cfg, PROMPTS, FIRST, SECOND)
+    run_stage(cfg, "label")
+    url = f"file://{tmp_path}/{cfg.run_id}/label"
+    m = manifest.read(url)
+    return m, {s["__key__"]: s["label.json"] for s in shards.read_all(url, m)}
+
+
+def test_pairwise_labels_and_summary(tmp_path):
+    m, labels = label(tmp_path)
+    assert sorted(labels) == [f"p{i:03d}" for i in range(6)]
+    for lab in labels.values():
+        assert {"p_a", "p_a_order_ab", "p_a_order_ba", "principle", "judge", "position_consistent"} <= set(lab)
+        assert 0 <= lab["p_a"] <= 1 and lab["p_a"] == pytest.approx(0.5 * (lab["p_a_order_ab"] + lab["p_a_order_ba"]))
+    assert labels["p001"]["p_a"] > 0.99 and labels["p004"]["p_a"] == 0.5  # 'sea' and length vs 'no'; a tie
+    s = m["summary"]
+    assert s["pairs"] == s["pairs_judged"] == 6 and s["dropped_low_confidence"] == 0
+    assert sum(s["p_a_histogram"]) == 6 and s["position_consistency"] == 1.0 and s["judge"] == "rules"
+
+
+def test_low_confidence_pairs_are_dropped_and_counted(tmp_path):
+    m, labels = label(tmp_path, "label.min_confidence=0.1")
+    assert "p004" not in labels and all(abs(lab["p_a"] - 0.5) >= 0.1 for lab in labels.values())
+    assert m["summary"]["dropped_low_confidence"] == 6 - len(labels) > 0 and m["num_samples"] == len(labels)
+    with pytest.raises(UserError, match="all 6 pairs were dropped as low-confidence"):
+        label(tmp_path / "all", "label.min_confidence=0.1", "label.rules.required=[]", "label.rules.min_words=1")  # all ties
+
+
+def test_score_mode_records_each_response_score(tmp_path):
+    m, labels = label(tmp_path, "label.mode=score")
+    lab = labels["p001"]
+    assert lab["mode"] == "score" and lab["score_a"] == pytest.approx(1 / 3) and lab["score_b"] == -1.0  # 2 of 3 checks, 0 of 3
+    assert lab["p_a"] > 0.99
+    assert m["summary"]["position_consistency"] is None and m["summary"]["mode"] == "score"
+    with pytest.raises(UserError, match="cannot score one response alone"):
+        label(tmp_path / "embedding", "label.mode=score", "label.judge=embedding")
+
+
+def test_malformed_pairs_are_refused(tmp_path):
+    cfg = load_config(None, [f"storage.root=file://{tmp_path}", "label.judge=rules"])
+    url = f"file://{tmp_path}/{cfg.run_id}/generate"
+    with ShardWriter(url, 5) as writer:
+        writer.write({"__key__": "p000", "prompt.txt": "q", "response_a.txt": "a"})
+    manifest.write(url, stage="generate", run_id=cfg.run_id, config_hash="test", inputs={}, shards=writer.shards)
+    with pytest.raises(UserError, match="pair p000 in .* lacks response_b.txt: re-run stage 'generate'"):
+        run_stage(cfg, "label")
+    assert manifest.read(f"file://{tmp_path}/{cfg.run_id}/label") is None

@@ -1,0 +1,107 @@
+"""The endpoint judge against a real HTTP server on loopback serving the tiny judge: injected 429s, 500s and
+timeouts are retried without losing, reordering or duplicating a pair; hard errors and a dead endpoint are one
+clear line; the API key travels only in the request header."""
+import socket
+
+import pytest
+import torch
+from conftest import JudgeServer, settings, write_pairs
+
+from rlaif.config import load_config
+from rlaif.errors import UserError
+from rlaif.io import manifest, shards
+from rlaif.judges import debiased, make_judge
+from rlaif.judges.hf import HFJudge
+from rlaif.runner import run_stage
+
+N = 12
+PROMPTS = [f"question {i}" for i in range(N)]
+FIRST = [f"answer {i}" for i in range(N)]
+SECOND = [f"other {i} " * (1 + i % 3) for i in range(N)]
+PRINCIPLES = ["Be helpful.", "Be honest."] * (N // 2)
+FAULTS = {2: "429", 3: "500", 5: "timeout", 9: "500", 10: "429", 14: "timeout", 20: "500"}
+
+
+def endpoint_settings(server, **openai):
+    return settings(judge="openai", openai={"base_url": server.base_url, "model": "tiny", "concurrency": 4,
+                                            "timeout_s": 1.0, "backoff_s": 0.01, "top_logprobs": 20, **openai})
+
+
+@pytest.fixture(scope="module")
+def clean_server(judge_model_dir):
+    server = JudgeServer(judge_model_dir)
+    yield server
+    server.close()
+
+
+def test_logprob_labels_match_the_local_judge(clean_server, judge_model_dir):
+    judge = make_judge(endpoint_settings(clean_server), 8)
+    p = judge.prefer_first(PROMPTS, FIRST, SECOND, PRINCIPLES)
+    assert judge.stats["answers_from_logprobs"] == N and judge.stats["retries"] == 0
+    local = HFJudge(settings(judge="hf", hf={"model": str(judge_model_dir)}), 8).prefer_first(PROMPTS, FIRST, SECOND, PRINCIPLES)
+    torch.testing.assert_close(p, local, atol=1e-4, rtol=0)
+
+
+def test_injected_429_500_and_timeouts_are_retried_without_losing_a_pair(clean_server, judge_model_dir):
+    expected, *_ = debiased(make_judge(endpoint_settings(clean_server), 8), PROMPTS, FIRST, SECOND, PRINCIPLES)
+    flaky = JudgeServer(judge_model_dir, faults=FAULTS, sleep_s=2.0)
+    try:
+        judge = make_judge(endpoint_settings(flaky), 8)
+        p, *_ = debiased(judge, PROMPTS, FIRST, SECOND, PRINCIPLES)
+    finally:
+        flaky.close()
+    torch.testing.assert_close(p, expected, atol=1e-6, rtol=0)
+    assert judge.stats["retries"] == len(FAULTS)
+    assert judge.stats["requests"] == 2 * N + len(FAULTS) == len(flaky.requests)
+
+
+def test_label_stage_on_a_flaky_endpoint_writes_each_pair_once_and_no_key(tmp_path, judge_model_dir, clean_server, monkeypatch):
+    monkeypatch.setenv("JUDGE_KEY", "sk-test-not-a-real-key")
+    flaky = JudgeServer(judge_model_dir, faults=FAULTS, sleep_s=2.0)
+    cfg = load_config(None, [f"storage.root=file://{tmp_path}", "label.judge=openai", f"label.openai.base_url={flaky.base_url}",
+                             "label.openai.model=tiny", "label.openai.timeout_s=1", "label.openai.backoff_s=0.01",
+                             "label.openai.api_key_env=JUDGE_KEY", "label.openai.top_logprobs=20", "label.batch_size=5",
+                             "label.shard_size=4"])
+    write_pairs(cfg, PROMPTS, FIRST, SECOND)
+    try:
+        run_stage(cfg, "label")
+    finally:
+        flaky.close()
+    out = manifest.read(f"file://{tmp_path}/{cfg.run_id}/label")
+    labels = shards.read_all(f"file://{tmp_path}/{cfg.run_id}/label", out)
+    assert [s["__key__"] for s in labels] == [f"p{i:03d}" for i in range(N)]
+    assert out["summary"]["endpoint"]["retries"] == len(FAULTS) and out["summary"]["pairs"] == N
+    assert {r["auth"] for r in flaky.requests} == {"Bearer sk-test-not-a-real-key"}
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            assert b"sk-test-not-a-real-key" not in path.read_bytes(), path
+
+
+def test_a_dead_endpoint_and_a_refusal_are_one_clear_error(judge_model_dir):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    dead = settings(judge="openai", openai={"base_url": f"http://127.0.0.1:{port}/v1", "model": "m", "max_retries": 2,
+                                            "backoff_s": 0.01})
+    with pytest.raises(UserError, match=r"failed 3 times \(last: Client.*Error\)"):
+        make_judge(dead, 8).prefer_first(["q"], ["a"], ["b"], ["p"])
+    refusing = JudgeServer(judge_model_dir, faults={1: "401"})
+    try:
+        with pytest.raises(UserError, match="refused the request with HTTP 401"):
+            make_judge(endpoint_settings(refusing), 8).prefer_first(["q"], ["a"], ["b"], ["p"])
+        assert len(refusing.requests) == 1  # not retried
+    finally:
+        refusing.close()
+
+
+def test_chat_api_without_logprobs_parses_the_answer(judge_model_dir):
+    server = JudgeServer(judge_model_dir, logprobs=False)
+    try:
+        judge = make_judge(endpoint_settings(server, api="chat"), 8)
+        p = judge.prefer_first(PROMPTS[:4], FIRST[:4], SECOND[:4], PRINCIPLES[:4])
+    finally:
+        server.close()
+    assert server.requests[0]["path"] == "/v1/chat/completions" and "messages" in server.requests[0]["body"]
+    parsed = judge.stats["answers_parsed"]
+    assert parsed + judge.stats["answers_unreadable"] == 4 and judge.stats["answers_from_logprobs"] == 0
+    assert set(p.tolist()) <= {0.0, 0.5, 1.0}
