@@ -131,10 +131,11 @@ def main(argv: list[str] | None = None) -> int:
             run_stage(load_config(args.config, args.overrides), args.name, args.shard_index, args.num_shards)
         return 0
     except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        if error_file := os.environ.get("RLAIF_ERROR_FILE"):  # set by launch: the user error outlives torchrun's exit code
+        if error_file := os.environ.get("RLAIF_ERROR_FILE"):  # a stage under launch: launch prints it, once
             with open(error_file, "a", encoding="utf-8") as f:
                 f.write(f"{exc}\n")
+        else:
+            print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -85,7 +85,17 @@ def resolve_policy(policy) -> Path:
     return resolve(policy.model, "policy model")
 
 
+def check_match(tokenizer, model, path: Path) -> None:
+    """A tokenizer with ids past the model's embedding table would index out of range mid-run: refuse it now."""
+    rows = model.get_input_embeddings().num_embeddings
+    if len(tokenizer) > rows:
+        raise UserError(f"the tokenizer in {path} has {len(tokenizer)} tokens but the model has {rows} embeddings: "
+                        "they do not belong together (save the tokenizer that the model was trained with)")
+
+
 def load_policy(policy):
     """(tokenizer, model) of the starting policy; the model in eval mode."""
     path = resolve_policy(policy)
-    return load_tokenizer(path, policy.trust_remote_code), load_causal_lm(path, policy.trust_remote_code).eval()
+    tokenizer, model = load_tokenizer(path, policy.trust_remote_code), load_causal_lm(path, policy.trust_remote_code).eval()
+    check_match(tokenizer, model, path)
+    return tokenizer, model

@@ -46,7 +46,12 @@ def prepare(cfg: PipelineConfig) -> str:
     root = storage.normalize(cfg.storage.root)
     storage.check_writable(root)
     load_prompts(cfg.data)
+    check_judges(cfg)
     for stage in STAGE_BY_NAME.values():
+        nproc = getattr(getattr(cfg, stage.name), "nproc", 1)
+        if stage.resources.torchrun and nproc > (os.cpu_count() or 1) and not _has_gpus():
+            raise UserError(f"{stage.name}.nproc={nproc} is more than this machine's {os.cpu_count()} CPU cores: lower it "
+                            "(on GPU machines one process per GPU is used instead)")
         nodes = getattr(getattr(cfg, stage.name), "nodes", 1)
         if nodes > 1 and not os.environ.get("KUBERNETES_SERVICE_HOST"):
             raise UserError(f"{stage.name}.nodes={nodes} needs a Kubernetes cluster with Kubeflow Trainer: submit the "
@@ -56,6 +61,28 @@ def prepare(cfg: PipelineConfig) -> str:
     if not storage.exists(config_url) or storage.read_bytes(config_url) != text:
         storage.write_bytes_atomic(config_url, text)
     return config_url
+
+
+def _has_gpus() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def check_judges(cfg: PipelineConfig) -> None:
+    """The judges' settings that can be checked before any work: constitutions readable, required fields set."""
+    from rlaif.stages.label import load_constitution
+
+    for where, judge in (("label", cfg.label), *((f"evaluate.judges[{j.name}]", j) for j in cfg.evaluate.judges)):
+        load_constitution(judge.constitution)
+        if judge.judge == "hf" and not judge.hf.model:
+            raise UserError(f"{where}: judge 'hf' needs hf.model, a Hugging Face causal-LM directory")
+        if judge.judge == "openai" and not (judge.openai.base_url and judge.openai.model):
+            raise UserError(f"{where}: judge 'openai' needs openai.base_url and openai.model")
+    if cfg.label.mode == "score" and cfg.label.judge not in ("hf", "rules"):
+        raise UserError(f"label.mode=score needs a judge that scores one response alone (hf or rules), not {cfg.label.judge}")
+    if cfg.ppo.reward == "judge" and cfg.label.judge not in ("hf", "rules"):
+        raise UserError(f"ppo.reward=judge needs label.judge hf or rules (they score one response alone), not {cfg.label.judge}")
 
 
 def processes_per_node(stage: Stage, cfg: PipelineConfig) -> int:
@@ -73,6 +100,34 @@ def command(stage: Stage, config_url: str, nproc: int) -> list[str]:
     if stage.resources.torchrun:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *argv[1:]]
     return argv
+
+
+TORCHRUN_FAILURE = b"torch/distributed/elastic/multiprocessing/api.py"  # torchrun's own report of a failed rank starts here
+
+
+def run_relaying_stderr(cmd: list[str], env: dict) -> tuple[int, bytes]:
+    """Runs cmd, passing its stderr through as it comes (progress bars included) up to torchrun's failure report,
+    which is held back and returned: after a user error it is noise around a one-line message."""
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE)
+    out, pending, held = sys.stderr.buffer, b"", []
+    for chunk in iter(lambda: os.read(proc.stderr.fileno(), 65536), b""):
+        if held:
+            held.append(chunk)
+            continue
+        pending += chunk
+        cut = max(pending.rfind(b"\n"), pending.rfind(b"\r")) + 1  # whole lines (or bar updates) only
+        ready, pending = pending[:cut], pending[cut:]
+        if (at := ready.find(TORCHRUN_FAILURE)) >= 0:
+            start = ready.rfind(b"\n", 0, at) + 1
+            out.write(ready[:start])
+            held.append(ready[start:] + pending)
+            pending = b""
+        else:
+            out.write(ready)
+        out.flush()
+    out.write(pending)
+    proc.stderr.close()
+    return proc.wait(), b"".join(held)
 
 
 def launch(cfg: PipelineConfig, name: str, config_url: str) -> dict:
@@ -96,10 +151,11 @@ def launch(cfg: PipelineConfig, name: str, config_url: str) -> dict:
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
         print(f"[{name}] running: {' '.join(cmd[1:])}", flush=True)
         with tempfile.NamedTemporaryFile("r", suffix=".err", encoding="utf-8") as errors:
-            code = subprocess.call(cmd, env=dict(env, RLAIF_ERROR_FILE=errors.name))
+            code, agent_report = run_relaying_stderr(cmd, dict(env, RLAIF_ERROR_FILE=errors.name))
             user_errors = list(dict.fromkeys(line.strip() for line in errors if line.strip()))
         if code != 0 and user_errors:  # torchrun reports any rank's failure as exit code 1: keep the user error
             raise UserError(user_errors[0])
+        sys.stderr.buffer.write(agent_report)  # a real crash: torchrun's failure report stays
         if code != 0:
             raise StageFailed(name, code)
     print(f"[{name}] done in {time.time() - start:.1f}s", flush=True)

@@ -105,3 +105,15 @@ def test_chat_api_without_logprobs_parses_the_answer(judge_model_dir):
     parsed = judge.stats["answers_parsed"]
     assert parsed + judge.stats["answers_unreadable"] == 4 and judge.stats["answers_from_logprobs"] == 0
     assert set(p.tolist()) <= {0.0, 0.5, 1.0}
+
+
+def test_chain_of_thought_asks_for_the_rationale_then_the_answer(clean_server):
+    before = len(clean_server.requests)
+    judge = make_judge(endpoint_settings(clean_server).model_copy(update={"chain_of_thought": True, "rationale_tokens": 8}), 8)
+    p = judge.prefer_first(PROMPTS[:2], FIRST[:2], SECOND[:2], PRINCIPLES[:2])
+    sent = clean_server.requests[before:]
+    rationale_asks = [r["body"] for r in sent if r["body"]["max_tokens"] == 8]
+    answer_asks = [r["body"] for r in sent if r["body"]["max_tokens"] == 1]
+    assert len(rationale_asks) == len(answer_asks) == 2 and p.shape == (2,)
+    assert all(b["prompt"].endswith("Rationale:") and "logprobs" not in b for b in rationale_asks)
+    assert all("\nRationale: " in b["prompt"] and b["prompt"].endswith("Preferred response:") for b in answer_asks)

@@ -119,3 +119,35 @@ def test_length_buckets_stop_strings_and_chat_templates(unsharded):
     backend.g = backend.g.model_copy(update={"stop": [" the"], "max_new_tokens": 24})
     texts = [t for t, _ in backend.sample(backend.format(["what is the sea", "why rivers"] * 4), list(range(8)))]
     assert all(" the" not in f" {t}" or not t for t in texts)
+
+
+def test_vllm_backend_seeds_every_request(monkeypatch, unsharded):
+    """vLLM is not installable here (no GPU): a stand-in module checks the wiring (one request per sample, its own
+    seed, the config's sampling settings, stop strings) and the clear error when vLLM is missing."""
+    import types
+
+    cfg, _ = unsharded
+    cfg = cfg.model_copy(update={"generate": cfg.generate.model_copy(update={"backend": "vllm", "stop": ["\n"]})})
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    with pytest.raises(UserError, match="needs vLLM"):
+        generate.VLLMBackend(cfg)
+
+    calls = {}
+
+    class LLM:
+        def __init__(self, model, seed, trust_remote_code):
+            calls["init"] = (model, seed, trust_remote_code)
+
+        def get_tokenizer(self):
+            return generate.TransformersBackend(cfg).tokenizer
+
+        def generate(self, texts, params, use_tqdm):
+            calls["params"] = params
+            out = lambda i: types.SimpleNamespace(text=f" reply {i}", token_ids=[1, 2])  # noqa: E731
+            return [types.SimpleNamespace(outputs=[out(i)]) for i in range(len(texts))]
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=lambda **kw: kw))
+    backend = generate.VLLMBackend(cfg)
+    assert backend.sample(["a", "b"], [11, 12]) == [("reply 0", 2), ("reply 1", 2)]
+    assert [p["seed"] for p in calls["params"]] == [11, 12] and calls["params"][0]["stop"] == ["\n"]
+    assert calls["params"][0]["top_k"] == -1 and calls["params"][0]["max_tokens"] == cfg.generate.max_new_tokens
