@@ -16,6 +16,7 @@ from rlaif.config import PipelineConfig, dump_config, load_config, parse_config
 from rlaif.errors import UserError
 from rlaif.graph import STAGE_BY_NAME, Stage
 from rlaif.io import manifest, storage
+from rlaif.io.lock import StageLock
 from rlaif.io.prompts import load_prompts
 from rlaif.stages import common
 
@@ -137,6 +138,13 @@ def launch(cfg: PipelineConfig, name: str, config_url: str) -> dict:
     if (hit := common.cached(ctx)) is not None:
         print(f"[{name}] cache hit: output exists for this config and inputs, skipped", flush=True)
         return hit
+    with StageLock(ctx.url, f"stage '{name}' of run '{cfg.run_id}'"):
+        run_locked(cfg, stage, config_url)
+    return manifest.require(ctx.url, name)
+
+
+def run_locked(cfg: PipelineConfig, stage: Stage, config_url: str) -> None:
+    name = stage.name
     nodes = getattr(getattr(cfg, name), "nodes", 1)
     start = time.time()
     if nodes > 1:
@@ -159,7 +167,6 @@ def launch(cfg: PipelineConfig, name: str, config_url: str) -> dict:
         if code != 0:
             raise StageFailed(name, code)
     print(f"[{name}] done in {time.time() - start:.1f}s", flush=True)
-    return manifest.require(ctx.url, name)
 
 
 def kfp_component(name: str, config: str, overrides: list[str], run_id: str, storage_root: str,

@@ -14,7 +14,7 @@ import time
 
 from tqdm import tqdm
 
-from rlaif import distributed
+from rlaif import distributed, faults
 from rlaif.config import sha256_json
 from rlaif.errors import UserError
 from rlaif.io import manifest, storage
@@ -128,9 +128,8 @@ def generate_part(cfg, backend, rows: list[dict], writer: ShardWriter, desc: str
     texts = backend.format([r["prompt"] for r in rows])
     counts = {"prompts": len(rows), "pairs": 0, "tokens": 0, "sequences": 0, "identical_pairs": 0, "resampled_pairs": 0,
               "dropped_identical": 0}
-    pairs: dict[int, dict] = {}
-    for batch in tqdm(micro_batches(backend.lengths(texts), g.samples_per_prompt, g.batch_size, g.length_bucketing),
-                      desc=desc, unit="batch", disable=not distributed.is_main()):
+    for step, batch in enumerate(tqdm(micro_batches(backend.lengths(texts), g.samples_per_prompt, g.batch_size, g.length_bucketing),
+                      desc=desc, unit="batch", disable=not distributed.is_main()), 1):
         jobs = [(i, j) for i in batch for j in range(g.samples_per_prompt)]
         results = backend.sample([texts[i] for i, _ in jobs], [sample_seed(cfg.seed, rows[i]["id"], j) for i, j in jobs])
         samples: dict[int, list] = {i: [] for i in batch}
@@ -150,18 +149,17 @@ def generate_part(cfg, backend, rows: list[dict], writer: ShardWriter, desc: str
             counts["resampled_pairs"] += len(pending)
             pending = [i for i in pending if not distinct_pair(samples[i])]
             extra += 1
-        for i in batch:
+        for i in sorted(batch):  # written batch by batch: a part never holds more than one batch in memory
             pair = distinct_pair(samples[i]) or (samples[i][:2] if g.identical_pairs == "keep" else None)
             if pair is None:
                 counts["dropped_identical"] += 1
                 continue
-            pairs[i] = {"__key__": rows[i]["id"], "prompt.txt": rows[i]["prompt"], "response_a.txt": pair[0][1],
-                        "response_b.txt": pair[1][1],
-                        "gen.json": {"policy": cfg.policy.model, "sample_a": pair[0][0], "sample_b": pair[1][0],
-                                     "tokens_a": pair[0][2], "tokens_b": pair[1][2], "backend": g.backend}}
-    for i in sorted(pairs):  # prompt order, whatever the bucketing did
-        writer.write(pairs[i])
-    counts["pairs"] = len(pairs)
+            writer.write({"__key__": rows[i]["id"], "prompt.txt": rows[i]["prompt"], "response_a.txt": pair[0][1],
+                          "response_b.txt": pair[1][1],
+                          "gen.json": {"policy": cfg.policy.model, "sample_a": pair[0][0], "sample_b": pair[1][0],
+                                       "tokens_a": pair[0][2], "tokens_b": pair[1][2], "backend": g.backend}})
+            counts["pairs"] += 1
+        faults.maybe_kill("generate", step, distributed.rank())
     return counts
 
 

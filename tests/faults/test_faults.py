@@ -1,0 +1,151 @@
+"""Faults as real processes: a second runner on a running run refuses (stage lock in storage), a kill -9 of the whole
+runner leaves a stale lock that the re-run takes over and finishes, a stage killed mid-output leaves shards that
+nothing downstream reads, and a shard corrupted on disk is caught by its checksum and named."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def rlaif(*args, env=None, timeout=900):
+    return subprocess.run([sys.executable, "-m", "rlaif", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, env=dict(os.environ, **(env or {})))
+
+
+def one_error_line(proc) -> str:
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    return errors[0]
+
+
+def test_second_runner_refuses_and_a_killed_runner_resumes(tmp_path):
+    root = f"file://{tmp_path}"
+    args = ("run", "--config", "configs/tiny.yaml", "--storage-root", root)
+    first = subprocess.Popen([sys.executable, "-m", "rlaif", *args], cwd=REPO, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 300
+    while not (tmp_path / "tiny/train_rm/.lock").exists():  # well into the run: generate and label are done
+        assert first.poll() is None and time.time() < deadline, "the first runner ended before train_rm"
+        time.sleep(0.2)
+    lock = json.loads((tmp_path / "tiny/train_rm/.lock").read_text())
+    assert lock["pid"] == first.pid
+
+    second = rlaif(*args)
+    assert "stage 'train_rm' of run 'tiny' is already running (pid" in one_error_line(second)
+    assert "[generate] cache hit" in second.stdout and "[label] cache hit" in second.stdout
+
+    os.killpg(first.pid, signal.SIGKILL)  # the machine goes down: runner, torchrun and its ranks at once
+    first.wait()
+    assert (tmp_path / "tiny/train_rm/.lock").exists() and not (tmp_path / "tiny/train_rm/manifest.json").exists()
+
+    canary = "sk-canary-7f3a9c1e5b2d4f6a8c0e"  # secrets in the environment never reach an output or a log line
+    resumed = rlaif(*args, env={"OPENAI_API_KEY": canary, "AWS_SECRET_ACCESS_KEY": canary, "HF_TOKEN": canary})
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "[train_rm] running" in resumed.stdout and "report: " in resumed.stdout
+    assert not list(tmp_path.rglob(".lock"))  # released at the end of each stage
+    assert canary not in resumed.stdout + resumed.stderr
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            assert canary.encode() not in path.read_bytes(), path
+
+
+def test_rerunning_a_stage_gives_the_same_digest(tmp_path):
+    root = f"file://{tmp_path}"
+    digests = []
+    for _ in range(2):
+        for stage in ("generate", "label"):
+            proc = rlaif("launch", stage, "--config", "configs/tiny.yaml", "--storage-root", root, "--set", "label.judge=rules")
+            assert proc.returncode == 0, proc.stderr[-2000:]
+        digests.append([json.loads((tmp_path / f"tiny/{s}/manifest.json").read_text())["digest"] for s in ("generate", "label")])
+        for stage in ("generate", "label"):  # force real re-runs, not cache hits
+            (tmp_path / f"tiny/{stage}/manifest.json").unlink()
+    assert digests[0] == digests[1]
+
+
+def test_a_stage_killed_mid_output_is_never_read(tmp_path):
+    root = f"file://{tmp_path}"
+    killed = rlaif("launch", "generate", "--config", "configs/tiny.yaml", "--storage-root", root,
+                   env={"RLAIF_FAULT": "generate:2:0"})
+    assert killed.returncode != 0
+    stage = tmp_path / "tiny/generate"
+    assert list(stage.glob("shard-*.tar")) and not (stage / "manifest.json").exists()  # shards, no commit
+    label = rlaif("launch", "label", "--config", "configs/tiny.yaml", "--storage-root", root)
+    assert "run stage 'generate' first" in one_error_line(label)
+    assert not (tmp_path / "tiny/label/manifest.json").exists()
+
+
+def test_a_corrupted_shard_is_caught_by_its_checksum(tmp_path):
+    root = f"file://{tmp_path}"
+    assert rlaif("launch", "generate", "--config", "configs/tiny.yaml", "--storage-root", root).returncode == 0
+    shard = tmp_path / "tiny/generate/shard-000001.tar"
+    data = bytearray(shard.read_bytes())
+    at = data.index(b"response_a.txt") + 600  # inside the first sample's text, past its tar header
+    data[at] = (data[at] + 1) % 256
+    shard.write_bytes(bytes(data))
+    label = rlaif("launch", "label", "--config", "configs/tiny.yaml", "--storage-root", root, "--set", "label.judge=rules")
+    line = one_error_line(label)
+    assert "shard-000001.tar" in line and ("checksum" in line or "malformed" in line)
+    assert not (tmp_path / "tiny/label/manifest.json").exists()
+
+
+def start_moto(port: int) -> subprocess.Popen:
+    import shutil
+    import socket
+
+    exe = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or shutil.which("moto_server")
+    proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc
+        except OSError:
+            assert time.time() < deadline and proc.poll() is None, "moto_server did not start"
+            time.sleep(0.1)
+
+
+def test_s3_endpoint_lost_during_shard_uploads_then_back(tmp_path, monkeypatch):
+    import socket
+
+    import boto3
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    endpoint = f"http://127.0.0.1:{port}"
+    for key, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_DEFAULT_REGION", "us-east-1")):
+        monkeypatch.setenv(key, value)
+    args = ("launch", "generate", "--config", "configs/tiny.yaml", "--storage-root", "s3://faults/runs",
+            "--set", f"storage.endpoint_url={endpoint}", "--set", "generate.shard_size=1", "--set", "generate.batch_size=2")
+    moto = start_moto(port)
+    s3 = boto3.client("s3", endpoint_url=endpoint)
+    s3.create_bucket(Bucket="faults")
+    stage = subprocess.Popen([sys.executable, "-m", "rlaif", *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 300
+        while not s3.list_objects_v2(Bucket="faults", Prefix="runs/tiny/generate/shard-").get("KeyCount"):
+            assert stage.poll() is None and time.time() < deadline, "generate ended before its first upload"
+            time.sleep(0.05)
+        moto.kill()  # the endpoint goes away between two shard uploads
+        moto.wait()
+        out, err = stage.communicate(timeout=600)
+        assert stage.returncode != 0, out[-2000:]
+        assert "error: stage 'generate' failed" in err  # not committed: nothing downstream would read its shards
+        moto = start_moto(port)  # back, empty (moto keeps no state): the re-run writes everything again
+        s3.create_bucket(Bucket="faults")
+        again = rlaif(*args)
+        assert again.returncode == 0, again.stderr[-3000:]
+        keys = {o["Key"] for o in s3.list_objects_v2(Bucket="faults", Prefix="runs/tiny/generate/")["Contents"]}
+        assert "runs/tiny/generate/manifest.json" in keys and len([k for k in keys if "/shard-" in k]) == 32
+    finally:
+        stage.kill()
+        moto.kill()
