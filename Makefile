@@ -64,7 +64,10 @@ bench: $(VENV)/.installed .venv-bench/.installed .venv-bench-ppo/.installed
 	$(BIN)/python bench/bench_generation.py --append
 	$(BIN)/python bench/bench_label.py --append
 	$(BIN)/python bench/bench_ppo_update.py --append
+	$(BIN)/python bench/bench_ppo_scaling.py --append
+	$(BIN)/python bench/bench_shards.py --append
 	.venv-bench-ppo/bin/python bench/bench_ppo.py --trials 3 --iterations 6
+	.venv-bench/bin/python bench/bench_grpo.py --trials 3 --iterations 6
 	test -f runs/demo/label/manifest.json || $(MAKE) demo
 	.venv-bench/bin/python bench/bench_reward_model.py --source-run runs/demo --trials 3
 

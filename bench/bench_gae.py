@@ -8,17 +8,16 @@ equal first. Prints a table and, with --append, adds it to BENCHMARKS.md.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 
 from rlaif.algo.ppo import gae
-from rlaif.distributed import clock, local_device
+from rlaif.distributed import local_device
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import publish  # noqa: E402
+from common import publish, timed  # noqa: E402
 
 
 def gae_loop(rewards, values, mask, gamma, lam):
@@ -32,15 +31,6 @@ def gae_loop(rewards, values, mask, gamma, lam):
         last = delta + gamma * lam * last * (mask[:, t + 1] if t + 1 < steps else 0.0)
         advantages[:, t] = last * mask[:, t]
     return advantages, (advantages + values) * mask
-
-
-def timed(fn, trials: int) -> float:
-    times = []
-    for _ in range(trials):
-        start = clock()
-        fn()
-        times.append(clock() - start)
-    return statistics.median(times)
 
 
 def main() -> None:

@@ -17,17 +17,19 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import append, peak_memory_key, report_result, side_by_side  # noqa: E402
+from common import compare_iterations, report_result  # noqa: E402
 
 from rlaif.distributed import clock  # noqa: E402
 
 ROLLOUT, MINIBATCH, EPOCHS, RESPONSE_LEN, LORA_RANK, LR = 64, 16, 2, 48, 16, 1e-3
 OVERRIDES = [f"ppo.rollout_batch_size={ROLLOUT}", f"ppo.minibatch_size={MINIBATCH}", f"ppo.ppo_epochs={EPOCHS}",
-             f"ppo.max_new_tokens={RESPONSE_LEN}", f"ppo.lora_rank={LORA_RANK}", f"ppo.lr={LR}", "ppo.checkpoint_every=0"]
+             f"ppo.max_new_tokens={RESPONSE_LEN}", f"ppo.lora_rank={LORA_RANK}", f"ppo.lr={LR}", "ppo.checkpoint_every=0",
+             "ppo.temperature=1.0"]  # both trainers sample at 1.0 (TRL's worker passes temperature=1.0)
 
 
-SIZES = {"demo": None, "h512x8": (512, 8, 8, 1536), "h1024x16": (1024, 16, 16, 2816), "h2048x16": (2048, 16, 16, 5632)}
-# hidden, layers, heads, intermediate (random weights); the larger two are for GPUs
+SIZES = {"demo": None, "h128x2": (128, 2, 4, 384), "h256x4": (256, 4, 4, 768), "h512x8": (512, 8, 8, 1536),
+         "h1024x16": (1024, 16, 16, 2816), "h2048x16": (2048, 16, 16, 5632)}
+# hidden, layers, heads, intermediate (random weights; h128x2 is the demo's shape); the larger two are for GPUs
 
 
 def shared_models(work: Path, size: str) -> tuple[Path, Path]:
@@ -69,7 +71,9 @@ def prompts(n: int) -> list[str]:
     return [cfg.policy.prompt_template.format(prompt=p["prompt"]) for p in split(cfg.data, "train")[:n]]
 
 
-def worker_ours(work: Path, iterations: int, size: str) -> dict:
+def ours_setup(overrides: list[str], rm_dir: Path):
+    """rlaif's side of a PPO/GRPO bench: the config, the stage's policy, reference and engine, and a reward function
+    scoring decoded text with the bench's reward model (as the stage does with its own)."""
     import torch
     from transformers import AutoModelForSequenceClassification
 
@@ -78,12 +82,12 @@ def worker_ours(work: Path, iterations: int, size: str) -> dict:
     from rlaif.models.loading import load_tokenizer
     from rlaif.stages import ppo
 
-    policy_dir, rm_dir = shared_models(work, size)
-    cfg = load_config("configs/demo.yaml", [*OVERRIDES, f"policy.model={policy_dir}"])
+    cfg = load_config("configs/demo.yaml", overrides)
     _, _, device = dist.setup()
     tokenizer, policy, reference_logits = ppo.build_policy(cfg, device)
     rm = AutoModelForSequenceClassification.from_pretrained(str(rm_dir)).to(device).eval().requires_grad_(False)
     rm_tok = load_tokenizer(rm_dir, padding_side="right")
+    amp = ppo.autocast(device.type == "cuda")  # bf16 on GPUs, as the stage does (and as TRL's bf16=True does)
 
     def reward_fn(prompt_texts, responses):
         texts = [cfg.policy.prompt_template.format(prompt=p) + " " + r for p, r in zip(prompt_texts, responses)]
@@ -91,10 +95,17 @@ def worker_ours(work: Path, iterations: int, size: str) -> dict:
         with torch.no_grad(), amp():
             return rm(**enc).logits.squeeze(-1).float()
 
-    engine = ppo.make_engine(cfg, policy, device)  # the demo settings + OVERRIDES: DDP, no accumulation, constant LR
-    amp = ppo.autocast(device.type == "cuda")  # bf16 on GPUs, as the stage does (and as TRL's bf16=True does)
-    from rlaif.io.prompts import split
+    engine = ppo.make_engine(cfg, policy, device)
+    return cfg, device, tokenizer, policy, reference_logits, reward_fn, engine, amp
 
+
+def worker_ours(work: Path, iterations: int, size: str) -> dict:
+    from rlaif.io.prompts import split
+    from rlaif.stages import ppo
+
+    policy_dir, rm_dir = shared_models(work, size)
+    cfg, device, tokenizer, policy, reference_logits, reward_fn, engine, amp = ours_setup(
+        [*OVERRIDES, f"policy.model={policy_dir}"], rm_dir)  # the demo settings + OVERRIDES: DDP, constant LR
     rows = split(cfg.data, "train")
     start = clock()
     for it in range(iterations):
@@ -140,33 +151,28 @@ def worker_trl(work: Path, iterations: int, size: str) -> dict:
     return {"iterations_per_s": iterations / seconds, "samples_per_s": iterations * ROLLOUT / seconds}
 
 
-def main() -> None:
+def cli(script: str, workers: dict, algorithm: str, ours: str, peer: str) -> None:
+    """The command line shared by bench_ppo and bench_grpo: a worker run, or the side-by-side comparison."""
     p = argparse.ArgumentParser()
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--iterations", type=int, default=6)
-    p.add_argument("--worker", choices=["ours", "trl"])
+    p.add_argument("--worker", choices=list(workers))
     p.add_argument("--work", default="runs")
     p.add_argument("--size", choices=list(SIZES), default="demo", help="policy size (h512x8: 28M parameters)")
     a = p.parse_args()
     if a.worker:
-        report_result((worker_ours if a.worker == "ours" else worker_trl)(Path(a.work), a.iterations, a.size))
+        report_result(workers[a.worker](Path(a.work), a.iterations, a.size))
         return
     import trl
 
-    Path(a.work).mkdir(exist_ok=True)
-    shared_models(Path(a.work), a.size)
-    med = side_by_side(__file__, ("ours", "trl"), a.trials, ["--work", a.work, "--iterations", str(a.iterations), "--size", a.size],
-                       ("iterations_per_s", "samples_per_s"))
-    o, t = med["ours"], med["trl"]
-    mem, mem_title = peak_memory_key()
-    append(f"PPO iteration vs TRL PPOTrainer (policy {a.size}; trl {trl.__version__}; median of {a.trials} trials of "
-           f"{a.iterations} iterations)",
-           "\n".join([
-               f"| trainer | iterations/s | samples/s | {mem_title} |", "|---|---|---|---|",
-               f"| rlaif ppo | {o['iterations_per_s']:.3f} | {o['samples_per_s']:.1f} | {o[mem]:.0f} |",
-               f"| TRL PPOTrainer | {t['iterations_per_s']:.3f} | {t['samples_per_s']:.1f} | {t[mem]:.0f} |",
-               f"| ratio (rlaif / TRL) | {o['iterations_per_s'] / t['iterations_per_s']:.2f}x | | "
-               f"{o[mem] / t[mem]:.2f}x |"]))
+    compare_iterations(script, a, lambda: shared_models(Path(a.work), a.size),
+                       f"{algorithm} iteration vs {peer} (policy {a.size}; trl {trl.__version__}; median of {a.trials} "
+                       f"trials of {a.iterations} iterations)", ours, peer)
+
+
+def main() -> None:
+    cli(__file__, {"ours": worker_ours, "trl": worker_trl}, "PPO", "rlaif ppo", "TRL PPOTrainer")
+
 
 if __name__ == "__main__":
     main()

@@ -56,6 +56,35 @@ def machine(extra: str = "") -> str:
             + (f", {extra}" if extra else ""))
 
 
+def timed(fn: Callable[[], object], trials: int) -> float:
+    """Median wall seconds of fn over trials (GPU work synchronised)."""
+    from rlaif.distributed import clock
+
+    times = []
+    for _ in range(trials):
+        start = clock()
+        fn()
+        times.append(clock() - start)
+    return statistics.median(times)
+
+
+def compare_iterations(script: str, a, prepare: Callable[[], None], title: str, ours: str, peer: str) -> None:
+    """Side-by-side RL iterations/s and peak memory of workers 'ours' and 'trl' (medians), appended to BENCHMARKS.md."""
+    from pathlib import Path
+
+    Path(a.work).mkdir(exist_ok=True)
+    prepare()
+    med = side_by_side(script, ("ours", "trl"), a.trials, ["--work", a.work, "--iterations", str(a.iterations), "--size", a.size],
+                       ("iterations_per_s", "samples_per_s"))
+    o, t = med["ours"], med["trl"]
+    mem, mem_title = peak_memory_key()
+    append(title, "\n".join([
+        f"| trainer | iterations/s | samples/s | {mem_title} |", "|---|---|---|---|",
+        f"| {ours} | {o['iterations_per_s']:.3f} | {o['samples_per_s']:.1f} | {o[mem]:.0f} |",
+        f"| {peer} | {t['iterations_per_s']:.3f} | {t['samples_per_s']:.1f} | {t[mem]:.0f} |",
+        f"| ratio (rlaif / TRL) | {o['iterations_per_s'] / t['iterations_per_s']:.2f}x | | {o[mem] / t[mem]:.2f}x |"]))
+
+
 def publish(title: str, table: str, to_benchmarks: bool) -> None:
     """Prints the table; with --append, also adds it to BENCHMARKS.md under a dated heading."""
     if to_benchmarks:

@@ -1,0 +1,84 @@
+"""GRPO iterations/s and peak memory: rlaif's GRPO (ppo.algorithm=grpo) against TRL's GRPOTrainer, side by side in
+one run, on the same model and settings (bench_ppo.py's models: the demo's tiny Llama with LoRA r16, the reference =
+adapter disabled, a fixed random Llama reward model on the same tokenizer).
+
+Per iteration: 16 prompts x 4 samples = 64 completions of up to 48 tokens, minibatches of 16, 2 passes (TRL:
+num_iterations=2, steps_per_generation=4), KL weight 0.05 as a loss term (k3 in both), loss normalised per sequence
+(TRL loss_type="grpo"), group-std-scaled advantages (both). One process each with the same threads; medians over
+--trials. TRL runs from .venv-bench (trl 1.16; 1.12's GRPOTrainer needs packages its environment lacks).
+
+    .venv-bench/bin/python bench/bench_grpo.py --trials 3 --iterations 6
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_ppo import (EPOCHS, LORA_RANK, LR, MINIBATCH, OVERRIDES, RESPONSE_LEN, ROLLOUT, cli, ours_setup,  # noqa: E402
+                       prompts, shared_models)
+
+from rlaif.distributed import clock  # noqa: E402
+
+GROUP = 4
+KL = 0.05
+
+
+def worker_ours(work: Path, iterations: int, size: str) -> dict:
+    from rlaif.io.prompts import split
+    from rlaif.stages import ppo
+
+    policy_dir, rm_dir = shared_models(work, size)
+    cfg, device, tokenizer, policy, reference_logits, reward_fn, engine, amp = ours_setup(
+        [*OVERRIDES, f"policy.model={policy_dir}", "ppo.algorithm=grpo", f"ppo.group_size={GROUP}",
+         "ppo.kl_estimator=k3", f"ppo.kl_coef={KL}"], rm_dir)
+    rows, per_iteration = split(cfg.data, "train"), ROLLOUT // GROUP
+    start = clock()
+    for it in range(iterations):
+        chunk = [rows[(it * per_iteration + k) % len(rows)] for k in range(per_iteration)]
+        batch, _, _ = ppo.rollout(cfg, policy, reference_logits, tokenizer, reward_fn, chunk, seed=it, device=device,
+                                  kl_coef=KL, amp=amp)
+        ppo.update(cfg, engine, ppo.whiten_advantages(cfg, batch), seed=it, kl_coef=KL, amp=amp)
+    seconds = clock() - start
+    return {"iterations_per_s": iterations / seconds, "samples_per_s": iterations * ROLLOUT / seconds}
+
+
+def worker_trl(work: Path, iterations: int, size: str) -> dict:
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rlaif.models.loading import load_tokenizer
+    from rlaif.stages.ppo import LORA_TARGETS
+
+    policy_dir, rm_dir = shared_models(work, size)
+    tok = load_tokenizer(policy_dir, padding_side="left")
+    rm_tok = load_tokenizer(rm_dir, padding_side="right")
+    steps_per_generation = ROLLOUT // MINIBATCH
+    torch.manual_seed(0)
+    args = GRPOConfig(output_dir=str(work / "trl-grpo-out"), per_device_train_batch_size=MINIBATCH,
+                      steps_per_generation=steps_per_generation, num_generations=GROUP, num_iterations=EPOCHS,
+                      max_completion_length=RESPONSE_LEN, beta=KL, loss_type="grpo", learning_rate=LR, temperature=1.0,
+                      max_steps=iterations * steps_per_generation * EPOCHS, gradient_accumulation_steps=1,
+                      report_to=[], save_strategy="no", logging_steps=10**6, disable_tqdm=True, dataloader_num_workers=0,
+                      bf16=torch.cuda.is_available(), fp16=False, use_cpu=not torch.cuda.is_available())
+    trainer = GRPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(str(policy_dir)), args=args, processing_class=tok,
+        reward_funcs=AutoModelForSequenceClassification.from_pretrained(str(rm_dir)), reward_processing_classes=rm_tok,
+        train_dataset=Dataset.from_dict({"prompt": prompts(ROLLOUT * iterations)}),
+        peft_config=LoraConfig(r=LORA_RANK, lora_alpha=2 * LORA_RANK, lora_dropout=0.0, target_modules=LORA_TARGETS),
+    )
+    start = clock()
+    trainer.train()
+    seconds = clock() - start
+    return {"iterations_per_s": iterations / seconds, "samples_per_s": iterations * ROLLOUT / seconds}
+
+
+def main() -> None:
+    cli(__file__, {"ours": worker_ours, "trl": worker_trl}, "GRPO", "rlaif grpo", "TRL GRPOTrainer")
+
+
+if __name__ == "__main__":
+    main()
