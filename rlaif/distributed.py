@@ -14,6 +14,7 @@ def setup() -> tuple[int, int, torch.device]:
     device = local_device()
     if device.type == "cuda":
         torch.cuda.set_device(device)
+        avoid_per_shape_attention_plans()
     else:
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         # Ranks on one CPU box share its cores; oversubscribing threads makes every rank slower.
@@ -21,6 +22,14 @@ def setup() -> tuple[int, int, torch.device]:
     if world > 1 and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
     return rank(), world, device
+
+
+def avoid_per_shape_attention_plans() -> None:
+    """Keeps scaled-dot-product attention off its cuDNN backend, which builds a plan for every new shape: decoding
+    (a new key length each step) and length-bucketed batches then spend most of their time building plans (profiled
+    on an H100: BENCHMARKS.md). The flash and memory-efficient kernels need no per-shape work."""
+    if torch.cuda.is_available():
+        torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def local_device() -> torch.device:

@@ -38,9 +38,11 @@ def run_stage(cfg: PipelineConfig, name: str, part_index: int = 0, num_parts: in
     split across pods (generate) runs part `part_index` of `num_parts`."""
     import importlib
 
+    from rlaif.distributed import avoid_per_shape_attention_plans
     from rlaif.models.loading import quiet_transformers
 
     quiet_transformers()
+    avoid_per_shape_attention_plans()
     storage.configure(cfg.storage.endpoint_url)
     if num_parts > 1 and name != "generate":
         raise UserError(f"--num-shards splits stage 'generate' only, not '{name}'")

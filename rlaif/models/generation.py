@@ -52,17 +52,19 @@ class PerRowSampler:
     only on its own seed, not on which other rows share its batch: any sample can be regenerated alone, and batching,
     bucketing and sharding do not change what is sampled."""
 
-    def __init__(self, seeds: list[int], device, temperature: float, top_k: int = 0, top_p: float = 1.0):
+    def __init__(self, seeds: list[int], temperature: float, top_k: int = 0, top_p: float = 1.0):
         from transformers import LogitsProcessorList, TopKLogitsWarper, TopPLogitsWarper
 
-        self.generators = [torch.Generator(device=device).manual_seed(s) for s in seeds]
+        # CPU generators on every device, copied over once per decode step: a GPU run draws the same noise as a CPU
+        # run (per-row CUDA generators were no faster on an H100: BENCHMARKS.md, On a GPU).
+        self.generators = [torch.Generator().manual_seed(s) for s in seeds]
         self.temperature = temperature
         self.filters = LogitsProcessorList(
             ([TopKLogitsWarper(top_k)] if top_k else []) + ([TopPLogitsWarper(top_p)] if top_p < 1.0 else []))
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         scores = self.filters(input_ids, scores.float() / self.temperature)
-        uniform = torch.stack([torch.rand(scores.shape[-1], generator=g, device=scores.device) for g in self.generators])
+        uniform = torch.stack([torch.rand(scores.shape[-1], generator=g) for g in self.generators]).to(scores.device)
         return scores - torch.log(-torch.log(uniform.clamp(min=1e-12)))
 
 
@@ -73,7 +75,7 @@ def sample_seeded(model, tokenizer, enc: dict, seeds: list[int], *, max_new_toke
     temperature 0 is greedy. Stops at EOS or, when given, a stop string."""
     from transformers import LogitsProcessorList
 
-    processors = LogitsProcessorList([PerRowSampler(seeds, enc["input_ids"].device, temperature, top_k, top_p)]
+    processors = LogitsProcessorList([PerRowSampler(seeds, temperature, top_k, top_p)]
                                      if temperature > 0 else [])
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=enc["input_ids"].is_cuda):
         out = model.generate(**enc, do_sample=False, logits_processor=processors, max_new_tokens=max_new_tokens,

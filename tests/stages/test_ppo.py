@@ -34,9 +34,12 @@ def test_update_is_the_same_for_one_and_two_processes_and_with_accumulation(tmp_
     init = torch.load(tmp_path / "one.pt", weights_only=True)
     lora = [n for n in init if "lora_B" in n]
     assert lora and max(weights["one"][n].abs().max().item() for n in lora) > 1e-3  # LoRA B starts at 0: it moved
+    # Adam turns rounding-level gradient differences (a sum split across ranks) into visible update differences for
+    # elements whose gradient is near zero: measured worst case 2.7e-6 after 4 steps at lr 1e-3. 1e-5 is 1% of one
+    # step; a wrongly split or normalised minibatch moves weights by a whole step.
     for name in ("two", "one-accum", "two-accum"):
         for key in weights["one"]:
-            torch.testing.assert_close(weights[name][key], weights["one"][key], atol=2e-6, rtol=1e-5, msg=f"{name}: {key}")
+            torch.testing.assert_close(weights[name][key], weights["one"][key], atol=1e-5, rtol=1e-5, msg=f"{name}: {key}")
 
 
 @pytest.fixture(scope="module")
