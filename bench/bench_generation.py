@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from rlaif.config import load_config
-from rlaif.distributed import clock
+from rlaif.distributed import avoid_per_shape_attention_plans, clock
 from rlaif.io.prompts import split
 from rlaif.models.generation import encode_prompts, response_mask, sample
 from rlaif.stages.generate import TransformersBackend, micro_batches, sample_seed
@@ -54,6 +54,7 @@ def main() -> None:
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--append", action="store_true")
     a = p.parse_args()
+    avoid_per_shape_attention_plans()  # as every stage does on a GPU
     cfg = load_config("configs/demo.yaml")
     backend = TransformersBackend(cfg)
     rows = split(cfg.data, "train")[: a.prompts]
