@@ -32,7 +32,7 @@ $(AIRFLOW_VENV)/.installed: dags/requirements-airflow.txt pyproject.toml
 	touch $@
 
 test: $(VENV)/.installed $(AIRFLOW_VENV)/.installed
-	$(BIN)/python -m pytest -q tests --ignore=tests/airflow
+	$(BIN)/python -m pytest -q --durations=25 tests --ignore=tests/airflow
 	RLAIF_BIN=$(abspath $(BIN))/rlaif $(AIRFLOW_VENV)/bin/python -m pytest -q tests/airflow
 
 test-airflow: $(VENV)/.installed $(AIRFLOW_VENV)/.installed

@@ -1,5 +1,5 @@
 """Faults as real processes: a second runner on a running run refuses (stage lock in storage), a kill -9 of the whole
-runner leaves a stale lock that the re-run takes over and finishes, a stage killed mid-output leaves shards that
+runner during PPO leaves a stale lock that the re-run takes over, resuming PPO from its last checkpoint, a stage killed mid-output leaves shards that
 nothing downstream reads, and a shard corrupted on disk is caught by its checksum and named."""
 import json
 import os
@@ -27,30 +27,37 @@ def one_error_line(proc) -> str:
     return errors[0]
 
 
-def test_second_runner_refuses_and_a_killed_runner_resumes(tmp_path):
+def test_second_runner_refuses_and_a_killed_runner_resumes_from_the_ppo_checkpoint(tmp_path):
     root = f"file://{tmp_path}"
-    args = ("run", "--config", "configs/tiny.yaml", "--storage-root", root)
+    args = ("run", "--config", "configs/tiny.yaml", "--storage-root", root, "--set", "ppo.iterations=60",
+            "--set", "ppo.checkpoint_every=5")  # a PPO long enough to be caught mid-run, checkpointing often
     first = subprocess.Popen([sys.executable, "-m", "rlaif", *args], cwd=REPO, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, start_new_session=True)
+    lock_file, checkpoint = tmp_path / "tiny/ppo/.lock", tmp_path / "tiny/ppo/checkpoints/latest.json"
     deadline = time.time() + 300
-    while not (tmp_path / "tiny/train_rm/.lock").exists():  # well into the run: generate and label are done
-        assert first.poll() is None and time.time() < deadline, "the first runner ended before train_rm"
+    while not lock_file.exists():  # well into the run: generate, label and train_rm are done
+        assert first.poll() is None and time.time() < deadline, "the first runner ended before ppo"
         time.sleep(0.2)
-    lock = json.loads((tmp_path / "tiny/train_rm/.lock").read_text())
-    assert lock["pid"] == first.pid
+    assert json.loads(lock_file.read_text())["pid"] == first.pid
 
     second = rlaif(*args)
-    assert "stage 'train_rm' of run 'tiny' is already running (pid" in one_error_line(second)
-    assert "[generate] cache hit" in second.stdout and "[label] cache hit" in second.stdout
+    assert "stage 'ppo' of run 'tiny' is already running (pid" in one_error_line(second)
+    assert all(f"[{s}] cache hit" in second.stdout for s in ("generate", "label", "train_rm"))
 
+    while not checkpoint.exists():
+        assert first.poll() is None and time.time() < deadline, "the first runner ended before a PPO checkpoint"
+        time.sleep(0.2)
     os.killpg(first.pid, signal.SIGKILL)  # the machine goes down: runner, torchrun and its ranks at once
     first.wait()
-    assert (tmp_path / "tiny/train_rm/.lock").exists() and not (tmp_path / "tiny/train_rm/manifest.json").exists()
+    assert lock_file.exists() and not (tmp_path / "tiny/ppo/manifest.json").exists()
+    step = json.loads(checkpoint.read_text())["step"]
 
     canary = "sk-canary-7f3a9c1e5b2d4f6a8c0e"  # secrets in the environment never reach an output or a log line
     resumed = rlaif(*args, env={"OPENAI_API_KEY": canary, "AWS_SECRET_ACCESS_KEY": canary, "HF_TOKEN": canary})
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "[train_rm] running" in resumed.stdout and "report: " in resumed.stdout
+    assert all(f"[{s}] cache hit" in resumed.stdout for s in ("generate", "label", "train_rm"))
+    assert "[ppo] running" in resumed.stdout and "[evaluate] running" in resumed.stdout and "report: " in resumed.stdout
+    assert f"resumed from checkpoint step-{step:08d}" in resumed.stdout + resumed.stderr
     assert not list(tmp_path.rglob(".lock"))  # released at the end of each stage
     assert canary not in resumed.stdout + resumed.stderr
     for path in tmp_path.rglob("*"):

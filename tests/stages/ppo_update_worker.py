@@ -1,7 +1,8 @@
-"""Run under torchrun by test_ppo.py: one PPO/GRPO update on a fixed synthetic global batch, each rank holding its
-slice of it (as after a distributed rollout), then the trainable weights saved by rank 0.
+"""Run under torchrun by test_ppo.py: one update on a fixed synthetic global batch, each rank holding its slice of it
+(as after a distributed rollout), for PPO and GRPO, each without and with gradient accumulation (a fresh policy for
+each, so one launch serves all four); rank 0 saves the trainable weights as OUT_DIR/{algorithm}-accum{1,2}.pt.
 
-    torchrun --nproc_per_node=N tests/stages/ppo_update_worker.py OUT.pt [KEY=VALUE ...]
+    torchrun --nproc_per_node=N tests/stages/ppo_update_worker.py OUT_DIR
 """
 import contextlib
 import sys
@@ -33,9 +34,8 @@ def synthetic_batch(cfg, policy, reference_logits, vocab: int, rows: int = 8, pr
                 returns=torch.randn(rows, width, generator=g) * mask)
 
 
-def main(out: str, overrides: list[str]) -> None:
+def one_update(out: str, overrides: list[str], rank: int, world: int, device) -> None:
     cfg = load_config("configs/tiny.yaml", ["ppo.rollout_batch_size=8", "ppo.minibatch_size=4", "ppo.ppo_epochs=2", *overrides])
-    rank, world, device = dist.setup()
     tokenizer, policy, reference_logits = ppo.build_policy(cfg, device)
     batch = synthetic_batch(cfg, policy, reference_logits, len(tokenizer))
     local = batch["responses"].shape[0] // world
@@ -46,8 +46,16 @@ def main(out: str, overrides: list[str]) -> None:
     ppo.update(cfg, engine, gathered, seed=7, kl_coef=cfg.ppo.kl_coef, amp=contextlib.nullcontext)
     if rank == 0:
         torch.save({n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}, out)
+
+
+def main(out_dir: str) -> None:
+    rank, world, device = dist.setup()
+    for algorithm in ("ppo", "grpo"):
+        for accum in (1, 2):
+            one_update(f"{out_dir}/{algorithm}-accum{accum}.pt",
+                       [f"ppo.algorithm={algorithm}", "ppo.group_size=2", f"ppo.grad_accum_steps={accum}"], rank, world, device)
     dist.teardown()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2:])
+    main(sys.argv[1])

@@ -22,18 +22,26 @@ def torchrun(nproc: int, *args, env=None, timeout=600):
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=full_env)
 
 
-@pytest.mark.parametrize("algorithm", ["ppo", "grpo"])
-def test_update_is_the_same_for_one_and_two_processes_and_with_accumulation(tmp_path, algorithm):
-    extra = [f"ppo.algorithm={algorithm}", "ppo.group_size=2"]
-    runs = {"one": (1, []), "two": (2, []), "one-accum": (1, ["ppo.grad_accum_steps=2"]), "two-accum": (2, ["ppo.grad_accum_steps=2"])}
-    weights = {}
-    for name, (nproc, overrides) in runs.items():
-        proc = torchrun(nproc, "tests/stages/ppo_update_worker.py", str(tmp_path / f"{name}.pt"), *extra, *overrides)
+@pytest.fixture(scope="module")
+def updates(tmp_path_factory) -> dict:
+    """{nproc: out_dir}: one launch per process count; each runs PPO and GRPO updates without and with accumulation."""
+    out = {}
+    for nproc in (1, 2):
+        out[nproc] = tmp_path_factory.mktemp(f"updates-{nproc}")
+        proc = torchrun(nproc, "tests/stages/ppo_update_worker.py", str(out[nproc]))
         assert proc.returncode == 0, proc.stderr[-3000:]
-        weights[name] = torch.load(tmp_path / f"{name}.pt", weights_only=True)
-    init = torch.load(tmp_path / "one.pt", weights_only=True)
-    lora = [n for n in init if "lora_B" in n]
+    return out
+
+
+@pytest.mark.parametrize("algorithm", ["ppo", "grpo"])
+def test_update_is_the_same_for_one_and_two_processes_and_with_accumulation(updates, algorithm):
+    runs = {"one": (1, 1), "two": (2, 1), "one-accum": (1, 2), "two-accum": (2, 2)}
+    weights = {name: torch.load(updates[nproc] / f"{algorithm}-accum{accum}.pt", weights_only=True)
+               for name, (nproc, accum) in runs.items()}
+    lora = [n for n in weights["one"] if "lora_B" in n]
     assert lora and max(weights["one"][n].abs().max().item() for n in lora) > 1e-3  # LoRA B starts at 0: it moved
+    other = torch.load(updates[1] / f"{'grpo' if algorithm == 'ppo' else 'ppo'}-accum1.pt", weights_only=True)
+    assert any(not torch.equal(weights["one"][n], other[n]) for n in lora)  # the algorithm switch took effect
     # Adam turns rounding-level gradient differences (a sum split across ranks) into visible update differences for
     # elements whose gradient is near zero: measured worst case 2.7e-6 after 4 steps at lr 1e-3. 1e-5 is 1% of one
     # step; a wrongly split or normalised minibatch moves weights by a whole step.
