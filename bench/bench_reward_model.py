@@ -1,8 +1,9 @@
 """Reward-model training throughput and peak memory: rlaif's train_rm against TRL's RewardTrainer.
 
 Same backbone (MiniLM-L6), same labels (the first label shard of a finished run, hard-oriented for TRL, which has
-no soft labels), same tokenized (prompt, response) inputs, batch size, max length, one process each with the same
-threads, no checkpoints. Each trainer runs in its own process, so peak RSS is its own. Medians over --trials.
+no soft labels), same tokenized (prompt, response) inputs, batch size, max length, dropout (the backbone's own, as
+train_rm trains; TRL's default would switch it off), one process each with the same threads, no checkpoints. Each
+trainer runs in its own process, so peak RSS is its own. Medians over --trials.
 
     .venv-bench/bin/python bench/bench_reward_model.py --source-run runs/demo --trials 3
 """
@@ -74,7 +75,8 @@ def worker_trl(run: Path) -> dict:
     args = RewardConfig(output_dir=str(run / "trl-out"), per_device_train_batch_size=BATCH, num_train_epochs=1,
                         learning_rate=LR, max_length=MAX_LEN, report_to=[], save_strategy="no", logging_steps=10**6,
                         use_cpu=not torch.cuda.is_available(), bf16=torch.cuda.is_available(), fp16=False,
-                        dataloader_num_workers=0, disable_tqdm=True)
+                        dataloader_num_workers=0, disable_tqdm=True,
+                        disable_dropout=False)  # TRL turns the backbone's dropout off by default; train_rm keeps it
     trainer = RewardTrainer(model=model, args=args, train_dataset=Dataset.from_dict(rows), processing_class=tok)
     out = trainer.train()
     return {"pairs_per_s": out.metrics["train_samples_per_second"], "steps": out.global_step}
