@@ -65,7 +65,8 @@ def worker_trl(work: Path, iterations: int, size: str) -> dict:
                       max_completion_length=RESPONSE_LEN, beta=KL, loss_type="grpo", learning_rate=LR, temperature=1.0,
                       max_steps=iterations * steps_per_generation * EPOCHS, gradient_accumulation_steps=1,
                       report_to=[], save_strategy="no", logging_steps=10**6, disable_tqdm=True, dataloader_num_workers=0,
-                      bf16=torch.cuda.is_available(), fp16=False, use_cpu=not torch.cuda.is_available())
+                      bf16=torch.cuda.is_available(), fp16=False, use_cpu=not torch.cuda.is_available(),
+                      gradient_checkpointing=False)  # TRL's default recomputes activations; rlaif does not
     trainer = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(str(policy_dir)), args=args, processing_class=tok,
         reward_funcs=AutoModelForSequenceClassification.from_pretrained(str(rm_dir)), reward_processing_classes=rm_tok,

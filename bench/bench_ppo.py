@@ -139,7 +139,8 @@ def worker_trl(work: Path, iterations: int, size: str) -> dict:
                      num_sample_generations=0, report_to=[], save_strategy="no", logging_steps=10**6,
                      use_cpu=not torch.cuda.is_available(), bf16=torch.cuda.is_available(), fp16=False,
                      dataloader_num_workers=0, disable_tqdm=True, kl_coef=0.05, vf_coef=0.1,
-                     lam=0.95, gamma=1.0, temperature=1.0)
+                     lam=0.95, gamma=1.0, temperature=1.0,
+                     gradient_checkpointing=False)  # TRL's config default is on; rlaif does not recompute activations
     trainer = PPOTrainer(
         args=args, processing_class=tok, model=AutoModelForCausalLM.from_pretrained(str(policy_dir)), ref_model=None,
         reward_model=AutoModelForSequenceClassification.from_pretrained(str(rm_dir)),

@@ -2,8 +2,9 @@
 
 Same backbone (MiniLM-L6), same labels (the first label shard of a finished run, hard-oriented for TRL, which has
 no soft labels), same tokenized (prompt, response) inputs, batch size, max length, dropout (the backbone's own, as
-train_rm trains; TRL's default would switch it off), one process each with the same threads, no checkpoints. Each
-trainer runs in its own process, so peak RSS is its own. Medians over --trials.
+train_rm trains; TRL's default would switch it off), no activation checkpointing (TRL's default is on), one process
+each with the same threads, no checkpoints. Each trainer runs in its own process, so peak RSS is its own. Medians
+over --trials.
 
     .venv-bench/bin/python bench/bench_reward_model.py --source-run runs/demo --trials 3
 """
@@ -76,7 +77,8 @@ def worker_trl(run: Path) -> dict:
                         learning_rate=LR, max_length=MAX_LEN, report_to=[], save_strategy="no", logging_steps=10**6,
                         use_cpu=not torch.cuda.is_available(), bf16=torch.cuda.is_available(), fp16=False,
                         dataloader_num_workers=0, disable_tqdm=True,
-                        disable_dropout=False)  # TRL turns the backbone's dropout off by default; train_rm keeps it
+                        disable_dropout=False,  # TRL turns the backbone's dropout off by default; train_rm keeps it
+                        gradient_checkpointing=False)  # and recomputes activations by default; train_rm does not
     trainer = RewardTrainer(model=model, args=args, train_dataset=Dataset.from_dict(rows), processing_class=tok)
     out = trainer.train()
     return {"pairs_per_s": out.metrics["train_samples_per_second"], "steps": out.global_step}
