@@ -54,7 +54,7 @@ def worker_trl(work: Path, iterations: int, size: str) -> dict:
     from rlaif.models.loading import load_tokenizer
     from rlaif.stages.ppo import LORA_TARGETS
 
-    avoid_per_shape_attention_plans()  # the same attention backends as ours (dist.setup), a PyTorch setting
+    avoid_per_shape_attention_plans()  # the same attention backends as ours (ours_setup), a PyTorch setting
     policy_dir, rm_dir = shared_models(work, size)
     tok = load_tokenizer(policy_dir, padding_side="left")
     rm_tok = load_tokenizer(rm_dir, padding_side="right")

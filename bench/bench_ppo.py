@@ -83,6 +83,7 @@ def ours_setup(overrides: list[str], rm_dir: Path):
     from rlaif.stages import ppo
 
     cfg = load_config("configs/demo.yaml", overrides)
+    dist.avoid_per_shape_attention_plans()  # as run_stage does for every stage
     _, _, device = dist.setup()
     tokenizer, policy, reference_logits = ppo.build_policy(cfg, device)
     rm = AutoModelForSequenceClassification.from_pretrained(str(rm_dir)).to(device).eval().requires_grad_(False)
@@ -128,7 +129,7 @@ def worker_trl(work: Path, iterations: int, size: str) -> dict:
     from rlaif.models.loading import load_tokenizer
     from rlaif.stages.ppo import LORA_TARGETS
 
-    avoid_per_shape_attention_plans()  # the same attention backends as ours (dist.setup), a PyTorch setting
+    avoid_per_shape_attention_plans()  # the same attention backends as ours (ours_setup), a PyTorch setting
     policy_dir, rm_dir = shared_models(work, size)
     tok = load_tokenizer(policy_dir, padding_side="left")
     ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts(ROLLOUT * iterations)]

@@ -98,6 +98,7 @@ def main() -> None:
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--append", action="store_true")
     a = p.parse_args()
+    dist.avoid_per_shape_attention_plans()  # as run_stage does for every stage
     dist.setup()  # one process; sets the thread count as the stage does
     peak = matmul_peak()
     sizes = {**SIZES, **GPU_SIZES} if dist.local_device().type == "cuda" else SIZES

@@ -14,7 +14,6 @@ def setup() -> tuple[int, int, torch.device]:
     device = local_device()
     if device.type == "cuda":
         torch.cuda.set_device(device)
-        avoid_per_shape_attention_plans()
     else:
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         # Ranks on one CPU box share its cores; oversubscribing threads makes every rank slower.

@@ -1,6 +1,7 @@
 """Faults as real processes: a second runner on a running run refuses (stage lock in storage), a kill -9 of the whole
-runner during PPO leaves a stale lock that the re-run takes over, resuming PPO from its last checkpoint, a stage killed mid-output leaves shards that
-nothing downstream reads, and a shard corrupted on disk is caught by its checksum and named."""
+runner during PPO leaves a stale lock that the re-run takes over, resuming PPO from its last checkpoint, a stage
+killed mid-output leaves shards that nothing downstream reads, and a shard corrupted on disk is caught by its
+checksum and named."""
 import json
 import os
 import signal
@@ -35,18 +36,20 @@ def test_second_runner_refuses_and_a_killed_runner_resumes_from_the_ppo_checkpoi
                              stderr=subprocess.DEVNULL, start_new_session=True)
     lock_file, checkpoint = tmp_path / "tiny/ppo/.lock", tmp_path / "tiny/ppo/checkpoints/latest.json"
     deadline = time.time() + 300
-    while not lock_file.exists():  # well into the run: generate, label and train_rm are done
-        assert first.poll() is None and time.time() < deadline, "the first runner ended before ppo"
-        time.sleep(0.2)
+
+    def wait_for(path: Path, what: str) -> None:
+        while not path.exists():
+            assert first.poll() is None and time.time() < deadline, f"the first runner ended before {what}"
+            time.sleep(0.2)
+
+    wait_for(lock_file, "ppo")  # well into the run: generate, label and train_rm are done
     assert json.loads(lock_file.read_text())["pid"] == first.pid
 
     second = rlaif(*args)
     assert "stage 'ppo' of run 'tiny' is already running (pid" in one_error_line(second)
     assert all(f"[{s}] cache hit" in second.stdout for s in ("generate", "label", "train_rm"))
 
-    while not checkpoint.exists():
-        assert first.poll() is None and time.time() < deadline, "the first runner ended before a PPO checkpoint"
-        time.sleep(0.2)
+    wait_for(checkpoint, "a PPO checkpoint")
     os.killpg(first.pid, signal.SIGKILL)  # the machine goes down: runner, torchrun and its ranks at once
     first.wait()
     assert lock_file.exists() and not (tmp_path / "tiny/ppo/manifest.json").exists()
