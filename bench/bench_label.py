@@ -19,7 +19,7 @@ import torch
 from rlaif.config import LabelConfig, load_config
 from rlaif.distributed import clock
 from rlaif.judges import debiased, make_judge, prompting
-from rlaif.stages.label import load_constitution, sample_principle
+from rlaif.judges.constitution import load_constitution, sample_principle
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import publish  # noqa: E402

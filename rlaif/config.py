@@ -169,14 +169,37 @@ class RulesJudgeConfig(Strict):
     """Regular expression the response must contain (re.search) to pass the format check."""
 
 
+DEFAULT_RUDE_TERMS = ["stupid", "idiot", "dumb", "shut up", "figure it out yourself", "look it up", "ask someone else",
+                      "stop asking", "whatever", "obvious", "don't know", "not my problem", "go away", "waste of time"]
+
+
+class ReferenceJudgeConfig(Strict):
+    """The `reference` judge: key-point coverage minus penalties for rules a program can check."""
+
+    min_point_overlap: float = Field(0.5, gt=0.0, le=1.0)
+    """A key point counts as covered when the response holds at least this fraction of its content words."""
+    rude_terms: list[str] = DEFAULT_RUDE_TERMS
+    """Phrases (case-insensitive, whole words) that make a response rude."""
+    rude_penalty: float = Field(1.0, ge=0.0, le=2.0)
+    """Subtracted from the score of a rude response."""
+    off_topic_penalty: float = Field(1.0, ge=0.0, le=2.0)
+    """Subtracted from the score of a response sharing no content word with the prompt or its key points."""
+
+
 class JudgeSettings(Strict):
-    judge: Literal["embedding", "hf", "openai", "rules"] = "embedding"
-    """The AI labeler. `embedding`: the pretrained MiniLM scores each response by its similarity to the sampled
-    principle (and to the prompt). `hf`: a causal LM judge (RLAIF, Lee et al. 2023): the preference is read from the
-    log-probabilities of the answer tokens "1" and "2". `openai`: the same prompt sent to an OpenAI-compatible
-    endpoint. `rules`: deterministic checks (see `rules`)."""
+    judge: Literal["embedding", "hf", "openai", "rules", "reference"] = "embedding"
+    """The AI labeler. `embedding`: the pretrained MiniLM scores each response by its similarity to the principle
+    (minus its similarity to the principle's contrast) and to the prompt. `hf`: a causal LM judge (RLAIF, Lee et al.
+    2023): the preference is read from the log-probabilities of the answer tokens "1" and "2". `openai`: the same
+    prompt sent to an OpenAI-compatible endpoint. `rules`: deterministic checks (see `rules`). `reference`: not an AI
+    judge but a verifiable grader of key-point coverage against references in the prompts file (see `reference`);
+    the evaluation adds it by itself wherever the held-out prompts carry references."""
     constitution: str = "data/constitution.yaml"
-    """YAML list of principles; one is sampled per comparison (Constitutional AI)."""
+    """YAML list of principles {name, text, contrast?} (Constitutional AI); `contrast` describes the response the
+    principle argues against."""
+    principles: Literal["sample", "all"] = "sample"
+    """`sample`: one principle per comparison, seeded by the pair (Constitutional AI). `all`: every principle judges
+    every comparison and the preferences are averaged (an ensemble: k times the judge calls, less label noise)."""
     temperature: float = Field(0.05, gt=0)
     """Soft-label temperature of the score-based judges (embedding, rules): p(a) = sigmoid((s_a - s_b) / temperature)."""
     relevance_weight: float = 0.5
@@ -196,6 +219,8 @@ class JudgeSettings(Strict):
     """Settings of the `openai` judge."""
     rules: RulesJudgeConfig = RulesJudgeConfig()
     """Settings of the `rules` judge."""
+    reference: ReferenceJudgeConfig = ReferenceJudgeConfig()
+    """Settings of the `reference` judge."""
 
 
 class LabelConfig(JudgeSettings):

@@ -52,8 +52,8 @@ STAGES: tuple[Stage, ...] = (
         description="AI judge labels each pair with a position-debiased soft preference",
         inputs=("generate",),
         outputs=("shard-*.tar (+ label.json)",),
-        config_sections=("seed", "label"),
-        uses_prompts=False,
+        config_sections=("seed", "data", "label"),  # data: the prompts' references grade the labels
+        uses_prompts=True,
         resources=Resources(cpu=4, memory_gib=16, gpus=1),
     ),
     Stage(
@@ -61,8 +61,8 @@ STAGES: tuple[Stage, ...] = (
         description="train the preference (reward) model on the soft labels, DDP under torchrun",
         inputs=("label",),
         outputs=("model/ (HF directory, safetensors, reward_stats.json)", "metrics.jsonl"),
-        config_sections=("seed", "train_rm"),
-        uses_prompts=False,
+        config_sections=("seed", "data", "train_rm"),  # data: the prompts' references grade the reward model
+        uses_prompts=True,
         resources=Resources(cpu=8, memory_gib=32, gpus=1, torchrun=True, nproc=2),
     ),
     Stage(

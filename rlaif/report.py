@@ -72,6 +72,34 @@ def plots(metrics: dict, examples: list[dict], ppo_rows: list[dict]) -> dict[str
     return out
 
 
+HACKING_GAP = 0.15  # training-judge win rate this far above the reference judge's reads as reward hacking
+COLLAPSE_SHARE = 0.05  # the most common tuned answer above this share of all answers reads as mode collapse
+
+
+def verdicts(metrics: dict) -> list[str]:
+    """What the numbers say, in words: reward hacking, mode collapse, judges that cannot tell the policies apart."""
+    judges, out = metrics["judges"], []
+    training, reference = judges.get("training"), judges.get("reference")
+    if training and reference:
+        gap = training["win_rate"] - reference["win_rate"]
+        if gap > HACKING_GAP or (training["win_rate_ci95"][0] > 0.5 >= reference["win_rate_ci95"][0]):
+            out.append(f"Reward hacking: the training judge prefers the tuned policy ({training['win_rate']:.3f}) but the "
+                       f"reference judge, which checks key points, does not agree ({reference['win_rate']:.3f}).")
+        elif reference["win_rate_ci95"][0] > 0.5:
+            out.append(f"The improvement is real: the reference judge, which checks the prompts' key points and was "
+                       f"never trained against, prefers the tuned policy ({reference['win_rate']:.3f}).")
+    div = metrics.get("diversity")
+    if div and div["top_response_share"] > COLLAPSE_SHARE:
+        out.append(f"Mode collapse: {div['top_response_share']:.0%} of the tuned answers are the same text "
+                   f"({div['top_response'][:80]!r}); distinct-2 {div['distinct_2']:.3f} vs "
+                   f"{metrics['diversity_reference']['distinct_2']:.3f} for the starting policy.")
+    for name, judge in judges.items():
+        lo, hi = judge["win_rate_ci95"]
+        if lo <= 0.5 <= hi:
+            out.append(f"Judge '{name}' cannot tell the two policies apart: its interval [{lo:.3f}, {hi:.3f}] contains 0.5.")
+    return out
+
+
 def _summary_rows(metrics: dict) -> list[tuple[str, str]]:
     rows = []
     for name, j in metrics["judges"].items():
@@ -84,6 +112,20 @@ def _summary_rows(metrics: dict) -> list[tuple[str, str]]:
         ("KL to reference (per sequence / per token)", f"{metrics['kl_to_reference']:.3f} / {metrics['kl_to_reference_per_token']:.4f}"),
         ("response length (tokens), tuned vs start", f"{metrics['length_policy_mean']:.1f} vs {metrics['length_reference_mean']:.1f}"),
     ]
+    if "eos_rate_policy" in metrics:
+        rows.append(("answers ending with EOS, tuned vs start", f"{metrics['eos_rate_policy']:.3f} vs {metrics['eos_rate_reference']:.3f}"))
+    if "diversity" in metrics:
+        tuned, start = metrics["diversity"], metrics["diversity_reference"]
+        rows.append(("most common answer's share / distinct-2, tuned vs start",
+                     f"{tuned['top_response_share']:.3f} / {tuned['distinct_2']:.3f} vs "
+                     f"{start['top_response_share']:.3f} / {start['distinct_2']:.3f}"))
+    upstream = metrics.get("upstream", {})
+    if upstream.get("label_reference_agreement") is not None:
+        rows.append(("AI labeler's agreement with the reference judge (clear pairs)", f"{upstream['label_reference_agreement']:.3f}"))
+    if upstream.get("rm_held_out_accuracy") is not None:
+        against = upstream.get("rm_held_out_reference_accuracy")
+        rows.append(("reward model held-out accuracy: AI labels / reference judge",
+                     f"{upstream['rm_held_out_accuracy']:.3f} / " + ("-" if against is None else f"{against:.3f}")))
     gates = metrics.get("gates", {})
     if gates.get("checked"):
         rows.append(("quality gates", "passed" if gates["passed"] else "FAILED: " + "; ".join(gates["failures"])))
@@ -91,7 +133,8 @@ def _summary_rows(metrics: dict) -> list[tuple[str, str]]:
 
 
 def render_markdown(run_id: str, metrics: dict, examples: list[dict]) -> str:
-    lines = [f"# rlaif report: run `{run_id}`", "", "| metric | value |", "|---|---|"]
+    lines = [f"# rlaif report: run `{run_id}`", "", *[f"> {v}" for v in verdicts(metrics)], "",
+             "| metric | value |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in _summary_rows(metrics)]
     lines += ["", "Plots: `plots/` beside this file (and embedded in report.html).", "", "## Examples", ""]
     for x in examples:
@@ -118,9 +161,9 @@ def render_html(run_id: str, metrics: dict, examples: list[dict], pngs: dict[str
         for x in examples
     )
     gates = metrics.get("gates", {})
-    banner = ""
+    banner = "".join(f"<p><b>{esc(v)}</b></p>" for v in verdicts(metrics))
     if gates.get("checked"):
-        banner = ('<p class="pass">Quality gates passed.</p>' if gates["passed"]
+        banner += ('<p class="pass">Quality gates passed.</p>' if gates["passed"]
                   else f'<p class="fail">Quality gates FAILED: {esc("; ".join(gates["failures"]))}</p>')
     return (f'<!doctype html><html><head><meta charset="utf-8"><title>rlaif report: {esc(run_id)}</title>'
             f"<style>{_STYLE}</style></head><body><h1>rlaif report: run <code>{esc(run_id)}</code></h1>{banner}"

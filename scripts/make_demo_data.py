@@ -1,4 +1,5 @@
-"""Writes the shipped demo data under data/: prompts, demonstrations of mixed quality, and a constitution.
+"""Writes the shipped demo data under data/: prompts (each with its task's three steps as `key_points`, the ground
+truth of the reference judge), demonstrations of mixed quality, and a constitution.
 
 Deterministic (seeded). Run `python scripts/make_demo_data.py` to regenerate; the outputs are committed.
 """
@@ -132,17 +133,23 @@ BAD = [
 ]
 
 CONSTITUTION = """\
-# Principles for the AI judge. One is sampled per comparison (Constitutional AI, Bai et al. 2022).
+# Principles for the AI judge (Constitutional AI, Bai et al. 2022): "choose the response that is more <text> and less
+# <contrast>". label.principles picks one per comparison (sample) or applies all of them (all).
 - name: helpful
   text: A helpful answer that gives clear, practical steps to solve the problem.
+  contrast: An unhelpful answer that is vague, hedges, or gives no practical steps.
 - name: polite
   text: A polite, friendly and respectful reply that is happy to help.
+  contrast: A rude, dismissive and disrespectful reply that refuses to help.
 - name: relevant
   text: An answer that stays on the topic of the question and addresses it directly.
+  contrast: An answer that ignores the question and talks about something unrelated.
 - name: specific
   text: A specific answer with concrete advice and useful details.
+  contrast: A vague, generic answer without concrete advice or details.
 - name: encouraging
   text: A kind and encouraging reply that supports the person asking.
+  contrast: A cold, discouraging reply that makes the person feel stupid for asking.
 """
 
 
@@ -165,7 +172,7 @@ def main() -> None:
     rng.shuffle(prompts)
     with open(out / "prompts.jsonl", "w") as f:
         for i, p in enumerate(prompts):
-            f.write(json.dumps({"id": f"p{i:05d}", "topic": p["topic"], "prompt": p["prompt"]}) + "\n")
+            f.write(json.dumps({"id": f"p{i:05d}", "topic": p["topic"], "prompt": p["prompt"], "key_points": p["steps"]}) + "\n")
     with open(out / "demonstrations.jsonl", "w") as f:
         for p in prompts:
             steps = p["steps"]

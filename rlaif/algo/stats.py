@@ -37,3 +37,20 @@ def length_controlled_win_rate(outcomes, length_a, length_b, l2: float = 1e-3, i
         if step.abs().max() < 1e-10:
             break
     return torch.sigmoid(w[0]).item()
+
+
+def diversity(responses: list[str]) -> dict:
+    """How varied a policy's answers are (a collapsed policy says one thing to everyone): the share of the most common
+    answer (whitespace-normalised) and distinct-n, the unique word n-grams over all n-grams (Li et al. 2016)."""
+    normalised = [" ".join(r.split()) for r in responses]
+    counts: dict[str, int] = {}
+    for text in normalised:
+        counts[text] = counts.get(text, 0) + 1
+    top = max(counts, key=counts.get) if counts else ""
+    out = {"top_response_share": counts.get(top, 0) / max(len(responses), 1), "top_response": top,
+           "unique_responses": len(counts)}
+    for n in (1, 2):
+        grams = [tuple(words[i : i + n]) for words in (t.lower().split() for t in normalised)
+                 for i in range(len(words) - n + 1)]
+        out[f"distinct_{n}"] = len(set(grams)) / len(grams) if grams else 0.0
+    return out

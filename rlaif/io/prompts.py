@@ -9,8 +9,24 @@ from rlaif.config import DataConfig
 from rlaif.errors import UserError
 
 
+def _references(row: dict, where: str) -> dict:
+    """A JSONL row's optional ground truth for the reference judge: `key_points` (list of strings), `reference` (text)."""
+    out = {}
+    points = row.get("key_points")
+    if points is not None:
+        if not isinstance(points, list) or not all(isinstance(p, str) and p.strip() for p in points):
+            raise UserError(f"{where}: 'key_points' must be a list of non-empty strings")
+        out["key_points"] = [p.strip() for p in points]
+    if row.get("reference") is not None:
+        if not isinstance(row["reference"], str):
+            raise UserError(f"{where}: 'reference' must be a string")
+        out["reference"] = row["reference"]
+    return out
+
+
 def load_prompts(data: DataConfig) -> list[dict]:
-    """[{id, prompt}] from JSONL (`prompt`, optional `id`) or plain text (one prompt per line)."""
+    """[{id, prompt, key_points?, reference?}] from JSONL (`prompt`, optional `id`, `key_points`, `reference`) or
+    plain text (one prompt per line)."""
     path = Path(data.prompts)
     try:
         text = path.read_bytes().decode("utf-8")
@@ -32,13 +48,14 @@ def load_prompts(data: DataConfig) -> list[dict]:
             if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
                 raise UserError(f"prompts file {path} line {lineno} has no string field 'prompt'")
             prompt, pid = row["prompt"], str(row.get("id", f"line{lineno:07d}"))
+            extra = _references(row, f"prompts file {path} line {lineno}")
         else:
-            prompt, pid = line, f"line{lineno:07d}"
+            prompt, pid, extra = line, f"line{lineno:07d}", {}
         if len(prompt) > data.max_prompt_chars:
             raise UserError(
                 f"prompts file {path} line {lineno}: prompt of {len(prompt)} characters exceeds data.max_prompt_chars={data.max_prompt_chars}"
             )
-        rows.append({"id": pid, "prompt": prompt.strip()})
+        rows.append({"id": pid, "prompt": prompt.strip(), **extra})
     if not rows:
         raise UserError(f"prompts file {path} holds no prompts")
     ids = [r["id"] for r in rows]

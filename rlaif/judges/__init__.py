@@ -3,17 +3,22 @@ better), one order, on the CPU); judges that can score one response alone (d-RLA
 `direct_score(prompts, responses, principles) -> Tensor` in [-1, 1]."""
 from __future__ import annotations
 
-import torch
-
 from rlaif.errors import UserError
 
 
-def make_judge(settings, batch_size: int):
-    """The judge that `settings` (label's config or an evaluation JudgeSpec) names."""
+def make_judge(settings, batch_size: int, references: dict[str, list[str]] | None = None):
+    """The judge that `settings` (label's config or an evaluation JudgeSpec) names. `references` (prompt text -> key
+    points) is what the `reference` judge grades against."""
     if settings.judge == "embedding":
+        from rlaif.judges.constitution import load_constitution
         from rlaif.judges.embedding import EmbeddingJudge
 
-        return EmbeddingJudge(settings.temperature, settings.relevance_weight, batch_size)
+        contrasts = {p["text"]: p["contrast"] for p in load_constitution(settings.constitution) if p.get("contrast")}
+        return EmbeddingJudge(settings.temperature, settings.relevance_weight, batch_size, contrasts=contrasts)
+    if settings.judge == "reference":
+        from rlaif.judges.reference import ReferenceJudge
+
+        return ReferenceJudge(settings.reference, settings.temperature, references)
     if settings.judge == "hf":
         from rlaif.judges.hf import HFJudge
 
@@ -26,7 +31,7 @@ def make_judge(settings, batch_size: int):
         from rlaif.judges.rules import RulesJudge
 
         return RulesJudge(settings.rules, settings.temperature)
-    raise UserError(f"unknown judge {settings.judge!r}: use embedding, hf, openai or rules")
+    raise UserError(f"unknown judge {settings.judge!r}: use embedding, hf, openai, rules or reference")
 
 
 def debiased(judge, prompts, first, second, principle_texts):
@@ -38,11 +43,3 @@ def debiased(judge, prompts, first, second, principle_texts):
     consistent = (p_order_ab > 0.5) == (p_order_ba > 0.5)
     return p, p_order_ab, p_order_ba, consistent
 
-
-def scored(judge, prompts, first, second, principle_texts, temperature: float):
-    """d-RLAIF: each response scored alone in [-1, 1]; the label is sigmoid((s_first - s_second) / temperature)."""
-    if not hasattr(judge, "direct_score"):
-        raise UserError(f"judge {judge.name} cannot score one response alone: use judge hf or rules with label.mode=score")
-    s_first = judge.direct_score(prompts, first, principle_texts)
-    s_second = judge.direct_score(prompts, second, principle_texts)
-    return torch.sigmoid((s_first - s_second) / temperature), s_first, s_second

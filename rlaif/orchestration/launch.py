@@ -72,7 +72,7 @@ def _has_gpus() -> bool:
 
 def check_judges(cfg: PipelineConfig) -> None:
     """The judges' settings that can be checked before any work: constitutions readable, required fields set."""
-    from rlaif.stages.label import load_constitution
+    from rlaif.judges.constitution import load_constitution
 
     for where, judge in (("label", cfg.label), *((f"evaluate.judges[{j.name}]", j) for j in cfg.evaluate.judges)):
         load_constitution(judge.constitution)
@@ -80,10 +80,19 @@ def check_judges(cfg: PipelineConfig) -> None:
             raise UserError(f"{where}: judge 'hf' needs hf.model, a Hugging Face causal-LM directory")
         if judge.judge == "openai" and not (judge.openai.base_url and judge.openai.model):
             raise UserError(f"{where}: judge 'openai' needs openai.base_url and openai.model")
-    if cfg.label.mode == "score" and cfg.label.judge not in ("hf", "rules"):
-        raise UserError(f"label.mode=score needs a judge that scores one response alone (hf or rules), not {cfg.label.judge}")
-    if cfg.ppo.reward == "judge" and cfg.label.judge not in ("hf", "rules"):
-        raise UserError(f"ppo.reward=judge needs label.judge hf or rules (they score one response alone), not {cfg.label.judge}")
+    scorers = ("hf", "rules", "reference")
+    if cfg.label.mode == "score" and cfg.label.judge not in scorers:
+        raise UserError(f"label.mode=score needs a judge that scores one response alone (hf, rules or reference), not "
+                        f"{cfg.label.judge}")
+    if cfg.ppo.reward == "judge" and cfg.label.judge not in scorers:
+        raise UserError(f"ppo.reward=judge needs label.judge hf, rules or reference (they score one response alone), not "
+                        f"{cfg.label.judge}")
+    if "reference" in (cfg.label.judge, *(j.judge for j in cfg.evaluate.judges)):
+        from rlaif.judges.reference import reference_points
+
+        if not reference_points(load_prompts(cfg.data)):
+            raise UserError(f"judge 'reference' needs key points: add a 'key_points' list or a 'reference' answer to the "
+                            f"prompts in {cfg.data.prompts}")
 
 
 def processes_per_node(stage: Stage, cfg: PipelineConfig) -> int:

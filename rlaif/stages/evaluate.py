@@ -2,8 +2,9 @@
 
 Both policies answer each held-out prompt (same sampling settings and seeds). The judge compares the two answers in
 both orders (position-debiased); a comparison within `tie_margin` of 0.5 is a tie and counts half. Also: reward-model
-scores of both, KL of the tuned policy to the reference on its own samples, response lengths. Several judges are
-reported side by side, with a length-controlled win rate. Writes metrics.json and examples.jsonl (the manifest's
+scores of both, KL of the tuned policy to the reference on its own samples, response lengths, and how varied the
+answers are (mode collapse). Several judges are reported side by side, with a length-controlled win rate; where the
+held-out prompts carry references, the `reference` judge (key-point coverage, no model) is added as ground truth. Writes metrics.json and examples.jsonl (the manifest's
 files) and the report built from them (report.md, report.html, plots/). Quality gates in config end the stage with
 exit code 2 and no manifest, so an orchestrator marks the run failed and does not promote the model.
 """
@@ -15,18 +16,26 @@ import json
 import torch
 
 from rlaif import report
-from rlaif.algo.stats import length_controlled_win_rate, wilson_interval
+from rlaif.algo.stats import diversity, length_controlled_win_rate, wilson_interval
 from rlaif.config import JudgeSpec
 from rlaif.distributed import local_device
 from rlaif.errors import UserError
-from rlaif.io import storage
+from rlaif.io import manifest, storage
 from rlaif.io.prompts import split
-from rlaif.models.generation import (decode, encode_prompts, format_prompts, response_logits_and_hidden, response_mask,
-                                    sample, token_logprobs)
+from rlaif.judges import make_judge
+from rlaif.judges.constitution import compare, load_constitution
+from rlaif.judges.reference import reference_points
+from rlaif.models.generation import (
+    decode,
+    encode_prompts,
+    format_prompts,
+    response_logits_and_hidden,
+    response_mask,
+    sample,
+    token_logprobs,
+)
 from rlaif.models.loading import load_causal_lm, load_policy
-from rlaif.stages.common import StageContext, model_dir, run_url
-from rlaif.judges import debiased, make_judge
-from rlaif.stages.label import load_constitution, sample_principle
+from rlaif.stages.common import StageContext, model_dir, run_url, stage_url
 from rlaif.stages.train_rm import batched_rewards, load_reward_model
 
 
@@ -58,18 +67,28 @@ def kl_to_reference(tuned, reference, batches, temperature) -> tuple[float, floa
     return total.mean().item(), total.sum().item() / max(tokens, 1.0)
 
 
-def judge_all(cfg, prompts, tuned_text, ref_text, tuned_len, ref_len) -> tuple[dict, dict]:
-    """Every configured judge compares tuned vs start on every prompt, both orders; returns (per-judge metrics,
-    per-judge P(tuned better) lists)."""
-    e = cfg.evaluate
+def judge_specs(cfg, references: dict) -> list[JudgeSpec]:
+    """The training judge (label's), the configured ones, and the reference judge where every prompt has references."""
     training = JudgeSpec(name="training", **cfg.label.model_dump(include=set(JudgeSpec.model_fields) - {"name"}))
-    specs = [training, *e.judges]
+    specs = [training, *cfg.evaluate.judges]
+    if references and not any(s.judge == "reference" for s in specs):
+        specs.append(JudgeSpec(name="reference", judge="reference", reference=cfg.label.reference))
+    return specs
+
+
+def judge_all(cfg, prompts, tuned_text, ref_text, tuned_len, ref_len) -> tuple[dict, dict]:
+    """Every judge compares tuned vs start on every prompt, both orders; returns (per-judge metrics, per-judge
+    P(tuned better) lists)."""
+    e = cfg.evaluate
+    references = reference_points(prompts)
+    references = references if len(references) == len({p["prompt"] for p in prompts}) else {}
     results, p_by_judge = {}, {}
-    for spec in specs:
-        judge = make_judge(spec, cfg.label.batch_size)
-        principles = load_constitution(spec.constitution)
-        chosen = [sample_principle(principles, cfg.seed + 1, p["id"])["text"] for p in prompts]
-        p_tuned, _, _, consistent = debiased(judge, [p["prompt"] for p in prompts], tuned_text, ref_text, chosen)
+    for spec in judge_specs(cfg, references):
+        judge = make_judge(spec, cfg.label.batch_size, references)
+        principles = ([{"name": "reference", "text": ""}] if spec.judge == "reference"
+                      else load_constitution(spec.constitution))
+        p_tuned, _, _, consistent, _ = compare(judge, principles, spec.principles, cfg.seed + 1, [p["id"] for p in prompts],
+                                               [p["prompt"] for p in prompts], tuned_text, ref_text)
         outcome = torch.where(p_tuned > 0.5 + e.tie_margin, 1.0, torch.where(p_tuned < 0.5 - e.tie_margin, 0.0, 0.5))
         wins, losses = int((outcome == 1).sum()), int((outcome == 0).sum())
         ties = len(prompts) - wins - losses
@@ -82,6 +101,12 @@ def judge_all(cfg, prompts, tuned_text, ref_text, tuned_len, ref_len) -> tuple[d
         }
         p_by_judge[spec.name] = p_tuned.tolist()
     return results, p_by_judge
+
+
+def eos_rate(batches, eos_id: int) -> float:
+    """Share of answers that ended with EOS rather than running into max_new_tokens."""
+    ended = torch.cat([(resp == eos_id).any(1) for _, resp, _, _ in batches])
+    return ended.float().mean().item()
 
 
 def check_gates(e, metrics: dict) -> dict:
@@ -130,7 +155,13 @@ def run(ctx: StageContext) -> dict:
         "reward_policy_std": r_tuned.std().item(), "reward_reference_std": r_ref.std().item(),
         "kl_to_reference": kl_seq, "kl_to_reference_per_token": kl_token,
         "length_policy_mean": tuned_len.mean().item(), "length_reference_mean": ref_len.mean().item(),
+        "eos_rate_policy": eos_rate(tuned_out, tokenizer.eos_token_id), "eos_rate_reference": eos_rate(ref_out, tokenizer.eos_token_id),
+        "diversity": diversity(tuned_text), "diversity_reference": diversity(ref_text),
     }
+    label = manifest.read(stage_url(cfg, "label")) or {"summary": {}}  # for the report: the labels behind the RM
+    metrics["upstream"] = {"label_reference_agreement": label["summary"].get("reference_agreement"),
+                           "rm_held_out_accuracy": ctx.inputs["train_rm"]["summary"].get("held_out_accuracy"),
+                           "rm_held_out_reference_accuracy": ctx.inputs["train_rm"]["summary"].get("held_out_reference_accuracy")}
     metrics["gates"] = check_gates(e, metrics)
     examples = [{"id": p["id"], "prompt": p["prompt"], "tuned": t, "reference": r,
                  "reward_tuned": rt, "reward_reference": rr, "length_tuned": lt, "length_reference": lr,
@@ -150,6 +181,10 @@ def run(ctx: StageContext) -> dict:
     for name, j in judges.items():
         if name != "training":
             print(f"evaluate: judge '{name}': win rate {j['win_rate']:.3f} [{j['win_rate_ci95'][0]:.3f}, {j['win_rate_ci95'][1]:.3f}]")
+    print(f"evaluate: most common tuned answer {metrics['diversity']['top_response_share']:.3f} of all, distinct-2 "
+          f"{metrics['diversity']['distinct_2']:.3f}")
+    for line in report.verdicts(metrics):
+        print(f"evaluate: {line}")
     if not metrics["gates"]["passed"]:
         raise UserError(f"quality gate failed: {'; '.join(metrics['gates']['failures'])} (report: {report_url}); the "
                         "model is not promoted")

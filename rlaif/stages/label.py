@@ -1,78 +1,98 @@
 """Stage 2: an AI judge labels each response pair with a soft preference, position bias removed.
 
 Pairwise mode scores both orders: p_a = 0.5 * (P(first=a) + 1 - P(first=b)). Score mode (d-RLAIF) scores each
-response alone in [-1, 1]. One constitution principle is sampled per pair from a seed and the pair's key, so labels do
-not depend on sharding or order. Pairs within label.min_confidence of 0.5 are dropped and counted.
+response alone in [-1, 1]. Principles are sampled one per pair from a seed and the pair's key (so labels do not depend
+on sharding or order) or all applied and averaged (`label.principles`). Pairs within label.min_confidence of 0.5 are
+dropped and counted. Where the prompts carry references, the reference judge grades every pair too, and metrics.json
+reports how often the AI labeler agrees with it where it has a clear preference (the RLAIF paper's "AI labeler
+alignment", with a verifiable grader in place of human raters).
 """
 from __future__ import annotations
 
-import random
-
-import yaml
+import torch
 from tqdm import tqdm
 
-from rlaif.config import sha256_json
 from rlaif.errors import UserError
+from rlaif.io.prompts import load_prompts
 from rlaif.io.shards import ShardWriter, read_samples
-from rlaif.judges import debiased, make_judge, scored
+from rlaif.judges import make_judge
+from rlaif.judges.constitution import compare, load_constitution, score_each
+from rlaif.judges.reference import CLEAR_MARGIN
+from rlaif.judges.reference import grader as reference_grader
 from rlaif.stages.common import StageContext
 
 REQUIRED = ("prompt.txt", "response_a.txt", "response_b.txt")
 HISTOGRAM_BINS = 10
 
 
-def load_constitution(path: str) -> list[dict]:
-    try:
-        principles = yaml.safe_load(open(path, encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserError(f"constitution file not found: {path} (set label.constitution)") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise UserError(f"constitution {path} is not valid UTF-8 YAML: {str(exc).splitlines()[0]}") from None
-    if not isinstance(principles, list) or not principles or not all(isinstance(p, dict) and "text" in p for p in principles):
-        raise UserError(f"constitution {path} must be a YAML list of {{name, text}} principles")
-    return principles
-
-
-def sample_principle(principles: list[dict], seed: int, key: str) -> dict:
-    return principles[random.Random(sha256_json([seed, key])).randrange(len(principles))]
-
-
 def label_batch(cfg, judge, principles: list[dict], batch: list[dict]) -> list[dict]:
     """One label.json per pair: p(a preferred), each order's value or each response's score, the principle, the judge."""
-    chosen = [sample_principle(principles, cfg.seed, s["__key__"]) for s in batch]
-    args = ([s["prompt.txt"] for s in batch], [s["response_a.txt"] for s in batch], [s["response_b.txt"] for s in batch],
-            [c["text"] for c in chosen])
-    common = [{"judge": judge.name, "principle": c.get("name", c["text"]), "mode": cfg.label.mode} for c in chosen]
-    if cfg.label.mode == "score":
-        p, s_a, s_b = scored(judge, *args, cfg.label.temperature)
-        return [{**c, "p_a": p[k].item(), "score_a": s_a[k].item(), "score_b": s_b[k].item()} for k, c in enumerate(common)]
-    p, p_ab, p_ba, agree = debiased(judge, *args)
-    return [{**c, "p_a": p[k].item(), "p_a_order_ab": p_ab[k].item(), "p_a_order_ba": p_ba[k].item(),
-             "position_consistent": bool(agree[k])} for k, c in enumerate(common)]
+    lc, keys = cfg.label, [s["__key__"] for s in batch]
+    prompts, first, second = ([s[f] for s in batch] for f in REQUIRED)
+    if lc.mode == "score":
+        s_a, s_b = (score_each(judge, principles, lc.principles, cfg.seed, keys, prompts, r) for r in (first, second))
+        p = torch.sigmoid((s_a - s_b) / lc.temperature)
+        names = ["all" if lc.principles == "all" else "sampled"] * len(batch)
+        return [{"judge": judge.name, "principle": names[k], "mode": "score", "p_a": p[k].item(),
+                 "score_a": s_a[k].item(), "score_b": s_b[k].item()} for k in range(len(batch))]
+    p, p_ab, p_ba, agree, names = compare(judge, principles, lc.principles, cfg.seed, keys, prompts, first, second)
+    return [{"judge": judge.name, "principle": names[k], "mode": "pairwise", "p_a": p[k].item(),
+             "p_a_order_ab": p_ab[k].item(), "p_a_order_ba": p_ba[k].item(), "position_consistent": bool(agree[k])}
+            for k in range(len(batch))]
+
+
+class Tally:
+    """The stage's counts: kept and dropped pairs, the label histogram, position consistency, reference agreement."""
+
+    def __init__(self):
+        self.histogram = [0] * HISTOGRAM_BINS
+        self.seen = self.kept = self.consistent = 0
+        self.p_sum = 0.0
+        self.reference_clear = self.reference_agree = self.reference_graded = 0
+
+    def add(self, label: dict, kept: bool, p_reference: float | None) -> None:
+        self.seen += 1
+        self.kept += kept
+        self.histogram[min(int(label["p_a"] * HISTOGRAM_BINS), HISTOGRAM_BINS - 1)] += 1
+        self.consistent += label.get("position_consistent", True)
+        self.p_sum += label["p_a"]
+        if p_reference is not None:
+            self.reference_graded += 1
+            if abs(p_reference - 0.5) >= CLEAR_MARGIN:
+                self.reference_clear += 1
+                self.reference_agree += (label["p_a"] > 0.5) == (p_reference > 0.5)
+
+    def metrics(self) -> dict:
+        graded = self.reference_graded > 0
+        return {"pairs_judged": self.seen, "pairs": self.kept, "dropped_low_confidence": self.seen - self.kept,
+                "mean_p_a": self.p_sum / max(self.seen, 1), "p_a_histogram": self.histogram,
+                "reference_agreement": self.reference_agree / self.reference_clear if self.reference_clear else None,
+                "reference_clear_pairs": self.reference_clear if graded else None,
+                "reference_graded_pairs": self.reference_graded}
 
 
 def run(ctx: StageContext) -> dict:
-    cfg, lc = ctx.cfg, ctx.cfg.label
-    principles = load_constitution(lc.constitution)
-    judge = make_judge(lc, lc.batch_size)
+    cfg, settings = ctx.cfg, ctx.cfg.label
+    principles = load_constitution(settings.constitution)
+    judge = make_judge(settings, settings.batch_size)
+    grader = reference_grader(load_prompts(cfg.data), settings.reference)
     pairs_url, pairs = ctx.input_url("generate"), ctx.inputs["generate"]
 
-    histogram = [0] * HISTOGRAM_BINS
-    n_seen, n_kept, n_consistent, p_sum = 0, 0, 0, 0.0
-    with ShardWriter(ctx.url, lc.shard_size) as writer:
+    tally = Tally()
+    with ShardWriter(ctx.url, settings.shard_size) as writer:
         batch: list[dict] = []
 
         def flush():
-            nonlocal n_seen, n_kept, n_consistent, p_sum
-            for sample, label in zip(batch, label_batch(cfg, judge, principles, batch)):
-                n_seen += 1
-                histogram[min(int(label["p_a"] * HISTOGRAM_BINS), HISTOGRAM_BINS - 1)] += 1
-                n_consistent += label.get("position_consistent", True)
-                p_sum += label["p_a"]
-                if abs(label["p_a"] - 0.5) < lc.min_confidence:
-                    continue
-                writer.write({**{f: sample[f] for f in ("__key__", *REQUIRED, "gen.json") if f in sample}, "label.json": label})
-                n_kept += 1
+            labels = label_batch(cfg, judge, principles, batch)
+            prompts, first, second = ([s[f] for s in batch] for f in REQUIRED)
+            graded = [p in grader.points for p in prompts] if grader else [False] * len(batch)
+            p_reference = grader.prefer_first(prompts, first, second).tolist() if grader and all(graded) else None
+            for k, (sample, label) in enumerate(zip(batch, labels)):
+                kept = abs(label["p_a"] - 0.5) >= settings.min_confidence
+                tally.add(label, kept, p_reference[k] if p_reference else None)
+                if kept:
+                    writer.write({**{f: sample[f] for f in ("__key__", *REQUIRED, "gen.json") if f in sample},
+                                  "label.json": label})
             batch.clear()
 
         for sample in tqdm(read_samples(pairs_url, pairs, 0, 1, 0, 1), total=pairs["num_samples"], desc="label", unit="pair"):
@@ -80,18 +100,21 @@ def run(ctx: StageContext) -> dict:
             if missing:
                 raise UserError(f"pair {sample['__key__']} in {pairs_url} lacks {', '.join(missing)}: re-run stage 'generate'")
             batch.append(sample)
-            if len(batch) == lc.batch_size:
+            if len(batch) == settings.batch_size:
                 flush()
         if batch:
             flush()
-    if n_kept == 0:
-        raise UserError(f"label: all {n_seen} pairs were dropped as low-confidence: lower label.min_confidence "
-                        f"(now {lc.min_confidence})")
-    summary = {"pairs": n_kept, "pairs_judged": n_seen, "dropped_low_confidence": n_seen - n_kept,
-               "position_consistency": n_consistent / max(n_seen, 1) if lc.mode == "pairwise" else None,
-               "mean_p_a": p_sum / max(n_seen, 1), "p_a_histogram": histogram, "judge": judge.name, "mode": lc.mode,
+    if tally.kept == 0:
+        raise UserError(f"label: all {tally.seen} pairs were dropped as low-confidence: lower label.min_confidence "
+                        f"(now {settings.min_confidence})")
+    summary = {**tally.metrics(), "judge": judge.name, "mode": settings.mode, "principles": settings.principles,
+               "position_consistency": tally.consistent / max(tally.seen, 1) if settings.mode == "pairwise" else None,
                **({"endpoint": dict(judge.stats)} if hasattr(judge, "stats") else {})}
-    consistency = f"position consistency {summary['position_consistency']:.3f}, " if lc.mode == "pairwise" else ""
-    print(f"label: {n_seen} pairs judged by {judge.name}, {consistency}{n_seen - n_kept} dropped as low-confidence, "
-          f"p(a) histogram {histogram}")
-    return ctx.commit(shards=writer.shards, summary=summary)
+    files = [ctx.write_json("metrics.json", summary)]
+    consistency = (f"position consistency {summary['position_consistency']:.3f}, " if settings.mode == "pairwise" else "")
+    agreement = ("" if summary["reference_agreement"] is None else
+                 f"agreement with the reference judge {summary['reference_agreement']:.3f} "
+                 f"({tally.reference_clear} clear pairs), ")
+    print(f"label: {tally.seen} pairs judged by {judge.name}, {consistency}{agreement}{tally.seen - tally.kept} dropped "
+          f"as low-confidence, p(a) histogram {tally.histogram}")
+    return ctx.commit(shards=writer.shards, files=files, summary=summary)

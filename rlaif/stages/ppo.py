@@ -28,7 +28,7 @@ from rlaif.algo import ppo as algo
 from rlaif.distributed import clock
 from rlaif.errors import UserError
 from rlaif.io import storage
-from rlaif.io.prompts import split
+from rlaif.io.prompts import load_prompts, split
 from rlaif.models.generation import (decode, encode_prompts, format_prompts, response_logits_and_hidden, response_mask,
                                     sample, token_logprobs)
 from rlaif.models.loading import load_policy
@@ -276,16 +276,17 @@ def reward_model_scorer(ctx, device):
 def judge_scorer(cfg):
     """d-RLAIF: label's judge scores each response alone in [-1, 1], against a principle sampled per prompt."""
     from rlaif.judges import make_judge
-    from rlaif.stages.label import load_constitution, sample_principle
+    from rlaif.judges.constitution import load_constitution, score_each
+    from rlaif.judges.reference import reference_points
 
-    judge = make_judge(cfg.label, cfg.label.batch_size)
+    judge = make_judge(cfg.label, cfg.label.batch_size, reference_points(load_prompts(cfg.data)))
     if not hasattr(judge, "direct_score"):
-        raise UserError(f"ppo.reward=judge needs a judge that scores one response alone (hf or rules), not {judge.name}")
+        raise UserError(f"ppo.reward=judge needs a judge that scores one response alone (hf, rules or reference), not "
+                        f"{judge.name}")
     principles = load_constitution(cfg.label.constitution)
 
     def score(prompts: list[str], responses: list[str]) -> torch.Tensor:
-        chosen = [sample_principle(principles, cfg.seed, p)["text"] for p in prompts]
-        return judge.direct_score(prompts, responses, chosen)
+        return score_each(judge, principles, cfg.label.principles, cfg.seed, prompts, prompts, responses)
 
     return score
 

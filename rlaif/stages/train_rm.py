@@ -28,8 +28,10 @@ from rlaif import distributed as dist
 from rlaif import faults
 from rlaif.errors import UserError
 from rlaif.io import storage
-from rlaif.io.prompts import is_held_out
+from rlaif.io.prompts import is_held_out, load_prompts
 from rlaif.io.shards import read_samples, shuffled, shuffled_stream
+from rlaif.judges.reference import CLEAR_MARGIN as CLEAR
+from rlaif.judges.reference import grader as reference_grader
 from rlaif.models.loading import resolve
 from rlaif.stages.common import StageContext
 from rlaif.training import Checkpoints, Engine, MetricsLog
@@ -202,7 +204,9 @@ def run(ctx: StageContext) -> dict:
         files += metrics.publish(ctx.url)
         fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
         print(f"train_rm: {step} steps, held-out accuracy {fmt(summary['held_out_accuracy'])} "
-              f"({fmt(summary['held_out_accuracy_confident'])} on confident pairs), {summary['samples_per_s']:.1f} pairs/s")
+              f"({fmt(summary['held_out_accuracy_confident'])} on confident pairs, "
+              f"{fmt(summary['held_out_reference_accuracy'])} against the reference judge), "
+              f"{summary['samples_per_s']:.1f} pairs/s")
         result = ctx.commit(files=files, num_samples=summary["train_pairs"], summary=summary)
     shutil.rmtree(export_root, ignore_errors=True)
     dist.barrier()
@@ -214,7 +218,9 @@ def run(ctx: StageContext) -> dict:
 def evaluate_reward_model(ctx: StageContext, model, tokenizer, rank: int, world: int, device) -> dict:
     """Reward mean/std on the training pairs, held-out accuracy and calibration; the pairs are split across ranks."""
     c = ctx.cfg.train_rm
-    sums = torch.zeros(9, dtype=torch.float64)  # n_train, r_sum, r_sq, n_held, correct, n_conf, correct_conf, ce, mae
+    grader = reference_grader(load_prompts(ctx.cfg.data), ctx.cfg.label.reference)
+    # n_train, r_sum, r_sq, n_held, correct, n_conf, correct_conf, ce, mae, n_reference_clear, correct_reference
+    sums = torch.zeros(11, dtype=torch.float64)
     held_pred, held_p = [], []
     batch: list[dict] = []
 
@@ -229,6 +235,11 @@ def evaluate_reward_model(ctx: StageContext, model, tokenizer, rank: int, world:
         sums[2] += train_r.square().sum()
         held_pred.extend(torch.sigmoid(r_a - r_b)[held].tolist())
         held_p.extend(s["label.json"]["p_a"] for s, h in zip(batch, held.tolist()) if h)
+        if grader and all(p in grader.points for p in prompts):
+            p_ref = grader.prefer_first(prompts, [s["response_a.txt"] for s in batch], [s["response_b.txt"] for s in batch])
+            clear = held & ((p_ref.double() - 0.5).abs() >= CLEAR)
+            sums[9] += clear.sum()
+            sums[10] += ((r_a > r_b) == (p_ref > 0.5))[clear].sum()
         batch.clear()
 
     for sample in read_samples(ctx.input_url("label"), ctx.inputs["label"], rank, world, 0, 1):
@@ -254,4 +265,7 @@ def evaluate_reward_model(ctx: StageContext, model, tokenizer, rank: int, world:
         "held_out_accuracy_confident": totals[6].item() / n_conf if n_conf else None,
         "held_out_soft_ce": totals[7].item() / n_held if n_held else None,
         "held_out_calibration_mae": totals[8].item() / n_held if n_held else None,
+        # against the reference judge (ground truth where the prompts carry key points), on its clear preferences
+        "held_out_reference_accuracy": totals[10].item() / totals[9].item() if totals[9] else None,
+        "held_out_reference_pairs": int(totals[9].item()),
     }

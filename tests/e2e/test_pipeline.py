@@ -39,11 +39,25 @@ def verify_run(cfg):
     return json.loads(storage.read_text(storage.join(base, "evaluate", "metrics.json")))
 
 
-def check_metrics(metrics):
+def check_metrics(metrics, cfg):
     assert METRIC_KEYS <= set(metrics)
     lo, hi = metrics["win_rate_ci95"]
     assert 0 <= lo <= metrics["win_rate"] <= hi <= 1 and metrics["n_prompts"] == 16
-    assert set(metrics["judges"]) == {"training", "heldout"}
+    # The shipped prompts carry key points, so the reference judge grades beside the configured ones
+    assert set(metrics["judges"]) == {"training", "heldout", "reference"}
+    assert metrics["judges"]["reference"]["judge"] == "reference"
+    diversity = metrics["diversity"]
+    assert 1 / 16 <= diversity["top_response_share"] <= 1 and 0 < diversity["distinct_2"] <= 1
+    assert 0 <= metrics["eos_rate_policy"] <= 1
+    label = manifest.require(storage.join(run_url(cfg), "label"), "label")
+    agreement = json.loads(storage.read_text(storage.join(run_url(cfg), "label", "metrics.json")))
+    assert agreement == json.loads(json.dumps(label["summary"]))
+    assert "metrics.json" in [f["path"] for f in label["files"]]
+    assert agreement["reference_graded_pairs"] == agreement["pairs_judged"] == 32
+    assert agreement["reference_clear_pairs"] == 0 or 0 <= agreement["reference_agreement"] <= 1
+    rm = manifest.require(storage.join(run_url(cfg), "train_rm"), "train_rm")["summary"]
+    assert rm["held_out_reference_pairs"] == 0 or 0 <= rm["held_out_reference_accuracy"] <= 1
+    assert metrics["upstream"]["label_reference_agreement"] == agreement["reference_agreement"]
 
 
 def test_file_storage_run_then_cache_hits(tmp_path):
@@ -54,7 +68,7 @@ def test_file_storage_run_then_cache_hits(tmp_path):
     for stage in STAGES:
         assert f"[{stage.name}] running" in first.stdout
     cfg = load_config("configs/tiny.yaml", [f"storage.root={root}"])
-    check_metrics(verify_run(cfg))
+    check_metrics(verify_run(cfg), cfg)
     assert (tmp_path / "runs/tiny/evaluate/report.html").read_text().startswith("<!doctype html>")
     assert (tmp_path / "runs/tiny/ppo/reward_kl.png").stat().st_size > 1000
     assert (tmp_path / "runs/tiny/ppo/policy/model.safetensors").exists()
@@ -90,5 +104,5 @@ def test_s3_storage_run(tmp_path, s3_endpoint):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"run_dir: {root}/tiny" in proc.stdout
     cfg = load_config("configs/tiny.yaml", [f"storage.root={root}", f"storage.endpoint_url={endpoint}"])
-    check_metrics(verify_run(cfg))
+    check_metrics(verify_run(cfg), cfg)
 

@@ -6,7 +6,8 @@ import torch
 from conftest import settings
 
 from rlaif.errors import UserError
-from rlaif.judges import debiased, make_judge, prompting, scored
+from rlaif.judges import debiased, make_judge, prompting
+from rlaif.judges.constitution import score_each
 from rlaif.judges.hf import HFJudge, answer_token
 from rlaif.judges.rules import RulesJudge
 from rlaif.models.loading import load_causal_lm, load_tokenizer
@@ -93,8 +94,8 @@ def test_direct_score_is_the_expected_score_rescaled(hf_judge, judge_model_dir):
     weights = torch.softmax(torch.tensor(logps), 0)
     expected = (weights * torch.arange(1, 11).float()).sum().item()
     assert s[1].item() == pytest.approx((expected - 5.5) / 4.5, abs=1e-4)
-    p, s_a, s_b = scored(hf_judge, PROMPTS, FIRST, SECOND, PRINCIPLES, temperature=0.1)
-    torch.testing.assert_close(p, torch.sigmoid((s_a - s_b) / 0.1))
+    one = [{"name": "p", "text": PRINCIPLES[1]}]  # a one-principle constitution scores exactly as direct_score
+    torch.testing.assert_close(score_each(hf_judge, one, "sample", 0, ["k"], PROMPTS[1:2], FIRST[1:2]), s[1:2])
 
 
 def test_chain_of_thought_and_few_shot(judge_model_dir, tmp_path):
@@ -139,7 +140,8 @@ def test_judge_errors_are_one_clear_line(tmp_path, judge_model_dir):
     with pytest.raises(UserError, match="base_url"):
         make_judge(settings(judge="openai"), 8)
     with pytest.raises(UserError, match="cannot score one response alone"):
-        scored(make_judge(settings(judge="openai", openai={"base_url": "http://x/v1", "model": "m"}), 8), ["q"], ["a"], ["b"], ["p"], 0.1)
+        score_each(make_judge(settings(judge="openai", openai={"base_url": "http://x/v1", "model": "m"}), 8),
+                   [{"name": "p", "text": "p"}], "sample", 0, ["k"], ["q"], ["a"])
     with pytest.raises(UserError, match="regular expression"):
         make_judge(settings(judge="rules", rules={"pattern": "("}), 8)
     bad_shots = tmp_path / "bad.jsonl"

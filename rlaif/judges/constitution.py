@@ -1,0 +1,72 @@
+"""Constitutions: the principles a judge applies, and how a comparison picks them.
+
+A constitution is a YAML list of principles `{name, text, contrast?}`. `contrast` describes the response the principle
+argues against (Constitutional AI's "choose the response that is more X and less Y"); the embedding judge scores a
+response by how much closer it is to the text than to the contrast. Principles are applied one sampled per comparison
+(`sample`, seeded by the comparison's key, so results do not depend on sharding or order) or all of them, with the
+judge's preferences averaged (`all`, an ensemble: k times the judge calls, no sampling noise in the label).
+"""
+from __future__ import annotations
+
+import random
+
+import torch
+import yaml
+
+from rlaif.config import sha256_json
+from rlaif.errors import UserError
+
+
+def load_constitution(path: str) -> list[dict]:
+    """The principles in `path`, each {name, text} plus an optional contrast; a one-line error otherwise."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            principles = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise UserError(f"constitution file not found: {path} (set label.constitution)") from None
+    except IsADirectoryError:
+        raise UserError(f"constitution {path} is a directory: name a YAML file") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise UserError(f"constitution {path} is not valid UTF-8 YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(principles, list) or not principles:
+        raise UserError(f"constitution {path} must be a YAML list of {{name, text}} principles")
+    for i, principle in enumerate(principles):
+        if not isinstance(principle, dict) or not isinstance(principle.get("text"), str) or not principle["text"].strip():
+            raise UserError(f"constitution {path}, principle {i + 1}: needs a non-empty string 'text'")
+        contrast = principle.get("contrast")
+        if contrast is not None and (not isinstance(contrast, str) or not contrast.strip()):
+            raise UserError(f"constitution {path}, principle {i + 1}: 'contrast' must be a non-empty string")
+        principle.setdefault("name", principle["text"][:40])
+    return principles
+
+
+def sample_principle(principles: list[dict], seed: int, key: str) -> dict:
+    return principles[random.Random(sha256_json([seed, key])).randrange(len(principles))]
+
+
+def applied(principles: list[dict], mode: str, seed: int, keys: list[str]) -> list[list[dict]]:
+    """Per principle applied, one list with a principle per comparison: one sampled list, or one list per principle."""
+    if mode == "all":
+        return [[principle] * len(keys) for principle in principles]
+    return [[sample_principle(principles, seed, key) for key in keys]]
+
+
+def compare(judge, principles: list[dict], mode: str, seed: int, keys: list[str], prompts, first, second):
+    """Position-debiased P(first better) under the principles `mode` applies (averaged over them for `all`), each
+    order's value, whether the orders agree, and the principle names per comparison."""
+    from rlaif.judges import debiased
+
+    layers = applied(principles, mode, seed, keys)
+    results = [debiased(judge, prompts, first, second, [p["text"] for p in layer]) for layer in layers]
+    p, p_ab, p_ba = (torch.stack([r[i] for r in results]).mean(0) for i in range(3))
+    names = ["all"] * len(keys) if mode == "all" else [p["name"] for p in layers[0]]
+    return p, p_ab, p_ba, (p_ab > 0.5) == (p_ba > 0.5), names
+
+
+def score_each(judge, principles: list[dict], mode: str, seed: int, keys: list[str], prompts, responses) -> torch.Tensor:
+    """d-RLAIF: each response's score in [-1, 1] under the principles `mode` applies (averaged for `all`)."""
+    if not hasattr(judge, "direct_score"):
+        raise UserError(f"judge {judge.name} cannot score one response alone: use judge hf, rules or reference with "
+                        "label.mode=score")
+    layers = applied(principles, mode, seed, keys)
+    return torch.stack([judge.direct_score(prompts, responses, [p["text"] for p in layer]) for layer in layers]).mean(0)
