@@ -67,6 +67,7 @@ bench: $(VENV)/.installed .venv-bench/.installed .venv-bench-ppo/.installed
 	$(BIN)/python bench/bench_gae.py --append
 	$(BIN)/python bench/bench_generation.py --append
 	$(BIN)/python bench/bench_label.py --append
+	$(BIN)/python bench/bench_judge_agreement.py --append
 	$(BIN)/python bench/bench_ppo_update.py --append
 	$(BIN)/python bench/bench_ppo_scaling.py --append
 	$(BIN)/python bench/bench_shards.py --append

@@ -24,6 +24,7 @@ from rlaif.orchestration import cluster
 
 SPEC = cluster.load(os.environ.get("RLAIF_CLUSTER_CONFIG"))
 RUN_ID = "{{ params.run_id or dag_run.run_id }}"  # `rlaif launch` makes it a safe path segment
+LOCK_OWNER = "airflow:{{ dag.dag_id }}:{{ dag_run.run_id }}:{{ task.task_id }}"  # a retry of a task takes its lock back
 
 PARAMS = {
     "config": Param("configs/demo.yaml", type="string",
@@ -63,7 +64,7 @@ def _pod_task(stage) -> KubernetesPodOperator:
         image=SPEC.image_for(stage),
         cmds=["rlaif"],
         arguments=_launch_args(stage.name),
-        env_vars={"RLAIF_CLUSTER_JSON": SPEC.to_json(), **SPEC.env},
+        env_vars={"RLAIF_CLUSTER_JSON": SPEC.to_json(), "RLAIF_LOCK_OWNER": LOCK_OWNER, **SPEC.env},
         secrets=[Secret("env", var, s.name, key) for s in SPEC.secrets for var, key in sorted(s.env.items())],
         container_resources=k8s.V1ResourceRequirements(requests={"cpu": str(r.cpu), "memory": f"{r.memory_gib}Gi"}, limits=limits),
         node_selector={**SPEC.node_selector, **(SPEC.gpu_node_selector if gpus else {})},
@@ -78,7 +79,7 @@ def _pod_task(stage) -> KubernetesPodOperator:
     )
 
 
-def run_launch(launch_args: list[str]) -> None:
+def run_launch(launch_args: list[str], lock_owner: str = "") -> None:
     """`$RLAIF_BIN launch <stage> ...` as a child process (an argv list, never a shell line), its output in the task
     log. Exit code 2 is a user error (bad config, missing input): failed without retries, which could not fix it."""
     import subprocess
@@ -87,7 +88,8 @@ def run_launch(launch_args: list[str]) -> None:
 
     stage = launch_args[1]
     argv = [os.environ.get("RLAIF_BIN", "rlaif"), *launch_args]
-    proc = subprocess.Popen(argv, cwd=os.environ.get("RLAIF_WORKDIR") or None, stdout=subprocess.PIPE,
+    env = {**os.environ, **({"RLAIF_LOCK_OWNER": lock_owner} if lock_owner else {})}
+    proc = subprocess.Popen(argv, cwd=os.environ.get("RLAIF_WORKDIR") or None, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, bufsize=1)
     for line in proc.stdout:
         print(line, end="", flush=True)
@@ -102,7 +104,7 @@ def _local_task(stage) -> PythonOperator:
         task_id=stage.name,
         doc_md=stage.description,
         python_callable=run_launch,
-        op_kwargs={"launch_args": _launch_args(stage.name)},  # each item rendered by Airflow
+        op_kwargs={"launch_args": _launch_args(stage.name), "lock_owner": LOCK_OWNER},  # each item rendered by Airflow
     )
 
 

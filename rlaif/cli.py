@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from rlaif.errors import UserError
+from rlaif.errors import UserError, redact
 from rlaif.graph import STAGE_BY_NAME
 
 
@@ -133,9 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         if error_file := os.environ.get("RLAIF_ERROR_FILE"):  # a stage under launch: launch prints it, once
             with open(error_file, "a", encoding="utf-8") as f:
-                f.write(f"{exc}\n")
+                f.write(f"{redact(str(exc))}\n")
         else:
-            print(f"error: {exc}", file=sys.stderr)
+            print(f"error: {redact(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -144,6 +144,6 @@ def main(argv: list[str] | None = None) -> int:
         from rlaif.orchestration.launch import StageFailed
 
         if isinstance(exc, StageFailed):
-            print(f"error: {exc}", file=sys.stderr)
+            print(f"error: {redact(str(exc))}", file=sys.stderr)
             return 2 if exc.code == 2 else 1
         raise

@@ -10,30 +10,47 @@ import json
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+import re
+from urllib.parse import urlsplit
 
-from rlaif import __version__
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
 from rlaif.errors import UserError
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True, allow_inf_nan=False)
+
+
+def no_credentials(url: str | None) -> str | None:
+    """URLs never carry a user or password: they would be echoed in logs, saved configs and compiled pipelines."""
+    if url and "://" in url and (urlsplit(url).username or urlsplit(url).password):
+        raise ValueError("must not contain a user name or password: give credentials through the environment")
+    return url
 
 
 class StorageConfig(Strict):
-    root: str = "file://./runs"
+    root: str = Field("file://./runs", min_length=1)
     """Where run outputs live: `file://PATH` (relative paths resolve against the working directory) or `s3://bucket/prefix`."""
     endpoint_url: str | None = None
     """S3 endpoint (MinIO, moto, ...). Falls back to the AWS_ENDPOINT_URL environment variable. Credentials come only
     from the environment (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or an instance role), never from config."""
 
+    @field_validator("root", "endpoint_url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        no_credentials(v)
+        if v and v.startswith("s3://") and not v[len("s3://"):].split("/")[0]:
+            raise ValueError("an s3:// URL needs a bucket: s3://BUCKET/prefix")
+        return v
+
 
 class DataConfig(Strict):
-    prompts: str = "data/prompts.jsonl"
+    prompts: str = Field("data/prompts.jsonl", min_length=1)
     """Prompts file: JSONL with a `prompt` field (and optionally `id`), or plain text with one prompt per line."""
     eval_fraction: float = 0.1
     """Fraction of prompts held out for evaluation, chosen by a hash of the prompt id (stable across runs)."""
-    max_prompt_chars: int = 2000
+    max_prompt_chars: int = Field(2000, ge=1)
     """Prompts longer than this are refused with an error naming the prompt."""
 
     @field_validator("eval_fraction")
@@ -48,26 +65,32 @@ class TinyPolicyConfig(Strict):
     """The demo policy: a tiny Llama-style model built from this config, BPE tokenizer trained on the shipped data,
     warm-started by a short supervised pass on the demonstrations, cached by a hash of this config and the data."""
 
-    vocab_size: int = 1024
+    vocab_size: int = Field(1024, ge=260, le=1_000_000)
     """BPE vocabulary size."""
-    hidden_size: int = 128
+    hidden_size: int = Field(128, ge=8, le=65536)
     """Model width."""
-    num_layers: int = 2
+    num_layers: int = Field(2, ge=1, le=256)
     """Transformer blocks."""
-    num_heads: int = 4
+    num_heads: int = Field(4, ge=1, le=1024)
     """Attention heads."""
-    intermediate_size: int = 384
+    intermediate_size: int = Field(384, ge=1)
     """MLP width."""
-    max_positions: int = 256
+    max_positions: int = Field(256, ge=16, le=1_000_000)
     """Longest sequence the model supports (prompt + response)."""
-    demonstrations: str = "data/demonstrations.jsonl"
+    demonstrations: str = Field("data/demonstrations.jsonl", min_length=1)
     """JSONL of {prompt, response} used for the supervised warm start (mixed quality on purpose)."""
-    sft_steps: int = 400
+    sft_steps: int = Field(400, ge=1, le=10_000_000)
     """Supervised warm-start steps."""
-    sft_batch_size: int = 32
+    sft_batch_size: int = Field(32, ge=1)
     """Sequences per warm-start step."""
-    sft_lr: float = 3e-3
+    sft_lr: float = Field(3e-3, gt=0, le=1)
     """Warm-start learning rate (AdamW, cosine decay)."""
+
+    @model_validator(mode="after")
+    def _heads(self):
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} must be a multiple of num_heads {self.num_heads}")
+        return self
 
 
 class PolicyConfig(Strict):
@@ -83,17 +106,28 @@ class PolicyConfig(Strict):
     """Format prompts with the tokenizer's chat template (one user turn, generation prompt added) instead of
     prompt_template. None: whenever the tokenizer has a template."""
 
+    @field_validator("prompt_template")
+    @classmethod
+    def _template(cls, v: str) -> str:
+        try:
+            v.format(prompt="")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"may hold only the placeholder {{prompt}} (double other braces: {{{{ }}}}): {exc}") from None
+        if "{prompt}" not in v:
+            raise ValueError("must contain the placeholder {prompt}")
+        return v
+
 
 class GenerateConfig(Strict):
-    max_prompts: int | None = 1024
+    max_prompts: int | None = Field(1024, ge=1)
     """Use at most this many training prompts (None: all)."""
-    max_new_tokens: int = 40
+    max_new_tokens: int = Field(40, ge=1, le=32768)
     """Longest response in tokens."""
-    temperature: float = 1.0
-    """Sampling temperature."""
-    top_p: float = 1.0
+    temperature: float = Field(1.0, ge=0, le=100)
+    """Sampling temperature; 0 is greedy decoding (then every sample of a prompt is the same: see identical_pairs)."""
+    top_p: float = Field(1.0, gt=0, le=1)
     """Nucleus sampling mass."""
-    top_k: int = 0
+    top_k: int = Field(0, ge=0)
     """Keep only the k most likely tokens (0: off)."""
     stop: list[str] = []
     """Stop strings: a response ends before the first of these (besides the EOS token)."""
@@ -104,7 +138,7 @@ class GenerateConfig(Strict):
     drop the pair if still identical), `drop` it, or `keep` it. Counted in the stage summary either way."""
     max_resamples: int = Field(3, ge=0)
     """Extra samples tried per identical pair when identical_pairs is resample."""
-    batch_size: int = 128
+    batch_size: int = Field(128, ge=1)
     """Sequences per generation micro-batch (prompts x samples_per_prompt)."""
     length_bucketing: bool = True
     """Sort prompts by token length before forming micro-batches, so a batch pads to similar lengths."""
@@ -116,7 +150,7 @@ class GenerateConfig(Strict):
     nodes: int = Field(1, ge=1)
     """Nodes on a cluster: more than 1 runs generate as a Kubeflow TrainJob (or PyTorchJob) whose ranks split the
     prompts (global rank 0 merges the parts); locally it is refused."""
-    shard_size: int = 512
+    shard_size: int = Field(512, ge=1)
     """Samples per output shard."""
 
 
@@ -127,7 +161,7 @@ DEFAULT_PREAMBLE = ("You compare two responses to a request. A better response f
 class HFJudgeConfig(Strict):
     model: str = ""
     """The judge: a Hugging Face causal-LM directory (local path or s3:// URL). Required for judge `hf`."""
-    max_length: int = 1024
+    max_length: int = Field(1024, ge=16)
     """Longest judge input in tokens; longer inputs lose their beginning (the question at the end is kept)."""
     trust_remote_code: bool = False
     """Allow the judge directory's own Python code to run."""
@@ -136,12 +170,19 @@ class HFJudgeConfig(Strict):
 class OpenAIJudgeConfig(Strict):
     base_url: str = ""
     """An OpenAI-compatible API root, e.g. `http://vllm:8000/v1` (vLLM, TGI, llama.cpp server, a hosted API)."""
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        return no_credentials(v)
     model: str = ""
     """Model name sent with each request."""
     api: Literal["completions", "chat"] = "completions"
     """`completions` (/completions with a prompt; log-probs of the answer token) or `chat` (/chat/completions)."""
-    api_key_env: str = "OPENAI_API_KEY"
-    """Name of the environment variable holding the API key (never the key itself: keys do not go in configs)."""
+    api_key_env: str = "RLAIF_JUDGE_API_KEY"
+    """Name of the environment variable holding the API key (never the key itself: keys do not go in configs); the
+    cluster's `rlaif-judge` secret fills RLAIF_JUDGE_API_KEY. A launch refuses when it is set and the variable is
+    not; empty: send no key (a server without authentication, e.g. your own vLLM)."""
     concurrency: int = Field(16, ge=1)
     """Requests in flight at once."""
     timeout_s: float = Field(60.0, gt=0)
@@ -157,9 +198,9 @@ class OpenAIJudgeConfig(Strict):
 class RulesJudgeConfig(Strict):
     """Deterministic checks; a response's score is the fraction of checks it passes."""
 
-    min_words: int = 1
+    min_words: int = Field(1, ge=0)
     """A response shorter than this fails the length check."""
-    max_words: int | None = None
+    max_words: int | None = Field(None, ge=1)
     """A response longer than this fails the length check (None: no upper bound)."""
     required: list[str] = []
     """Keywords (case-insensitive) of which each present passes one check."""
@@ -167,6 +208,16 @@ class RulesJudgeConfig(Strict):
     """Keywords (case-insensitive) of which each absent passes one check."""
     pattern: str | None = None
     """Regular expression the response must contain (re.search) to pass the format check."""
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as exc:
+                raise ValueError(f"is not a valid regular expression: {exc}") from None
+        return v
 
 
 DEFAULT_RUDE_TERMS = ["stupid", "idiot", "dumb", "shut up", "figure it out yourself", "look it up", "ask someone else",
@@ -202,7 +253,7 @@ class JudgeSettings(Strict):
     every comparison and the preferences are averaged (an ensemble: k times the judge calls, less label noise)."""
     temperature: float = Field(0.05, gt=0)
     """Soft-label temperature of the score-based judges (embedding, rules): p(a) = sigmoid((s_a - s_b) / temperature)."""
-    relevance_weight: float = 0.5
+    relevance_weight: float = Field(0.5, ge=0, le=10)
     """Weight of response-prompt similarity in the embedding judge's score."""
     preamble: str = DEFAULT_PREAMBLE
     """LLM judges (hf, openai): the instruction at the top of every judge prompt."""
@@ -230,9 +281,9 @@ class LabelConfig(JudgeSettings):
     sigmoid((score_a - score_b) / temperature). Judges hf and rules."""
     min_confidence: float = Field(0.0, ge=0.0, lt=0.5)
     """Drop pairs whose label is within this of 0.5 (|p - 0.5| < min_confidence); counted in the summary."""
-    batch_size: int = 64
+    batch_size: int = Field(64, ge=1)
     """Pairs per judge batch."""
-    shard_size: int = 512
+    shard_size: int = Field(512, ge=1)
     """Samples per output shard."""
 
 
@@ -244,28 +295,28 @@ class TrainRMConfig(Strict):
     nodes: int = Field(1, ge=1)
     """Nodes on a cluster. More than 1 runs the stage as a Kubeflow TrainJob (or PyTorchJob) of that many pods,
     created and watched by the pipeline step; locally it is refused."""
-    epochs: int = 1
+    epochs: int = Field(1, ge=1, le=1000)
     """Passes over the labels."""
-    batch_size: int = 16
+    batch_size: int = Field(16, ge=1)
     """Global batch size in pairs (split across processes)."""
-    lr: float = 1e-4
+    lr: float = Field(1e-4, gt=0, le=1)
     """Peak learning rate (AdamW, linear warm-up then linear decay)."""
-    weight_decay: float = 0.01
+    weight_decay: float = Field(0.01, ge=0, le=1)
     """AdamW weight decay."""
-    warmup_fraction: float = 0.1
+    warmup_fraction: float = Field(0.1, ge=0, lt=1)
     """Fraction of steps spent warming up."""
-    max_length: int = 128
+    max_length: int = Field(128, ge=8, le=1_000_000)
     """Tokens of (prompt, response) shown to the reward model."""
-    grad_clip: float = 1.0
+    grad_clip: float = Field(1.0, gt=0)
     """Clip the global gradient norm to this."""
-    grad_accum_steps: int = 1
+    grad_accum_steps: int = Field(1, ge=1)
     """Micro-batches per optimizer step (the global batch is split across processes and these)."""
-    margin: float = 0.0
+    margin: float = Field(0.0, ge=0, le=100)
     """Bradley-Terry margin: the pair's logit is shifted by margin * (2p - 1), demanding a wider gap on confident
     labels (Llama 2's margin loss, for soft labels). 0 turns it off."""
-    lora_rank: int = 0
+    lora_rank: int = Field(0, ge=0, le=4096)
     """LoRA rank on all linear layers of the backbone (the score head is trained fully); 0 trains all weights."""
-    lora_alpha: int = 32
+    lora_alpha: int = Field(32, ge=1)
     """LoRA scaling numerator."""
     strategy: Literal["ddp", "deepspeed"] = "ddp"
     """Data parallelism: PyTorch DDP, or DeepSpeed ZeRO (needs the `deepspeed` extra)."""
@@ -274,15 +325,15 @@ class TrainRMConfig(Strict):
     data_split: Literal["batch", "shard"] = "batch"
     """batch: every process streams the same seeded order and takes its slice of each global batch (identical results
     for any process count; each process reads all labels). shard: processes and workers stream disjoint shards."""
-    data_workers: int = 0
+    data_workers: int = Field(0, ge=0, le=64)
     """DataLoader workers per process in `shard` mode."""
-    shuffle_buffer: int = 1024
+    shuffle_buffer: int = Field(1024, ge=1)
     """Shuffle-buffer size of the label stream (samples held in memory)."""
-    held_out_fraction: float = 0.1
+    held_out_fraction: float = Field(0.1, gt=0, lt=1)
     """Pairs held out for accuracy and calibration, chosen by a hash of the pair key."""
-    checkpoint_every: int = 25
+    checkpoint_every: int = Field(25, ge=0)
     """Optimizer steps between checkpoints (0: none). A restarted stage resumes from the newest one."""
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = Field(2, ge=1)
     """Checkpoints kept; older ones are deleted."""
 
 
@@ -297,11 +348,11 @@ class PPOConfig(Strict):
     samples per prompt, advantages relative to the prompt's group, no critic, KL as a loss term (DeepSeekMath)."""
     group_size: int = Field(4, ge=2)
     """GRPO: samples per prompt (rollout_batch_size counts samples, so it must be a multiple of this per process)."""
-    iterations: int = 40
+    iterations: int = Field(40, ge=1)
     """Rollout + update iterations."""
-    rollout_batch_size: int = 64
+    rollout_batch_size: int = Field(64, ge=1)
     """Sequences per iteration, global (split across processes)."""
-    minibatch_size: int = 16
+    minibatch_size: int = Field(16, ge=1)
     """Sequences per optimizer step, global. Minibatches are drawn from the whole gathered rollout, so the update
     is the same for any number of processes."""
     grad_accum_steps: int = Field(1, ge=1)
@@ -314,92 +365,110 @@ class PPOConfig(Strict):
     """Generate the next rollout in a background thread, with an actor copy of the policy holding the weights from
     before the current update, while the current update trains (one step off-policy; the PPO ratio to the rollout
     log-probs corrects it). Costs a second copy of the policy. A resumed run regenerates its first batch on-policy."""
-    target_kl: float | None = None
+    target_kl: float | None = Field(None, gt=0)
     """Stop an iteration's remaining PPO epochs when the mean approximate KL to the rollout policy exceeds this."""
-    ppo_epochs: int = 2
+    ppo_epochs: int = Field(2, ge=1, le=100)
     """Passes over each rollout (TRL: 4, OpenRLHF/verl: 1)."""
-    lr: float = 1e-3
+    lr: float = Field(1e-3, gt=0, le=1)
     """Learning rate of the trainable policy parameters and the value head."""
-    lora_rank: int = 16
+    lora_rank: int = Field(16, ge=0, le=4096)
     """LoRA rank; 0 trains all weights (and keeps a frozen reference copy)."""
-    lora_alpha: int = 32
+    lora_alpha: int = Field(32, ge=1)
     """LoRA scaling numerator."""
-    max_new_tokens: int = 40
+    max_new_tokens: int = Field(40, ge=1, le=32768)
     """Longest response during rollout."""
-    temperature: float = 0.7
+    temperature: float = Field(0.7, gt=0, le=100)
     """Rollout sampling temperature; log-probs are taken at the same temperature (TRL's default, 0.7, and the
     evaluation's). At 1.0 a small policy's long answers come out garbled often enough that PPO settles on a short,
     reliable reply instead (measured in BENCHMARKS.md)."""
-    gamma: float = 1.0
+    gamma: float = Field(1.0, gt=0, le=1)
     """Discount (all peers use 1.0)."""
-    lam: float = 0.95
+    lam: float = Field(0.95, ge=0, le=1)
     """GAE lambda (TRL, DeepSpeed-Chat, NeMo: 0.95; OpenRLHF, verl: 1.0)."""
-    clip_eps: float = 0.2
+    clip_eps: float = Field(0.2, gt=0, le=10)
     """Policy ratio clip."""
-    value_clip: float = 0.2
+    value_clip: float = Field(0.2, gt=0)
     """Value clip around the rollout values."""
-    vf_coef: float = 0.1
+    vf_coef: float = Field(0.1, ge=0)
     """Value-loss weight (TRL: 0.1)."""
-    kl_coef: float = 0.05
+    kl_coef: float = Field(0.05, ge=0)
     """PPO: weight of the per-token KL penalty in the reward (peers: 0.001 to 0.1). GRPO: weight of the KL loss term."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k1"
     """Per-token KL estimator (PPO peers use k1 in the reward; GRPO uses k3 in the loss)."""
-    adaptive_kl_target: float | None = None
+    adaptive_kl_target: float | None = Field(None, gt=0)
     """PPO: adapt kl_coef so the per-sequence KL tracks this target (Ziegler et al.); None keeps kl_coef fixed."""
-    adaptive_kl_horizon: int = 10000
+    adaptive_kl_horizon: int = Field(10000, ge=1)
     """PPO: horizon (in sequences) of the adaptive KL controller."""
     reward: Literal["reward_model", "judge"] = "reward_model"
     """`reward_model`: the stage-3 reward model's normalised score. `judge` (d-RLAIF, Lee et al. 2023): label's judge
     scores each response alone in [-1, 1] (judges hf and rules) against a principle sampled per prompt; no reward
     model in the loop (stage 3 still runs, and evaluation still reports its score)."""
-    reward_clip: float = 5.0
+    reward_clip: float = Field(5.0, gt=0)
     """Clip normalised rewards to +-this."""
-    missing_eos_penalty: float | None = None
+    missing_eos_penalty: float | None = Field(None, ge=0)
     """Subtract this from the score of a response that ran out of tokens before its EOS (TRL's option)."""
-    grad_clip: float = 1.0
+    grad_clip: float = Field(1.0, gt=0)
     """Clip the global gradient norm to this."""
     anneal_lr: bool = False
     """Decay the learning rate linearly to 0 over the run (CleanRL); off keeps it constant."""
-    checkpoint_every: int = 10
+    checkpoint_every: int = Field(10, ge=0)
     """Checkpoint every this many iterations (trainable weights, value head, optimizer, schedule, KL coefficient,
     metrics so far); a restarted stage resumes from the newest. 0 disables."""
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = Field(2, ge=1)
     """Checkpoints kept in storage."""
+
+    @model_validator(mode="after")
+    def _sizes(self):
+        if self.rollout_batch_size % self.minibatch_size:
+            raise ValueError(f"minibatch_size {self.minibatch_size} must divide rollout_batch_size {self.rollout_batch_size}")
+        if self.algorithm == "grpo" and self.rollout_batch_size % self.group_size:
+            raise ValueError(f"rollout_batch_size {self.rollout_batch_size} must be a multiple of group_size {self.group_size}")
+        return self
 
 
 class JudgeSpec(JudgeSettings):
     """A further judge used by the evaluation (the training judge, `label`'s, is always first, named `training`)."""
 
-    name: str
-    """Name shown in the report, e.g. `heldout`."""
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    """Name shown in the report, e.g. `heldout` (letters, digits, '-', '_')."""
 
 
 class EvaluateConfig(Strict):
-    n_prompts: int = 256
+    n_prompts: int = Field(256, ge=1)
     """Held-out prompts to evaluate on (at most the held-out split's size)."""
-    max_new_tokens: int = 40
+    max_new_tokens: int = Field(40, ge=1, le=32768)
     """Longest response."""
-    temperature: float = 0.7
+    temperature: float = Field(0.7, gt=0, le=100)
     """Sampling temperature of both policies."""
-    batch_size: int = 64
+    batch_size: int = Field(64, ge=1)
     """Prompts per generation micro-batch."""
-    tie_margin: float = 0.05
+    tie_margin: float = Field(0.05, ge=0, lt=0.5)
     """A comparison with |p - 0.5| below this counts as a tie (half a win)."""
-    n_examples: int = 8
+    n_examples: int = Field(8, ge=0)
     """Example prompts shown in the report."""
     judges: list[JudgeSpec] = []
     """Further judges reported beside the training judge, e.g. an independent held-out judge whose principles the
     policy was never optimised against: a gap between the two is a sign of reward hacking."""
-    min_win_rate: float | None = None
+    min_win_rate: float | None = Field(None, ge=0, le=1)
     """Quality gate: fail the stage (exit code 2, no manifest) when the training judge's win rate is below this."""
-    max_kl: float | None = None
+    max_kl: float | None = Field(None, ge=0)
     """Quality gate: fail the stage when the per-sequence KL to the reference is above this."""
+
+    @field_validator("judges")
+    @classmethod
+    def _names(cls, judges: list) -> list:
+        names = [j.name for j in judges]
+        if "training" in names:
+            raise ValueError("the name 'training' is the label stage's judge: name this judge otherwise")
+        if len(set(names)) != len(names):
+            raise ValueError(f"judge names must be unique, got {names}")
+        return judges
 
 
 class PipelineConfig(Strict):
     run_id: str = "demo"
     """Name of the run; outputs go to <storage.root>/<run_id>/. Re-running the same run_id resumes it."""
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=2**63 - 1)
     """Seed of every random choice in every stage."""
     storage: StorageConfig = StorageConfig()
     """Where outputs live."""
@@ -421,16 +490,44 @@ class PipelineConfig(Strict):
     @field_validator("run_id")
     @classmethod
     def _run_id(cls, v: str) -> str:
-        if not v or not all(c.isalnum() or c in "-_." for c in v):
-            raise ValueError("use letters, digits, '-', '_' and '.' only")
+        """One safe path segment: it names a directory under the storage root."""
+        if not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}", v):
+            raise ValueError("use 1-128 letters, digits, '-', '_' and '.' (not first): one directory name")
         return v
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a mapping with the same key twice (PyYAML silently keeps the last one)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                duplicate = key in seen
+            except TypeError:  # an unhashable key: the base class reports it
+                break
+            if duplicate:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(text: str, source: str) -> Any:
+    """YAML text as Python objects, or a one-line UserError naming `source` (syntax, duplicate keys, deep nesting)."""
+    try:
+        return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        raise UserError(f"{source} is not valid YAML: {' '.join(str(exc).split())[:200]}") from None
+    except RecursionError:
+        raise UserError(f"{source} is nested too deeply to be a config") from None
 
 
 def _parse_value(text: str) -> Any:
     """`--set` values are YAML scalars: 3, 0.5, true, null, "text"."""
     try:
         return yaml.safe_load(text)
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError):
         return text
 
 
@@ -462,21 +559,15 @@ def load_config(path: str | None, overrides: list[str] | tuple[str, ...] = ()) -
     """The config from a YAML file (local path or URL), or the defaults when there is none, plus `--set` overrides."""
     if not path:
         return parse_config("", "defaults", overrides)
-    from rlaif.io.storage import read_text  # local import: storage imports this module's types
+    from rlaif.io.storage import read_user_file  # local import: storage imports this module's types
 
-    try:
-        text = read_text(path)
-    except FileNotFoundError:
-        raise UserError(f"config file not found: {path}") from None
+    text = read_user_file(path, "config file", "give a YAML config file, e.g. configs/demo.yaml")
     return parse_config(text, f"config file {path}", overrides)
 
 
 def parse_config(text: str, source: str, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:
     """The config from YAML text (`source` names it in errors), plus `--set` overrides."""
-    try:
-        raw = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
-        raise UserError(f"{source} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    raw = load_yaml(text, source) or {}
     if not isinstance(raw, dict):
         raise UserError(f"{source} must hold a mapping of sections")
     raw = apply_overrides(raw, overrides)
@@ -495,7 +586,9 @@ def sha256_json(obj: Any) -> str:
 
 
 def stage_config_hash(cfg: PipelineConfig, sections: tuple[str, ...], input_digests: dict[str, str]) -> str:
-    """Cache key of a stage: its config sections, its inputs' digests and the code version."""
+    """Cache key of a stage: its config sections, its inputs' digests and the digest of the code it runs."""
+    from rlaif.io.digest import code_digest  # local import: rlaif.io imports this module
+
     dumped = cfg.model_dump(mode="json")
     payload = {name: dumped[name] for name in sections}
-    return sha256_json({"config": payload, "inputs": input_digests, "code": __version__})
+    return sha256_json({"config": payload, "inputs": input_digests, "code": code_digest()})

@@ -89,7 +89,7 @@ def verdicts(metrics: dict) -> list[str]:
             out.append(f"The improvement is real: the reference judge, which checks the prompts' key points and was "
                        f"never trained against, prefers the tuned policy ({reference['win_rate']:.3f}).")
     div = metrics.get("diversity")
-    if div and div["top_response_share"] > COLLAPSE_SHARE:
+    if div and div["top_response_share"] > COLLAPSE_SHARE and div["top_response_share"] * metrics["n_prompts"] >= 2:
         out.append(f"Mode collapse: {div['top_response_share']:.0%} of the tuned answers are the same text "
                    f"({div['top_response'][:80]!r}); distinct-2 {div['distinct_2']:.3f} vs "
                    f"{metrics['diversity_reference']['distinct_2']:.3f} for the starting policy.")

@@ -66,8 +66,9 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
     next_values = torch.zeros_like(values)
     next_values[:, :-1] = values[:, 1:] * mask[:, 1:]
     deltas = (rewards + gamma * next_values - values) * mask
-    # Blockwise products replace the backward recursion over time; at least float32 (bf16 sums drift).
-    advantages = discounted_suffix_sum(deltas.float(), gamma * lam).to(values.dtype) * mask
+    # Blockwise products replace the backward recursion over time; at least float32 (bf16 sums drift), never demoted.
+    wide = torch.promote_types(deltas.dtype, torch.float32)
+    advantages = discounted_suffix_sum(deltas.to(wide), gamma * lam).to(values.dtype) * mask
     returns = (advantages + values) * mask
     return advantages, returns
 

@@ -30,11 +30,36 @@ def read(stage_url: str) -> dict | None:
         return None
     try:
         manifest = json.loads(data)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, UnicodeDecodeError):
         raise UserError(f"{url} is not valid JSON: delete it and re-run the stage") from None
+    if not isinstance(manifest, dict):
+        raise UserError(f"{url} is not a manifest (a JSON object): delete it and re-run the stage")
     if manifest.get("schema_version") != SCHEMA_VERSION:
         raise UserError(f"{url} has schema version {manifest.get('schema_version')}, expected {SCHEMA_VERSION}: re-run the stage")
+    _check_shape(manifest, url)
     return manifest
+
+
+def _inside(relative) -> bool:
+    """A shard or file named relative to its stage directory and staying inside it (no scheme, root or '..')."""
+    return (isinstance(relative, str) and relative != "" and "://" not in relative and not relative.startswith(("/", "\\"))
+            and ".." not in relative.replace("\\", "/").split("/"))
+
+
+def _check_shape(manifest: dict, url: str) -> None:
+    """Fields a reader relies on; every shard and file it lists resolves under the manifest's own stage directory."""
+    fields = {"stage": str, "config_hash": str, "inputs": dict, "shards": list, "files": list, "num_samples": int,
+              "summary": dict, "digest": str}
+    missing = [k for k, kind in fields.items() if not isinstance(manifest.get(k), kind)]
+    if missing:
+        raise UserError(f"{url} is missing or has malformed fields ({', '.join(missing)}): delete it and re-run the stage")
+    for shard in manifest["shards"]:
+        if not (isinstance(shard, dict) and _inside(shard.get("url")) and isinstance(shard.get("count"), int)
+                and isinstance(shard.get("sha256"), str)):
+            raise UserError(f"{url} lists a shard outside its stage directory or without url/count/sha256: {str(shard)[:80]}")
+    for entry in manifest["files"]:
+        if not (isinstance(entry, dict) and _inside(entry.get("path"))):
+            raise UserError(f"{url} lists a file outside its stage directory: {str(entry)[:80]}")
 
 
 def require(stage_url: str, stage: str) -> dict:

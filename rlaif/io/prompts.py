@@ -3,10 +3,26 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 from rlaif.config import DataConfig
 from rlaif.errors import UserError
+from rlaif.io.storage import read_user_file
+
+
+ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
+
+
+def _prompt_id(row: dict, lineno: int, where: str) -> str:
+    """The row's id, which becomes a shard key (a '.' would split it into file extensions, '/' into directories)."""
+    pid = row.get("id")
+    if pid is None:
+        return f"line{lineno:07d}"
+    if isinstance(pid, bool) or not isinstance(pid, (str, int)) or not ID.fullmatch(str(pid)):
+        raise UserError(f"{where}: id {str(pid)[:40]!r} is not usable: use 1-128 letters, digits, '-' or '_' "
+                        "(ids become shard keys)")
+    return str(pid)
 
 
 def _references(row: dict, where: str) -> dict:
@@ -28,14 +44,7 @@ def load_prompts(data: DataConfig) -> list[dict]:
     """[{id, prompt, key_points?, reference?}] from JSONL (`prompt`, optional `id`, `key_points`, `reference`) or
     plain text (one prompt per line)."""
     path = Path(data.prompts)
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except FileNotFoundError:
-        raise UserError(f"prompts file not found: {path} (set data.prompts to a JSONL or text file)") from None
-    except IsADirectoryError:
-        raise UserError(f"prompts file {path} is a directory: set data.prompts to a JSONL or text file") from None
-    except UnicodeDecodeError as exc:
-        raise UserError(f"prompts file {path} is not UTF-8 (byte {exc.start}): re-encode it as UTF-8") from None
+    text = read_user_file(data.prompts, "prompts file", "set data.prompts to a JSONL or text file")
     rows = []
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -47,10 +56,12 @@ def load_prompts(data: DataConfig) -> list[dict]:
                 raise UserError(f"prompts file {path} line {lineno} is not valid JSON") from None
             if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
                 raise UserError(f"prompts file {path} line {lineno} has no string field 'prompt'")
-            prompt, pid = row["prompt"], str(row.get("id", f"line{lineno:07d}"))
-            extra = _references(row, f"prompts file {path} line {lineno}")
+            where = f"prompts file {path} line {lineno}"
+            prompt, pid, extra = row["prompt"], _prompt_id(row, lineno, where), _references(row, where)
         else:
             prompt, pid, extra = line, f"line{lineno:07d}", {}
+        if not prompt.strip():
+            raise UserError(f"prompts file {path} line {lineno} has an empty prompt: remove the line or fill it in")
         if len(prompt) > data.max_prompt_chars:
             raise UserError(
                 f"prompts file {path} line {lineno}: prompt of {len(prompt)} characters exceeds data.max_prompt_chars={data.max_prompt_chars}"

@@ -8,6 +8,7 @@ import hashlib
 import importlib
 import os
 import shutil
+import stat
 import tempfile
 import uuid
 from pathlib import Path
@@ -79,6 +80,25 @@ def read_text(url: str) -> str:
     return read_bytes(url).decode("utf-8")
 
 
+def read_user_file(url: str, what: str, fix: str) -> str:
+    """A file the user names (config, prompts, constitution, few-shot), as UTF-8 text, or a one-line UserError:
+    missing, not a regular file (a directory or a FIFO, which would block the read), unreadable or not UTF-8."""
+    try:
+        if is_local(url):
+            mode = os.stat(local_path(url)).st_mode
+            if not stat.S_ISREG(mode):
+                raise UserError(f"{what} {url} is not a regular file (a directory, FIFO or device): {fix}")
+        data = read_bytes(url)
+    except FileNotFoundError:
+        raise UserError(f"{what} not found: {url} ({fix})") from None
+    except (PermissionError, IsADirectoryError, NotADirectoryError) as exc:
+        raise UserError(f"{what} {url} cannot be read ({type(exc).__name__}): {fix}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{what} {url} is not UTF-8 (byte {exc.start}): re-encode it as UTF-8") from None
+
+
 def write_bytes_atomic(url: str, data: bytes) -> None:
     """Readers never see a partial object: local files go through a temp file + rename; an S3 PUT is atomic."""
     if is_local(url):
@@ -90,6 +110,33 @@ def write_bytes_atomic(url: str, data: bytes) -> None:
     else:
         with open_url(url, "wb") as f:
             f.write(data)
+
+
+def create_exclusive(url: str, data: bytes) -> bool:
+    """Create the object only if nothing is there yet, atomically, with all of `data`: True if this call created it,
+    False if it existed. Local files: a complete temp file hard-linked into place (link fails when the name exists);
+    S3: a PUT with If-None-Match: * (the store refuses it with 412 when the key exists)."""
+    if is_local(url):
+        path = local_path(url)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+        tmp.write_bytes(data)
+        try:
+            os.link(tmp, path)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            tmp.unlink(missing_ok=True)
+    bucket, _, key = _path(url).partition("/")
+    try:
+        filesystem(url).call_s3("put_object", Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+        return True
+    except Exception as exc:  # s3fs wraps botocore's ClientError; a 412 or 409 means the key exists
+        text = f"{exc!r} {getattr(exc, '__cause__', '')!r}"
+        if any(code in text for code in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409")):
+            return False
+        raise
 
 
 def remove(url: str, recursive: bool = False) -> None:

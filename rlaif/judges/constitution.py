@@ -11,23 +11,16 @@ from __future__ import annotations
 import random
 
 import torch
-import yaml
 
-from rlaif.config import sha256_json
+from rlaif.config import load_yaml, sha256_json
 from rlaif.errors import UserError
+from rlaif.io.storage import read_user_file
 
 
 def load_constitution(path: str) -> list[dict]:
     """The principles in `path`, each {name, text} plus an optional contrast; a one-line error otherwise."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            principles = yaml.safe_load(f)
-    except FileNotFoundError:
-        raise UserError(f"constitution file not found: {path} (set label.constitution)") from None
-    except IsADirectoryError:
-        raise UserError(f"constitution {path} is a directory: name a YAML file") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise UserError(f"constitution {path} is not valid UTF-8 YAML: {str(exc).splitlines()[0]}") from None
+    text = read_user_file(path, "constitution file", "set label.constitution to a YAML list of principles")
+    principles = load_yaml(text, f"constitution {path}")
     if not isinstance(principles, list) or not principles:
         raise UserError(f"constitution {path} must be a YAML list of {{name, text}} principles")
     for i, principle in enumerate(principles):

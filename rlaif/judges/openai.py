@@ -45,7 +45,7 @@ class OpenAIJudge:
         import aiohttp
 
         headers = {"Content-Type": "application/json"}
-        if key := os.environ.get(self.cfg.api_key_env):
+        if self.cfg.api_key_env and (key := os.environ.get(self.cfg.api_key_env)):
             headers["Authorization"] = f"Bearer {key}"
         limit = asyncio.Semaphore(self.cfg.concurrency)
         async with aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=self.cfg.timeout_s)) as session:

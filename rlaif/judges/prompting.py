@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from rlaif.errors import UserError
+from rlaif.io.storage import read_user_file
 
 ANSWER_CUE = "\nPreferred response:"
 ANSWERS = (" 1", " 2")
@@ -21,14 +22,15 @@ def score_candidate(k: int) -> str:
 def load_few_shot(path: str | None) -> list[dict]:
     if not path:
         return []
+    text = read_user_file(path, "few-shot file", "set label.few_shot to a JSONL file of worked examples")
     try:
-        rows = [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
-    except FileNotFoundError:
-        raise UserError(f"few-shot file not found: {path} (set label.few_shot)") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"few-shot file {path} is not UTF-8 JSONL: {exc}") from None
+        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    except json.JSONDecodeError as exc:
+        raise UserError(f"few-shot file {path} is not JSONL: {exc}") from None
     for i, row in enumerate(rows):
-        if not {"prompt", "response_1", "response_2", "preferred"} <= set(row) or row["preferred"] not in (1, 2):
+        texts = ("prompt", "response_1", "response_2")
+        if (not isinstance(row, dict) or not {*texts, "preferred"} <= set(row) or row["preferred"] not in (1, 2)
+                or not all(isinstance(row[k], str) for k in texts)):
             raise UserError(f"few-shot file {path}, line {i + 1}: needs prompt, response_1, response_2 and preferred (1 or 2)")
     return rows
 

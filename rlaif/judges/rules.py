@@ -6,17 +6,13 @@ import re
 
 import torch
 
-from rlaif.errors import UserError
 
 
 class RulesJudge:
     def __init__(self, rules, temperature: float):
         self.rules = rules
         self.temperature = temperature
-        try:
-            self.pattern = re.compile(rules.pattern) if rules.pattern else None
-        except re.error as exc:
-            raise UserError(f"label.rules.pattern is not a valid regular expression: {exc}") from None
+        self.pattern = re.compile(rules.pattern) if rules.pattern else None  # the config checked that it compiles
         self.name = "rules"
 
     def check(self, response: str) -> float:

@@ -123,6 +123,13 @@ def compile_pipeline(output: str, cluster: "str | None" = None, components_dir: 
     """Writes the pipeline YAML (and optionally each stage's component YAML); returns the pipeline path."""
     from pathlib import Path
 
+    from rlaif.errors import UserError
+
+    target = Path(output)
+    if target.is_dir() or target.suffix not in (".yaml", ".yml"):
+        raise UserError(f"--output {output}: name the pipeline YAML file to write, e.g. rlaif_pipeline.yaml")
+    if not target.parent.is_dir():
+        raise UserError(f"--output {output}: directory {target.parent} does not exist: create it first")
     compiler.Compiler().compile(build_pipeline(load(cluster) if cluster else ClusterSpec()), output)
     if components_dir:
         for name, component in COMPONENTS.items():
@@ -136,22 +143,32 @@ def submit(endpoint: str, config: str | None, overrides: list[str], run_id: str,
            cluster: str | None, experiment: str, client=None) -> str:
     """Submits one run through kfp.Client. A local config file is sent inline (the pods cannot read this machine's
     files); an s3:// URL is passed as is."""
+    import warnings
+
     import kfp
 
-    from rlaif.errors import UserError
+    from rlaif.errors import UserError, redact
     from rlaif.orchestration.launch import load_config_source
 
-    if config and "://" not in config:
-        try:
-            with open(config, encoding="utf-8") as f:
-                config = f.read()
-        except FileNotFoundError:
-            raise UserError(f"config file not found: {config}") from None
+    from rlaif.io.storage import read_user_file
+
+    if config and "://" not in config and "\n" not in config:
+        config = read_user_file(config, "config file", "give a YAML config file, e.g. configs/demo.yaml")
     load_config_source(config, overrides, run_id, storage_root)  # refuse a bad config here, not in the first pod
-    client = client or kfp.Client(host=endpoint)
-    run = client.create_run_from_pipeline_func(
-        build_pipeline(load(cluster) if cluster else ClusterSpec()), experiment_name=experiment,
-        arguments={"config": config or "configs/demo.yaml", "overrides": list(overrides), "run_id": run_id,
-                   "storage_root": storage_root},
-    )
+    pipeline = build_pipeline(load(cluster) if cluster else ClusterSpec())
+    try:
+        with warnings.catch_warnings():  # kfp.Client warns about server versions on every construction
+            warnings.simplefilter("ignore", FutureWarning)
+            client = client or kfp.Client(host=endpoint)
+        run = client.create_run_from_pipeline_func(
+            pipeline, experiment_name=experiment,
+            arguments={"config": config or "configs/demo.yaml", "overrides": list(overrides), "run_id": run_id,
+                       "storage_root": storage_root},
+        )
+    except Exception as exc:  # urllib3/kfp_server_api raise many types for one cause: the server did not answer
+        if isinstance(exc, UserError):
+            raise
+        reason = " ".join(str(exc).split())[:160]
+        raise UserError(f"KFP endpoint {redact(endpoint)} did not accept the run ({type(exc).__name__}: "
+                        f"{redact(reason)}): check --endpoint and that the KFP API server is reachable") from None
     return getattr(run, "run_id", str(run))

@@ -38,7 +38,7 @@ def load_config_source(source: str | None, overrides: list[str] = (), run_id: st
 
 def safe_run_id(text: str) -> str:
     """An orchestrator's run name (e.g. Airflow's `manual__2026-11-22T08:00:00+00:00`) as a storage path segment."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.") or "run"
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")[:128].rstrip("-.") or "run"
 
 
 def prepare(cfg: PipelineConfig) -> str:
@@ -74,12 +74,20 @@ def check_judges(cfg: PipelineConfig) -> None:
     """The judges' settings that can be checked before any work: constitutions readable, required fields set."""
     from rlaif.judges.constitution import load_constitution
 
+    from rlaif.judges.prompting import load_few_shot
+
     for where, judge in (("label", cfg.label), *((f"evaluate.judges[{j.name}]", j) for j in cfg.evaluate.judges)):
         load_constitution(judge.constitution)
+        if judge.judge in ("hf", "openai"):
+            load_few_shot(judge.few_shot)
         if judge.judge == "hf" and not judge.hf.model:
             raise UserError(f"{where}: judge 'hf' needs hf.model, a Hugging Face causal-LM directory")
         if judge.judge == "openai" and not (judge.openai.base_url and judge.openai.model):
             raise UserError(f"{where}: judge 'openai' needs openai.base_url and openai.model")
+        key_env = judge.openai.api_key_env
+        if judge.judge == "openai" and key_env and not os.environ.get(key_env):
+            raise UserError(f"{where}: the endpoint judge's API key variable ${key_env} is not set: export it (on a "
+                            "cluster: the rlaif-judge secret), or set openai.api_key_env to '' for a server without keys")
     scorers = ("hf", "rules", "reference")
     if cfg.label.mode == "score" and cfg.label.judge not in scorers:
         raise UserError(f"label.mode=score needs a judge that scores one response alone (hf, rules or reference), not "
@@ -185,6 +193,7 @@ def kfp_component(name: str, config: str, overrides: list[str], run_id: str, sto
     from rlaif.models.loading import quiet_transformers
 
     quiet_transformers()
+    os.environ.setdefault("RLAIF_LOCK_OWNER", f"kfp:{default_run_id}:{name}")  # a retry of this step takes its lock back
     cfg = load_config_source(config, overrides, run_id or safe_run_id(default_run_id), storage_root)
     config_url = prepare(cfg)
     for dep, artifact in upstream.items():

@@ -9,7 +9,7 @@ from pathlib import Path
 from rlaif.config import PipelineConfig, stage_config_hash
 from rlaif.graph import STAGE_BY_NAME, Stage
 from rlaif.io import manifest, storage
-from rlaif.io.storage import sha256_file
+from rlaif.io.digest import spec_digest
 
 
 def run_url(cfg: PipelineConfig) -> str:
@@ -47,14 +47,45 @@ class StageContext:
         return {"path": name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
+def _judge_files(judge) -> dict[str, str]:
+    files = {"constitution": judge.constitution}
+    if judge.few_shot:
+        files["few_shot"] = judge.few_shot
+    if judge.judge == "hf":
+        files["model"] = judge.hf.model
+    if judge.judge == "embedding":
+        files["model"] = "builtin:minilm"
+    return files
+
+
+def config_files(cfg: PipelineConfig, name: str) -> dict[str, str]:
+    """Every file or model directory the stage reads that its config names (besides the prompts), by role."""
+    policy = {"policy": cfg.policy.tiny.demonstrations if cfg.policy.model == "builtin:tiny-llama" else cfg.policy.model}
+    label = {f"label.{role}": spec for role, spec in _judge_files(cfg.label).items()}
+    if name == "generate":
+        return policy
+    if name == "label":
+        return label
+    if name == "train_rm":
+        return {"backbone": cfg.train_rm.backbone}
+    if name == "ppo":
+        return {**policy, **(label if cfg.ppo.reward == "judge" else {})}
+    judges = {f"evaluate.{j.name}.{role}": spec for j in cfg.evaluate.judges for role, spec in _judge_files(j).items()}
+    return {**policy, **label, **judges}
+
+
+def file_digests(cfg: PipelineConfig, name: str) -> dict[str, str]:
+    """Content digests of the prompts (where the stage reads them) and of every file its config names."""
+    digests = {"prompts": spec_digest(cfg.data.prompts)} if STAGE_BY_NAME[name].uses_prompts else {}
+    return {**digests, **{f"file:{role}": spec_digest(spec) for role, spec in config_files(cfg, name).items()}}
+
+
 def context(cfg: PipelineConfig, name: str, part_index: int = 0, num_parts: int = 1) -> StageContext:
-    """Reads (and so requires) the upstream manifests; raises UserError if one is missing."""
+    """Reads (and so requires) the upstream manifests; raises UserError if one is missing. The cache key covers the
+    upstream manifests, the content of every file the config names for this stage, and the code."""
     stage = STAGE_BY_NAME[name]
     inputs = {dep: manifest.require(stage_url(cfg, dep), dep) for dep in stage.inputs}
-    digests = {dep: m["digest"] for dep, m in inputs.items()}
-    if stage.uses_prompts:
-        path = Path(cfg.data.prompts)
-        digests["prompts"] = sha256_file(path) if path.is_file() else "missing"
+    digests = {**{dep: m["digest"] for dep, m in inputs.items()}, **file_digests(cfg, name)}
     return StageContext(cfg, stage, stage_url(cfg, name), inputs, digests, stage_config_hash(cfg, stage.config_sections, digests),
                         part_index, num_parts)
 

@@ -253,8 +253,6 @@ def check_sizes(c, world: int) -> None:
     if c.minibatch_size % (world * c.grad_accum_steps):
         raise UserError(f"ppo.minibatch_size={c.minibatch_size} must be divisible by {world} processes x "
                         f"grad_accum_steps {c.grad_accum_steps}")
-    if c.rollout_batch_size % c.minibatch_size:
-        raise UserError("ppo.rollout_batch_size must be a multiple of ppo.minibatch_size")
     if c.async_rollout and c.strategy != "ddp":
         raise UserError("ppo.async_rollout needs strategy ddp (an actor copy of sharded ZeRO weights is not supported)")
 

@@ -85,7 +85,7 @@ def test_file_storage_run_then_cache_hits(tmp_path):
 
     # A quality gate that fails: exit 2 with the reason, the report shows it, and no evaluate manifest is written.
     gated = rlaif("run", "--config", "configs/tiny.yaml", "--storage-root", root, "--set", "ppo.lr=2e-3",
-                  "--set", "evaluate.min_win_rate=1.01", timeout=600)
+                  "--set", "evaluate.min_win_rate=1", timeout=600)
     assert gated.returncode == 2 and "quality gate failed: win rate" in gated.stderr
     assert not (tmp_path / "runs/tiny/evaluate/manifest.json").exists()
     assert 'class="fail"' in (tmp_path / "runs/tiny/evaluate/report.html").read_text()

@@ -5,6 +5,7 @@ import pytest
 import torch
 from conftest import settings
 
+from rlaif.config import load_config
 from rlaif.errors import UserError
 from rlaif.judges import debiased, make_judge, prompting
 from rlaif.judges.constitution import score_each
@@ -142,8 +143,8 @@ def test_judge_errors_are_one_clear_line(tmp_path, judge_model_dir):
     with pytest.raises(UserError, match="cannot score one response alone"):
         score_each(make_judge(settings(judge="openai", openai={"base_url": "http://x/v1", "model": "m"}), 8),
                    [{"name": "p", "text": "p"}], "sample", 0, ["k"], ["q"], ["a"])
-    with pytest.raises(UserError, match="regular expression"):
-        make_judge(settings(judge="rules", rules={"pattern": "("}), 8)
+    with pytest.raises(UserError, match="label.rules.pattern.*not a valid regular expression"):
+        load_config(None, ["label.judge=rules", "label.rules.pattern=("])
     bad_shots = tmp_path / "bad.jsonl"
     bad_shots.write_text('{"prompt": "q"}\n')
     with pytest.raises(UserError, match="line 1: needs prompt"):

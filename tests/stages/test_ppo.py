@@ -159,12 +159,12 @@ def test_d_rlaif_reward_from_the_judge_without_the_reward_model(upstream, tmp_pa
     rows = rows_of(run)  # one rules check (at least 3 words): every score is -1 or +1, so a batch mean lies between
     assert all(-1.0 <= r["reward_raw"] <= 1.0 for r in rows)
     refused = launch_ppo(copy_run(upstream, tmp_path, "refused"), "ppo.reward=judge", "ppo.iterations=1")
-    assert refused.returncode == 2 and "ppo.reward=judge needs label.judge hf or rules" in refused.stderr
+    assert refused.returncode == 2 and "ppo.reward=judge needs label.judge hf, rules or reference" in refused.stderr
 
 
 def test_a_user_error_inside_torchrun_ranks_exits_2_with_its_message(upstream, tmp_path):
     run = copy_run(upstream, tmp_path, "sizes")
-    proc = launch_ppo(run, "ppo.rollout_batch_size=12", "ppo.minibatch_size=8")  # checked by the ranks themselves
+    proc = launch_ppo(run, "ppo.rollout_batch_size=7", "ppo.minibatch_size=7")  # 7 over 2 processes: the ranks check it
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert proc.stderr.strip().splitlines()[-1].startswith("error: ppo.rollout_batch_size must be a multiple")
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: ppo.rollout_batch_size=7 must be divisible by 2")
     assert not (run / "ppo/manifest.json").exists()

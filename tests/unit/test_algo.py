@@ -37,6 +37,16 @@ def test_gae_matches_loop(gamma, lam):
     assert torch.all(adv[mask == 0] == 0) and torch.all(ret[mask == 0] == 0)
 
 
+def test_gae_keeps_float64_precision():
+    """float64 input is computed in float64 (never demoted to float32): equal to the loop form to 1e-12."""
+    rewards, values, mask = (t.double() for t in _right_padded(seed=5))
+    adv, ret = ppo.gae(rewards, values, mask, 0.99, 0.95)
+    ref_adv, ref_ret = _gae_loop(rewards, values, mask, 0.99, 0.95)
+    assert adv.dtype == torch.float64
+    torch.testing.assert_close(adv, ref_adv, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(ret, ref_ret, atol=1e-12, rtol=1e-12)
+
+
 def test_gae_ignores_garbage_in_padding():
     rewards, values, mask = _right_padded(seed=3)
     noisy_r = torch.where(mask.bool(), rewards, torch.full_like(rewards, 1e6))

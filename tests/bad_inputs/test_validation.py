@@ -1,0 +1,166 @@
+"""Every input checked before work starts (issue 18's classes): numeric ranges and cross-field rules in the config
+schema, YAML that is not a config, paths that are not regular files, prompt files and ids, secrets in URLs, manifests,
+lock files and output paths that cannot be trusted. Each: exit 2, one line naming the problem, nothing written."""
+import json
+import os
+
+import pytest
+
+from rlaif.io import manifest as manifests
+
+SECRET = "hunter2-s3cr3t"  # the conftest fixture asserts it is never echoed
+
+TINY = "configs/tiny.yaml"
+
+
+def nothing_written(root) -> bool:
+    return not root.exists() or not list(root.rglob("manifest.json"))
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("ppo.lr=0", "'ppo.lr'"), ("ppo.lr=.nan", "'ppo.lr'"), ("train_rm.lr=-1e-4", "'train_rm.lr'"),
+    ("policy.tiny.sft_lr=.inf", "'policy.tiny.sft_lr'"), ("ppo.iterations=0", "'ppo.iterations'"),
+    ("train_rm.epochs=0", "'train_rm.epochs'"), ("generate.batch_size=0", "'generate.batch_size'"),
+    ("generate.max_new_tokens=0", "'generate.max_new_tokens'"), ("evaluate.max_new_tokens=-3", "'evaluate.max_new_tokens'"),
+    ("generate.temperature=-0.1", "'generate.temperature'"), ("evaluate.temperature=0", "'evaluate.temperature'"), ("ppo.temperature=.inf", "'ppo.temperature'"),
+    ("generate.top_p=0", "'generate.top_p'"), ("generate.top_p=1.5", "'generate.top_p'"),
+    ("evaluate.tie_margin=0.5", "'evaluate.tie_margin'"), ("train_rm.held_out_fraction=1", "'train_rm.held_out_fraction'"),
+    ("train_rm.warmup_fraction=1", "'train_rm.warmup_fraction'"), ("seed=-1", "'seed'"),
+    ("seed=99999999999999999999999", "'seed'"), ("ppo.minibatch_size=3", "minibatch_size 3 must divide"),
+    ("ppo.gamma=0", "'ppo.gamma'"), ("label.batch_size=0", "'label.batch_size'"), ("generate.shard_size=0", "'generate.shard_size'"),
+    ("policy.tiny.num_heads=3", "must be a multiple of num_heads"),
+    ("policy.prompt_template=Q: {question}", "'policy.prompt_template'"),
+    ("policy.prompt_template=no placeholder", "must contain the placeholder"),
+    ("policy.prompt_template={prompt} }", "'policy.prompt_template'"),
+    ("label.rules.pattern=(", "not a valid regular expression"),
+    ("run_id=..", "'run_id'"), ("run_id=.", "'run_id'"), ("run_id=a/b", "'run_id'"), ("run_id=", "'run_id'"),
+    ("run_id=" + "x" * 129, "'run_id'"), ("run_id=tab\there", "'run_id'"),
+    ("storage.root=s3://", "needs a bucket"), ("storage.root=s3:///prefix", "needs a bucket"),
+    (f"storage.root=s3://user:{SECRET}@bucket/x", "must not contain a user name or password"),
+    (f"label.openai.base_url=http://u:{SECRET}@judge:8000/v1", "must not contain a user name or password"),
+    ("evaluate.judges=[{name: training}]", "the name 'training' is the label stage's judge"),
+    ("evaluate.judges=[{name: a}, {name: a}]", "judge names must be unique"),
+    ("evaluate.judges=[{name: 'bad name'}]", "'evaluate.judges.0.name'"),
+    ("label.reference.min_point_overlap=0", "'label.reference.min_point_overlap'"),
+])
+def test_config_ranges_and_rules(cli, tmp_path, override, needle):
+    key, _, value = override.partition("=")
+    where = ["--storage-root", value] if key == "storage.root" else ["--storage-root", f"file://{tmp_path}/root", "--set", override]
+    cli("run", "--config", TINY, *where, needle=needle)
+    assert not (tmp_path / "root").exists()
+
+
+def test_launch_time_checks(cli, tmp_path, monkeypatch):
+    root = ("--storage-root", f"file://{tmp_path}/root")
+    monkeypatch.delenv("RLAIF_JUDGE_API_KEY", raising=False)
+    cli("run", "--config", TINY, *root, "--set", "label.judge=openai", "--set", "label.openai.base_url=http://127.0.0.1:9/v1",
+        "--set", "label.openai.model=m", needle="$RLAIF_JUDGE_API_KEY is not set")
+    cli("run", "--config", TINY, *root, "--set", "label.judge=hf", "--set", f"label.hf.model={tmp_path}",
+        "--set", f"label.few_shot={tmp_path}/missing.jsonl", needle="few-shot file not found")
+    plain = tmp_path / "plain.txt"
+    plain.write_text("How do I bake bread?\nHow do I cook rice?\n")
+    cli("run", "--config", TINY, *root, "--set", f"data.prompts={plain}", "--set", "label.judge=reference",
+        needle="judge 'reference' needs key points")
+    assert nothing_written(tmp_path / "root")
+
+
+def test_config_files_that_are_not_configs(cli, tmp_path):
+    bad = tmp_path / "c.yaml"
+    bad.write_text("ppo:\n  lr: 0.1\n  lr: 0.2\n")
+    cli("run", "--config", str(bad), needle="duplicate key 'lr'")
+    bad.write_text("ppo: " + "[" * 20000 + "]" * 20000 + "\n")
+    cli("run", "--config", str(bad), needle="config file")
+    bad.write_bytes(b"ppo:\n  lr: \xff\xfe\n")
+    cli("run", "--config", str(bad), needle="is not UTF-8")
+    cli("run", "--config", str(tmp_path), needle="is not a regular file")
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    cli("run", "--config", str(fifo), needle="is not a regular file")  # at once: a FIFO is never opened
+    bad.write_text("label:\n  judge: rules\n  rules: {pattern: '['}\n")
+    cli("run", "--config", str(bad), needle="label.rules.pattern")
+
+
+@pytest.mark.parametrize("content, needle", [
+    (b'{"id": "a.b", "prompt": "x"}\n', "id 'a.b' is not usable"),
+    (b'{"id": "", "prompt": "x"}\n', "id '' is not usable"),
+    (b'{"id": "../up", "prompt": "x"}\n', "is not usable"),
+    (b'{"id": 1.5, "prompt": "x"}\n', "is not usable"),
+    (b'{"id": true, "prompt": "x"}\n', "is not usable"),
+    (b'{"prompt": "   "}\n', "has an empty prompt"),
+    (b'{"prompt": "x", "key_points": "one"}\n', "'key_points' must be a list of non-empty strings"),
+    (b'{"prompt": "x", "key_points": ["a", 3]}\n', "'key_points' must be a list"),
+    (b'{"prompt": "x", "reference": ["a"]}\n', "'reference' must be a string"),
+    (b'[1, 2]\n', "has no string field 'prompt'"),
+])
+def test_prompt_files(cli, tmp_path, content, needle):
+    path = tmp_path / "prompts.jsonl"
+    path.write_bytes(content)
+    cli("run", "--config", TINY, "--storage-root", f"file://{tmp_path}/root", "--set", f"data.prompts={path}", needle=needle)
+    assert nothing_written(tmp_path / "root")
+
+
+def test_prompt_paths_that_are_not_files(cli, tmp_path):
+    fifo = tmp_path / "prompts.jsonl"
+    os.mkfifo(fifo)
+    for path in (fifo, tmp_path):
+        cli("run", "--config", TINY, "--storage-root", f"file://{tmp_path}/root", "--set", f"data.prompts={path}",
+            needle="is not a regular file")
+    constitution = tmp_path / "constitution.yaml"
+    constitution.write_text("- {name: a, text: 3}\n")
+    cli("run", "--config", TINY, "--storage-root", f"file://{tmp_path}/root", "--set", f"label.constitution={constitution}",
+        needle="needs a non-empty string 'text'")
+    constitution.write_text("- {name: a, text: x}\n- {name: a, text: y, name: b}\n")
+    cli("run", "--config", TINY, "--storage-root", f"file://{tmp_path}/root", "--set", f"label.constitution={constitution}",
+        needle="duplicate key 'name'")
+
+
+def _generate_manifest(tmp_path, **change):
+    """A committed generate manifest, then tampered with: `change` replaces top-level fields or the first shard."""
+    from rlaif.io.shards import ShardWriter
+
+    url = f"file://{tmp_path}/tiny/generate"
+    with ShardWriter(url, 5) as writer:
+        writer.write({"__key__": "p0", "prompt.txt": "q", "response_a.txt": "a", "response_b.txt": "b"})
+    written = manifests.write(url, stage="generate", run_id="tiny", config_hash="x", inputs={}, shards=writer.shards)
+    path = tmp_path / "tiny/generate/manifest.json"
+    if "raw" in change:
+        path.write_bytes(change["raw"])
+        return
+    written.update({k: v for k, v in change.items() if k != "shard_url"})
+    if "shard_url" in change:
+        written["shards"][0]["url"] = change["shard_url"]
+    path.write_text(json.dumps(written))
+
+
+@pytest.mark.parametrize("change, needle", [
+    ({"shard_url": "../../../etc/passwd"}, "lists a shard outside its stage directory"),
+    ({"shard_url": "/etc/passwd"}, "lists a shard outside its stage directory"),
+    ({"shard_url": "s3://other-bucket/shard-000000.tar"}, "lists a shard outside its stage directory"),
+    ({"files": [{"path": "../label/manifest.json"}]}, "lists a file outside its stage directory"),
+    ({"raw": b"[1, 2, 3]"}, "is not a manifest"),
+    ({"raw": b"\x00\x01binary\xff"}, "is not valid JSON"),
+    ({"shards": "not a list"}, "missing or has malformed fields (shards)"),
+    ({"num_samples": "many"}, "missing or has malformed fields (num_samples)"),
+])
+def test_manifests_that_cannot_be_trusted(cli, tmp_path, change, needle):
+    _generate_manifest(tmp_path, **change)
+    cli("stage", "label", "--config", TINY, "--set", f"storage.root=file://{tmp_path}", "--set", "label.judge=rules",
+        needle=needle)
+    assert not (tmp_path / "tiny/label/manifest.json").exists()
+
+
+def test_corrupt_lock_file(cli, tmp_path):
+    lock = tmp_path / "root/tiny/generate/.lock"
+    lock.parent.mkdir(parents=True)
+    lock.write_bytes(b"\x00not a lock")
+    cli("launch", "generate", "--config", TINY, "--storage-root", f"file://{tmp_path}/root", needle="is corrupt")
+    assert nothing_written(tmp_path / "root")
+
+
+def test_output_paths_and_endpoints(cli, tmp_path):
+    cli("compile", "kfp", "--output", str(tmp_path / "missing-dir/p.yaml"), needle="does not exist")
+    cli("compile", "kfp", "--output", str(tmp_path), needle="name the pipeline YAML file")
+    cli("submit", "kfp", "--endpoint", f"http://user:{SECRET}@127.0.0.1:9", "--config", TINY, needle="did not accept the run")
+    cli("report", str(tmp_path / "no-run"), needle="not found")
+    cli("run", "--config", TINY, "--storage-root", "s3://bucket/x", "--set", "storage.endpoint_url=http://127.0.0.1:9",
+        needle="is not writable")

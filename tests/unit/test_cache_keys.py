@@ -1,0 +1,76 @@
+"""The cache key covers input content: each file a stage reads, edited in place under the same path, changes the key
+of exactly the stages that read it (their downstream re-runs through the changed upstream manifest digest), and the
+code digest follows the source, not the package version."""
+import shutil
+
+import pytest
+
+from rlaif.config import load_config, stage_config_hash
+from rlaif.graph import STAGES
+from rlaif.io import digest
+from rlaif.stages.common import file_digests
+
+REPO_FILES = {"prompts": "data/prompts.jsonl", "constitution": "data/constitution.yaml",
+              "heldout": "data/constitution_heldout.yaml", "demonstrations": "data/demonstrations.jsonl"}
+
+
+@pytest.fixture
+def copies(tmp_path):
+    out = {}
+    for role, path in REPO_FILES.items():
+        out[role] = tmp_path / path.rsplit("/", 1)[1]
+        shutil.copy(path, out[role])
+    few_shot = tmp_path / "shots.jsonl"
+    few_shot.write_text('{"prompt": "q", "response_1": "a", "response_2": "b", "preferred": 1}\n')
+    out["few_shot"] = few_shot
+    judge = tmp_path / "judge"
+    judge.mkdir()
+    (judge / "config.json").write_text("{}")
+    (judge / "model.safetensors").write_bytes(b"weights")
+    out["judge"] = judge
+    return out
+
+
+def keys(copies) -> dict[str, str]:
+    cfg = load_config("configs/demo.yaml", [
+        f"data.prompts={copies['prompts']}", f"label.constitution={copies['constitution']}",
+        f"policy.tiny.demonstrations={copies['demonstrations']}",
+        f"evaluate.judges=[{{name: heldout, judge: hf, hf: {{model: {copies['judge']}}}, "
+        f"constitution: {copies['heldout']}, few_shot: {copies['few_shot']}}}]"])
+    return {s.name: stage_config_hash(cfg, s.config_sections, file_digests(cfg, s.name)) for s in STAGES}
+
+
+@pytest.mark.parametrize("role, edit, readers", [
+    ("prompts", lambda p: p.write_text(p.read_text().replace("How do I", "How can I", 1)),
+     {"generate", "label", "train_rm", "ppo", "evaluate"}),
+    ("constitution", lambda p: p.write_text(p.read_text().replace("polite", "rude")), {"label", "evaluate"}),
+    ("heldout", lambda p: p.write_text(p.read_text().replace("warm", "cold")), {"evaluate"}),
+    ("demonstrations", lambda p: p.write_text(p.read_text().replace("Sure!", "Sure.", 1)), {"generate", "ppo", "evaluate"}),
+    ("few_shot", lambda p: p.write_text(p.read_text().replace('"a"', '"c"')), {"evaluate"}),
+    ("judge", lambda p: (p / "config.json").write_text('{"hidden_size": 8}'), {"evaluate"}),
+    ("judge", lambda p: (p / "model.safetensors").write_bytes(b"other weights"), {"evaluate"}),
+])
+def test_an_input_edited_in_place_changes_exactly_its_readers_keys(copies, role, edit, readers):
+    before = keys(copies)
+    edit(copies[role])
+    after = keys(copies)
+    assert {name for name in before if before[name] != after[name]} == readers
+
+
+def test_code_digest_follows_the_source(tmp_path, monkeypatch):
+    first = digest.code_digest()
+    assert first == digest.code_digest() and len(first) == 64
+    package = tmp_path / "rlaif"
+    shutil.copytree(digest.Path(digest.rlaif.__file__).parent, package, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(digest.rlaif, "__file__", str(package / "__init__.py"))
+    digest.code_digest.cache_clear()
+    assert digest.code_digest() == first
+    (package / "algo" / "ppo.py").write_text((package / "algo" / "ppo.py").read_text() + "\n# edited\n")
+    digest.code_digest.cache_clear()
+    assert digest.code_digest() != first
+    digest.code_digest.cache_clear()
+
+
+def test_large_files_and_remote_specs():
+    assert digest.spec_digest("builtin:minilm").startswith("builtin:minilm:")
+    assert digest.spec_digest("/nonexistent/path") == "missing"
