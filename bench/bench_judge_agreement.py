@@ -77,10 +77,10 @@ def main() -> None:
         plain = without_contrast(path, tmp)
         for label, constitution, mode, relevance in (
                 ("principle only, one sampled", plain, "sample", 0.0),
-                ("+ prompt relevance 0.5 (the demo's judge before)", plain, "sample", 0.5),
+                ("+ prompt relevance 0.5 (the demo's setting before)", plain, "sample", 0.5),
                 ("+ all principles (ensemble)", plain, "all", 0.5),
                 ("principle minus contrast, one sampled, relevance 0.5", path, "sample", 0.5),
-                ("principle minus contrast, all principles, relevance 0.5 (the demo's judge now)", path, "all", 0.5)):
+                ("principle minus contrast, all principles, relevance 0.5 (the demo's setting now)", path, "all", 0.5)):
             settings = JudgeSettings(judge="embedding", constitution=constitution, principles=mode, relevance_weight=relevance)
             judge = make_judge(settings, 256)
             overall, hard = agreement(judge, load_constitution(constitution), mode, items)

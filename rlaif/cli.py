@@ -67,6 +67,8 @@ def _report(runs: list[str], output: str | None) -> int:
     from rlaif.io import storage
 
     urls = [storage.normalize(r) for r in runs]
+    if output and (not output.endswith((".html", ".htm")) or (storage.is_local(output) and storage.local_path(output).is_dir())):
+        raise UserError(f"--output {output}: name the comparison HTML file to write, e.g. compare.html")
     if len(urls) == 1:
         print(f"report: {report.write(urls[0])}")
         return 0

@@ -7,13 +7,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Literal
-
-import yaml
 import re
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from rlaif.errors import UserError
 
@@ -559,7 +565,9 @@ def load_config(path: str | None, overrides: list[str] | tuple[str, ...] = ()) -
     """The config from a YAML file (local path or URL), or the defaults when there is none, plus `--set` overrides."""
     if not path:
         return parse_config("", "defaults", overrides)
-    from rlaif.io.storage import read_user_file  # local import: storage imports this module's types
+    from rlaif.io.storage import (
+        read_user_file,  # local import: storage imports this module's types
+    )
 
     text = read_user_file(path, "config file", "give a YAML config file, e.g. configs/demo.yaml")
     return parse_config(text, f"config file {path}", overrides)
@@ -587,7 +595,9 @@ def sha256_json(obj: Any) -> str:
 
 def stage_config_hash(cfg: PipelineConfig, sections: tuple[str, ...], input_digests: dict[str, str]) -> str:
     """Cache key of a stage: its config sections, its inputs' digests and the digest of the code it runs."""
-    from rlaif.io.digest import code_digest  # local import: rlaif.io imports this module
+    from rlaif.io.digest import (
+        code_digest,  # local import: rlaif.io imports this module
+    )
 
     dumped = cfg.model_dump(mode="json")
     payload = {name: dumped[name] for name in sections}

@@ -171,10 +171,19 @@ def render_html(run_id: str, metrics: dict, examples: list[dict], pngs: dict[str
             f"{rows}</table></body></html>")
 
 
+def _read_json(url: str, lines: bool = False):
+    """A run file the report is built from; a corrupt one is a one-line error, not a traceback."""
+    from rlaif.errors import UserError
+
+    try:
+        text = storage.read_text(url)
+        return [json.loads(line) for line in text.splitlines() if line.strip()] if lines else json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise UserError(f"{url} is corrupt (not UTF-8 JSON): re-run the stage that wrote it") from None
+
+
 def _read_jsonl(url: str) -> list[dict]:
-    if not storage.exists(url):
-        return []
-    return [json.loads(line) for line in storage.read_text(url).splitlines() if line.strip()]
+    return _read_json(url, lines=True) if storage.exists(url) else []
 
 
 def load(run_url: str) -> tuple[dict, list[dict], list[dict]]:
@@ -183,7 +192,9 @@ def load(run_url: str) -> tuple[dict, list[dict], list[dict]]:
     metrics_url = storage.join(run_url, "evaluate", "metrics.json")
     if not storage.exists(metrics_url):
         raise UserError(f"{metrics_url} not found: is {run_url} a run directory whose evaluate stage has run?")
-    metrics = json.loads(storage.read_text(metrics_url))
+    metrics = _read_json(metrics_url)
+    if not isinstance(metrics, dict) or not isinstance(metrics.get("judges"), dict):
+        raise UserError(f"{metrics_url} is not an evaluation's metrics: re-run stage 'evaluate'")
     return metrics, _read_jsonl(storage.join(run_url, "evaluate", "examples.jsonl")), _read_jsonl(storage.join(run_url, "ppo", "metrics.jsonl"))
 
 

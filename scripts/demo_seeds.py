@@ -79,7 +79,8 @@ def readme_block(results: dict) -> str:
     others = [r for r in results["runs"] if r["seed"] != 0]
     spread = ", ".join(f"seed {r['seed']}: {r['judges']['reference']['win_rate']:.3f}" for r in others)
     return (f"{START}\n`make demo` on {results['date']} ({results['machine']}, commit {results['commit']}, "
-            f"`{run['command']}`, {run['seconds']} s):\n\n| what the demo measures | result |\n|---|---|\n"
+            f"`{run['command']}`, {run['seconds']} s; win rates over {run['n_prompts']} held-out prompts with 95% "
+            f"intervals):\n\n| what the demo measures | result |\n|---|---|\n"
             f"| tuned vs starting policy, reference judge (key points covered; never trained against) | {_wr(run, 'reference')} |\n"
             f"| tuned vs starting policy, training judge (the AI labeler) | {_wr(run, 'training')} |\n"
             f"| tuned vs starting policy, held-out AI judge (other principles) | {_wr(run, 'heldout')} |\n"

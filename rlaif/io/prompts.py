@@ -10,7 +10,6 @@ from rlaif.config import DataConfig
 from rlaif.errors import UserError
 from rlaif.io.storage import read_user_file
 
-
 ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 

@@ -7,7 +7,6 @@ import re
 import torch
 
 
-
 class RulesJudge:
     def __init__(self, rules, temperature: float):
         self.rules = rules

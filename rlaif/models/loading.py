@@ -2,6 +2,7 @@
 unless the config allows it, never a hub download)."""
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from pathlib import Path
@@ -41,6 +42,32 @@ def check_model_dir(path: Path, what: str) -> Path:
         raise UserError(f"{what} directory {path} has no config.json: it is not a Hugging Face model directory")
     if not any(path.glob("*.safetensors")):
         raise UserError(f"{what} directory {path} has no .safetensors weights: convert it with save_pretrained(safe_serialization=True)")
+    return path
+
+
+def check_model_files(path: Path, what: str) -> Path:
+    """Beyond check_model_dir, cheaply and without loading weights: config.json is a JSON object, a tokenizer file is
+    there, and every .safetensors file has a well-formed header (8-byte length, then that much JSON inside the file)."""
+    check_model_dir(path, what)
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        config = None
+    if not isinstance(config, dict):
+        raise UserError(f"{what} directory {path}: config.json is not a JSON object: re-export the model")
+    if not any((path / name).exists() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        raise UserError(f"{what} directory {path} has no tokenizer files: save the tokenizer with the model")
+    for weights in sorted(path.glob("*.safetensors")):
+        size = weights.stat().st_size
+        with open(weights, "rb") as f:
+            head = f.read(8)
+            length = int.from_bytes(head, "little") if len(head) == 8 else -1
+            try:
+                ok = 0 < length <= size - 8 and isinstance(json.loads(f.read(length)), dict)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                ok = False
+        if not ok:
+            raise UserError(f"{what} weights {weights} are not valid safetensors (bad header): re-export the model")
     return path
 
 

@@ -148,9 +148,8 @@ def submit(endpoint: str, config: str | None, overrides: list[str], run_id: str,
     import kfp
 
     from rlaif.errors import UserError, redact
-    from rlaif.orchestration.launch import load_config_source
-
     from rlaif.io.storage import read_user_file
+    from rlaif.orchestration.launch import load_config_source
 
     if config and "://" not in config and "\n" not in config:
         config = read_user_file(config, "config file", "give a YAML config file, e.g. configs/demo.yaml")

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 from rlaif.config import PipelineConfig, dump_config, load_config, parse_config
 from rlaif.errors import UserError
@@ -48,6 +49,7 @@ def prepare(cfg: PipelineConfig) -> str:
     storage.check_writable(root)
     load_prompts(cfg.data)
     check_judges(cfg)
+    check_models(cfg)
     for stage in STAGE_BY_NAME.values():
         nproc = getattr(getattr(cfg, stage.name), "nproc", 1)
         if stage.resources.torchrun and nproc > (os.cpu_count() or 1) and not _has_gpus():
@@ -73,7 +75,6 @@ def _has_gpus() -> bool:
 def check_judges(cfg: PipelineConfig) -> None:
     """The judges' settings that can be checked before any work: constitutions readable, required fields set."""
     from rlaif.judges.constitution import load_constitution
-
     from rlaif.judges.prompting import load_few_shot
 
     for where, judge in (("label", cfg.label), *((f"evaluate.judges[{j.name}]", j) for j in cfg.evaluate.judges)):
@@ -101,6 +102,27 @@ def check_judges(cfg: PipelineConfig) -> None:
         if not reference_points(load_prompts(cfg.data)):
             raise UserError(f"judge 'reference' needs key points: add a 'key_points' list or a 'reference' answer to the "
                             f"prompts in {cfg.data.prompts}")
+
+
+def check_models(cfg: PipelineConfig) -> None:
+    """Local model directories the stages will load (policy, hf judges, reward-model backbone), checked before any
+    work; s3:// ones are checked when downloaded. The model cache must be writable (the built-in policy lives there)."""
+    from rlaif.io.storage import cache_dir
+    from rlaif.models.loading import check_model_files
+
+    named = [("policy model", cfg.policy.model), ("reward-model backbone", cfg.train_rm.backbone),
+             *(("judge model", j.hf.model) for j in (cfg.label, *cfg.evaluate.judges) if j.judge == "hf")]
+    for what, spec in named:
+        if not spec.startswith(("builtin:", "s3://")):
+            check_model_files(Path(spec.removeprefix("file://")).expanduser(), what)
+    try:
+        (cache_dir() / "models").mkdir(parents=True, exist_ok=True)
+        probe = cache_dir() / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise UserError(f"model cache {cache_dir()} is not writable ({exc.strerror}): set RLAIF_CACHE to a writable "
+                        "directory") from None
 
 
 def processes_per_node(stage: Stage, cfg: PipelineConfig) -> int:

@@ -162,5 +162,44 @@ def test_output_paths_and_endpoints(cli, tmp_path):
     cli("compile", "kfp", "--output", str(tmp_path), needle="name the pipeline YAML file")
     cli("submit", "kfp", "--endpoint", f"http://user:{SECRET}@127.0.0.1:9", "--config", TINY, needle="did not accept the run")
     cli("report", str(tmp_path / "no-run"), needle="not found")
+    metrics = tmp_path / "run/evaluate/metrics.json"
+    metrics.parent.mkdir(parents=True)
+    metrics.write_bytes(b"\x00{not json")
+    cli("report", str(tmp_path / "run"), needle="is corrupt")
+    metrics.write_text("[1, 2]")
+    cli("report", str(tmp_path / "run"), needle="is not an evaluation's metrics")
+    cli("report", str(tmp_path / "run"), str(tmp_path / "run"), "--output", str(tmp_path), needle="name the comparison HTML file")
     cli("run", "--config", TINY, "--storage-root", "s3://bucket/x", "--set", "storage.endpoint_url=http://127.0.0.1:9",
         needle="is not writable")
+
+
+def _model_dir(path, config=b"{}", weights=None, tokenizer=True):
+    path.mkdir()
+    (path / "config.json").write_bytes(config)
+    header = b'{"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}'
+    valid = len(header).to_bytes(8, "little") + header + b"\0" * 4
+    (path / "model.safetensors").write_bytes(weights if weights is not None else valid)
+    if tokenizer:
+        (path / "tokenizer.json").write_text("{}")
+    return path
+
+
+@pytest.mark.parametrize("key, kind, needle", [
+    ("policy.model", "config-not-object", "config.json is not a JSON object"),
+    ("policy.model", "bad-header", "are not valid safetensors (bad header)"),
+    ("train_rm.backbone", "no-tokenizer", "has no tokenizer files"),
+    ("train_rm.backbone", "truncated", "are not valid safetensors"),
+])
+def test_model_directories_checked_at_launch(cli, tmp_path, key, kind, needle):
+    model = _model_dir(tmp_path / "model", config=b"[1, 2]" if kind == "config-not-object" else b"{}",
+                       weights={"bad-header": b"\xff" * 16, "truncated": b"\x10\x00"}.get(kind),
+                       tokenizer=kind != "no-tokenizer")
+    cli("run", "--config", TINY, "--storage-root", f"file://{tmp_path}/root", "--set", f"{key}={model}", needle=needle)
+    assert nothing_written(tmp_path / "root")
+
+
+def test_unwritable_model_cache(cli, tmp_path, monkeypatch):
+    blocker = tmp_path / "cache-is-a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("RLAIF_CACHE", str(blocker))
+    cli("run", "--config", TINY, "--storage-root", f"file://{tmp_path}/root", needle="is not writable")

@@ -9,7 +9,13 @@ from rlaif.errors import UserError
 from rlaif.io.prompts import load_prompts
 from rlaif.judges import debiased
 from rlaif.judges.constitution import compare, load_constitution
-from rlaif.judges.reference import ReferenceJudge, content_words, reference_points, split_reference, stem
+from rlaif.judges.reference import (
+    ReferenceJudge,
+    content_words,
+    reference_points,
+    split_reference,
+    stem,
+)
 
 PROMPT = "How do I pay off credit card debt?"
 POINTS = ["list your debts with their interest rates", "pay the highest rate first", "stop adding new charges"]
