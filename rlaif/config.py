@@ -117,8 +117,8 @@ class PolicyConfig(Strict):
     def _template(cls, v: str) -> str:
         try:
             v.format(prompt="")
-        except (KeyError, IndexError, ValueError) as exc:
-            raise ValueError(f"may hold only the placeholder {{prompt}} (double other braces: {{{{ }}}}): {exc}") from None
+        except Exception as exc:  # KeyError, IndexError, ValueError, AttributeError ({prompt.x}), TypeError ({prompt[a]})
+            raise ValueError(f"may hold only the placeholder {{prompt}} (double other braces: {{{{ }}}}): {exc!r}") from None
         if "{prompt}" not in v:
             raise ValueError("must contain the placeholder {prompt}")
         return v
@@ -335,8 +335,8 @@ class TrainRMConfig(Strict):
     """DataLoader workers per process in `shard` mode."""
     shuffle_buffer: int = Field(1024, ge=1)
     """Shuffle-buffer size of the label stream (samples held in memory)."""
-    held_out_fraction: float = Field(0.1, gt=0, lt=1)
-    """Pairs held out for accuracy and calibration, chosen by a hash of the pair key."""
+    held_out_fraction: float = Field(0.1, ge=0, lt=1)
+    """Pairs held out for accuracy and calibration, chosen by a hash of the pair key (0: none, no accuracy)."""
     checkpoint_every: int = Field(25, ge=0)
     """Optimizer steps between checkpoints (0: none). A restarted stage resumes from the newest one."""
     keep_checkpoints: int = Field(2, ge=1)
@@ -466,6 +466,8 @@ class EvaluateConfig(Strict):
         names = [j.name for j in judges]
         if "training" in names:
             raise ValueError("the name 'training' is the label stage's judge: name this judge otherwise")
+        if any(j.name == "reference" and j.judge != "reference" for j in judges):
+            raise ValueError("the name 'reference' is the reference judge's: name this judge otherwise")
         if len(set(names)) != len(names):
             raise ValueError(f"judge names must be unique, got {names}")
         return judges
@@ -508,6 +510,8 @@ class UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node, deep=False):
         seen = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: merged by the base class
+                continue
             key = self.construct_object(key_node, deep=deep)
             try:
                 duplicate = key in seen

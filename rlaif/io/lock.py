@@ -4,9 +4,10 @@ the original pod, an Airflow backfill) would interleave writes; the second refus
 `<run>/<stage>/.lock` names its holder (host, pid, token, owner) and carries a heartbeat that a thread refreshes.
 It is created with the store's atomic create-if-absent (a hard link on file://, If-None-Match on S3), so of launchers
 started at the same moment exactly one gets it. A lock is taken over when its holder's process is gone (same host),
-its heartbeat is older than `stale_after_s` (another host: a killed pod), or it belongs to an earlier attempt of the
-same orchestrator step (`RLAIF_LOCK_OWNER`, set by the KFP component and the Airflow tasks: a retry takes its own lock
-back instead of refusing itself). A takeover is itself exclusive: one marker per stale token, created atomically.
+its heartbeat is older than `stale_after_s` (another host: a killed pod), or, for an earlier attempt of the same
+orchestrator step (`RLAIF_LOCK_OWNER`, set by the KFP component and the Airflow tasks), older than two heartbeats: a
+retry takes its own lock back instead of refusing itself. A takeover is itself exclusive (a marker per stale token,
+created atomically), and a launcher that died inside its takeover leaves a marker that goes stale like a lock.
 """
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ class StageLock:
         self.host = socket.gethostname()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._markers: list[str] = []  # takeover markers this launcher created, removed when it releases
 
     def _read(self) -> dict | None:
         """The holder's record; None when there is no lock; a one-line error when the file is not a lock record."""
@@ -65,14 +67,24 @@ class StageLock:
         storage.write_bytes_atomic(self.url, self._record(started))
 
     def is_stale(self, held: dict) -> bool:
-        if self.owner and held.get("owner") == self.owner:  # an earlier attempt of this same step: a retry
-            return True
+        """The holder is gone: its process has exited (same host), or its heartbeat stopped (another host). An
+        earlier attempt of this same orchestrator step counts as gone after two missed heartbeats instead of
+        `stale_after_s` (a retry then starts at once), but never while its process is alive on this host."""
         if held["host"] == self.host:
             return not _pid_alive(held["pid"])
-        return time.time() - held["heartbeat"] > self.stale_after_s
+        same_step = bool(self.owner) and held.get("owner") == self.owner
+        return time.time() - held["heartbeat"] > (2 * self.heartbeat_s if same_step else self.stale_after_s)
 
     def acquire(self) -> None:
         self._started = time.time()
+        try:
+            self._acquire()
+        except UserError:
+            for marker in self._markers:
+                storage.remove(marker)
+            raise
+
+    def _acquire(self) -> None:
         for _ in range(5):  # a lock released or taken over between our create and our read: try again
             if storage.create_exclusive(self.url, self._record(self._started)):
                 self._thread = threading.Thread(target=self._beat, daemon=True)
@@ -85,12 +97,28 @@ class StageLock:
                 since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(held["started"]))
                 raise UserError(f"{self.what} is already running (pid {held['pid']} on {held['host']}, since {since}): "
                                 f"wait for it to finish, or if that process is gone delete {self.url}")
-            marker = f"{self.url}.takeover-{held['token']}"
-            if not storage.create_exclusive(marker, self.token.encode()):
-                raise UserError(f"{self.what} was taken over by another launcher at the same moment: this one stops")
-            storage.remove(self.url)
-            storage.remove(marker)
+            self._take_over(held)
         raise UserError(f"{self.what}: its lock {self.url} keeps changing hands: another launcher is starting it")
+
+    def _take_over(self, stale: dict) -> None:
+        """Remove a stale lock, exclusively: one marker per stale token, created atomically and kept (a launcher that
+        read the same stale lock later finds it and stops); the lock is removed only if it is still that stale one."""
+        marker = f"{self.url}.takeover-{stale['token']}"
+        if not storage.create_exclusive(marker, self._record(self._started)):
+            try:
+                other = json.loads(storage.read_bytes(marker))
+            except (FileNotFoundError, ValueError):
+                other = None
+            if other is None or not self.is_stale({**stale, **other}):
+                raise UserError(f"{self.what} was taken over by another launcher at the same moment: this one stops "
+                                f"(if none is running, delete {marker})")
+            storage.remove(marker)  # a launcher died in its takeover: its marker is stale too
+            if not storage.create_exclusive(marker, self._record(self._started)):
+                raise UserError(f"{self.what} was taken over by another launcher at the same moment: this one stops")
+        current = self._read()
+        if current is not None and current["token"] == stale["token"]:
+            storage.remove(self.url)
+        self._markers.append(marker)
 
     def _beat(self) -> None:
         while not self._stop.wait(self.heartbeat_s):
@@ -98,6 +126,10 @@ class StageLock:
                 held = self._read()
                 if held and held["token"] == self.token:
                     self._write(self._started)
+                elif held:  # taken over while this process was unresponsive: stop claiming it
+                    print(f"warning: the lock of {self.what} was taken over by pid {held['pid']} on {held['host']}",
+                          flush=True)
+                    return
             except Exception:  # storage unreachable for a while: the next beat tries again
                 pass
 
@@ -109,6 +141,8 @@ class StageLock:
             held = self._read()
             if held and held["token"] == self.token:
                 storage.remove(self.url)
+            for marker in self._markers:  # the stale tokens they name can no longer be read by anyone
+                storage.remove(marker)
         except Exception:  # storage unreachable: the lock stays behind, and is stale once this process has exited
             pass
 

@@ -10,7 +10,7 @@ from rlaif.config import DataConfig
 from rlaif.errors import UserError
 from rlaif.io.storage import read_user_file
 
-ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
+ID = re.compile(r"[A-Za-z0-9_:-]{1,128}")
 
 
 def _prompt_id(row: dict, lineno: int, where: str) -> str:
@@ -19,7 +19,7 @@ def _prompt_id(row: dict, lineno: int, where: str) -> str:
     if pid is None:
         return f"line{lineno:07d}"
     if isinstance(pid, bool) or not isinstance(pid, (str, int)) or not ID.fullmatch(str(pid)):
-        raise UserError(f"{where}: id {str(pid)[:40]!r} is not usable: use 1-128 letters, digits, '-' or '_' "
+        raise UserError(f"{where}: id {str(pid)[:40]!r} is not usable: use 1-128 letters, digits, '-', '_' or ':' "
                         "(ids become shard keys)")
     return str(pid)
 

@@ -114,36 +114,63 @@ def write_bytes_atomic(url: str, data: bytes) -> None:
 
 def create_exclusive(url: str, data: bytes) -> bool:
     """Create the object only if nothing is there yet, atomically, with all of `data`: True if this call created it,
-    False if it existed. Local files: a complete temp file hard-linked into place (link fails when the name exists);
-    S3: a PUT with If-None-Match: * (the store refuses it with 412 when the key exists)."""
+    False if it existed. Local files: a complete temp file hard-linked into place (link fails when the name exists;
+    O_EXCL where the filesystem has no hard links); S3: a PUT with If-None-Match: * (412 when the key exists)."""
     if is_local(url):
-        path = local_path(url)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-        tmp.write_bytes(data)
-        try:
-            os.link(tmp, path)
-            return True
-        except FileExistsError:
-            return False
-        finally:
-            tmp.unlink(missing_ok=True)
+        return _create_local(local_path(url), data)
+    fs = filesystem(url)
+    if "IfNoneMatch" not in _put_object_parameters(fs):
+        raise UserError("this botocore cannot send conditional writes (If-None-Match), which the stage lock needs: "
+                        "upgrade s3fs/botocore (pip install -U s3fs)")
     bucket, _, key = _path(url).partition("/")
     try:
-        filesystem(url).call_s3("put_object", Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+        fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
         return True
-    except Exception as exc:  # s3fs wraps botocore's ClientError; a 412 or 409 means the key exists
-        text = f"{exc!r} {getattr(exc, '__cause__', '')!r}"
-        if any(code in text for code in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409")):
+    except FileExistsError:  # s3fs's translation of 412 Precondition Failed
+        return False
+    except OSError as exc:
+        code = getattr(exc.__cause__, "response", {}).get("Error", {}).get("Code")
+        if code in ("PreconditionFailed", "ConditionalRequestConflict"):
             return False
         raise
 
 
+def _create_local(path: Path, data: bytes) -> bool:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    except OSError:  # no hard links here (some FUSE and SMB mounts): exclusive create, then write
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        return True
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _put_object_parameters(fs) -> set[str]:
+    """The PutObject parameters the installed botocore knows (s3fs drops the others without a word)."""
+    import botocore.session
+
+    model = botocore.session.get_session().get_service_model("s3")
+    return set(model.operation_model("PutObject").input_shape.members)
+
+
 def remove(url: str, recursive: bool = False) -> None:
+    """Remove the object or directory if it is there (no existence check first: a listing cache could be stale)."""
     fs = filesystem(url)
-    path = _path(url)
-    if fs.exists(path):
-        fs.rm(path, recursive=recursive)
+    try:
+        fs.rm(_path(url), recursive=recursive)
+    except FileNotFoundError:
+        pass
 
 
 def glob(url_pattern: str) -> list[str]:

@@ -83,6 +83,14 @@ class ReferenceJudge:
     def direct_score(self, prompts, responses, principles=None) -> torch.Tensor:
         return torch.tensor([self.grade(p, r)["score"] for p, r in zip(prompts, responses)], dtype=torch.float32)
 
+    def prefer_first_where_graded(self, prompts, first, second) -> dict[int, float]:
+        """P(first better) for the comparisons whose prompt has key points, by index; the others are left out."""
+        index = [k for k, prompt in enumerate(prompts) if prompt in self.points]
+        if not index:
+            return {}
+        p = self.prefer_first(*([column[k] for k in index] for column in (prompts, first, second)))
+        return dict(zip(index, p.tolist()))
+
     def prefer_first(self, prompts, first, second, principles=None) -> torch.Tensor:
         margin = self.direct_score(prompts, first) - self.direct_score(prompts, second)
         return torch.sigmoid(margin / self.temperature)

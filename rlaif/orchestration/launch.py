@@ -31,7 +31,9 @@ class StageFailed(Exception):
 def load_config_source(source: str | None, overrides: list[str] = (), run_id: str = "", storage_root: str = "") -> PipelineConfig:
     """`source` is a config path/URL, or the YAML itself when it spans lines (how KFP and Airflow users paste one);
     `run_id` and `storage_root`, when given, override the config's."""
-    overrides = [*overrides, *[f"run_id={run_id}"] * bool(run_id), *[f"storage.root={storage_root}"] * bool(storage_root)]
+    # JSON-quoted: a run id such as 20240101 or true stays a string when the override is read as YAML
+    overrides = [*overrides, *[f"run_id={json.dumps(run_id)}"] * bool(run_id),
+                 *[f"storage.root={json.dumps(storage_root)}"] * bool(storage_root)]
     if source and "\n" in source:
         return parse_config(source, "inline config", overrides)
     return load_config(source or None, overrides)
@@ -99,9 +101,11 @@ def check_judges(cfg: PipelineConfig) -> None:
     if "reference" in (cfg.label.judge, *(j.judge for j in cfg.evaluate.judges)):
         from rlaif.judges.reference import reference_points
 
-        if not reference_points(load_prompts(cfg.data)):
-            raise UserError(f"judge 'reference' needs key points: add a 'key_points' list or a 'reference' answer to the "
-                            f"prompts in {cfg.data.prompts}")
+        rows = load_prompts(cfg.data)
+        missing = len(rows) - len(reference_points(rows))
+        if missing:
+            raise UserError(f"judge 'reference' needs key points on every prompt; {missing} of {len(rows)} in "
+                            f"{cfg.data.prompts} have none: add a 'key_points' list or a 'reference' answer to them")
 
 
 def check_models(cfg: PipelineConfig) -> None:
@@ -115,6 +119,8 @@ def check_models(cfg: PipelineConfig) -> None:
     for what, spec in named:
         if not spec.startswith(("builtin:", "s3://")):
             check_model_files(Path(spec.removeprefix("file://")).expanduser(), what)
+    if not any(spec == "builtin:tiny-llama" or spec.startswith("s3://") for _, spec in named):
+        return  # nothing will be built or downloaded into the cache
     try:
         (cache_dir() / "models").mkdir(parents=True, exist_ok=True)
         probe = cache_dir() / f".write-test-{os.getpid()}"

@@ -17,7 +17,7 @@ from rlaif.io.prompts import load_prompts
 from rlaif.io.shards import ShardWriter, read_samples
 from rlaif.judges import make_judge
 from rlaif.judges.constitution import compare, load_constitution, score_each
-from rlaif.judges.reference import CLEAR_MARGIN
+from rlaif.judges.reference import CLEAR_MARGIN, reference_points
 from rlaif.judges.reference import grader as reference_grader
 from rlaif.stages.common import StageContext
 
@@ -74,8 +74,9 @@ class Tally:
 def run(ctx: StageContext) -> dict:
     cfg, settings = ctx.cfg, ctx.cfg.label
     principles = load_constitution(settings.constitution)
-    judge = make_judge(settings, settings.batch_size)
-    grader = reference_grader(load_prompts(cfg.data), settings.reference)
+    prompts = load_prompts(cfg.data)
+    judge = make_judge(settings, settings.batch_size, reference_points(prompts))
+    grader = reference_grader(prompts, settings.reference)
     pairs_url, pairs = ctx.input_url("generate"), ctx.inputs["generate"]
 
     tally = Tally()
@@ -84,12 +85,10 @@ def run(ctx: StageContext) -> dict:
 
         def flush():
             labels = label_batch(cfg, judge, principles, batch)
-            prompts, first, second = ([s[f] for s in batch] for f in REQUIRED)
-            graded = [p in grader.points for p in prompts] if grader else [False] * len(batch)
-            p_reference = grader.prefer_first(prompts, first, second).tolist() if grader and all(graded) else None
+            p_reference = grader.prefer_first_where_graded(*([s[f] for s in batch] for f in REQUIRED)) if grader else {}
             for k, (sample, label) in enumerate(zip(batch, labels)):
                 kept = abs(label["p_a"] - 0.5) >= settings.min_confidence
-                tally.add(label, kept, p_reference[k] if p_reference else None)
+                tally.add(label, kept, p_reference.get(k))
                 if kept:
                     writer.write({**{f: sample[f] for f in ("__key__", *REQUIRED, "gen.json") if f in sample},
                                   "label.json": label})

@@ -235,11 +235,12 @@ def evaluate_reward_model(ctx: StageContext, model, tokenizer, rank: int, world:
         sums[2] += train_r.square().sum()
         held_pred.extend(torch.sigmoid(r_a - r_b)[held].tolist())
         held_p.extend(s["label.json"]["p_a"] for s, h in zip(batch, held.tolist()) if h)
-        if grader and all(p in grader.points for p in prompts):
-            p_ref = grader.prefer_first(prompts, [s["response_a.txt"] for s in batch], [s["response_b.txt"] for s in batch])
-            clear = held & ((p_ref.double() - 0.5).abs() >= CLEAR)
-            sums[9] += clear.sum()
-            sums[10] += ((r_a > r_b) == (p_ref > 0.5))[clear].sum()
+        graded = grader.prefer_first_where_graded(prompts, [s["response_a.txt"] for s in batch],
+                                                  [s["response_b.txt"] for s in batch]) if grader else {}
+        for k, p_ref in graded.items():
+            if held[k] and abs(p_ref - 0.5) >= CLEAR:
+                sums[9] += 1
+                sums[10] += bool((r_a[k] > r_b[k]) == (p_ref > 0.5))
         batch.clear()
 
     for sample in read_samples(ctx.input_url("label"), ctx.inputs["label"], rank, world, 0, 1):

@@ -32,6 +32,9 @@ def nothing_written(root) -> bool:
     ("policy.prompt_template=Q: {question}", "'policy.prompt_template'"),
     ("policy.prompt_template=no placeholder", "must contain the placeholder"),
     ("policy.prompt_template={prompt} }", "'policy.prompt_template'"),
+    ("policy.prompt_template={prompt.upper}", "'policy.prompt_template'"),
+    ("policy.prompt_template={prompt[a]}", "'policy.prompt_template'"),
+    ("evaluate.judges=[{name: reference}]", "the name 'reference' is the reference judge's"),
     ("label.rules.pattern=(", "not a valid regular expression"),
     ("run_id=..", "'run_id'"), ("run_id=.", "'run_id'"), ("run_id=a/b", "'run_id'"), ("run_id=", "'run_id'"),
     ("run_id=" + "x" * 129, "'run_id'"), ("run_id=tab\there", "'run_id'"),
@@ -57,11 +60,20 @@ def test_launch_time_checks(cli, tmp_path, monkeypatch):
         "--set", "label.openai.model=m", needle="$RLAIF_JUDGE_API_KEY is not set")
     cli("run", "--config", TINY, *root, "--set", "label.judge=hf", "--set", f"label.hf.model={tmp_path}",
         "--set", f"label.few_shot={tmp_path}/missing.jsonl", needle="few-shot file not found")
-    plain = tmp_path / "plain.txt"
-    plain.write_text("How do I bake bread?\nHow do I cook rice?\n")
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text('{"prompt": "How do I bake bread?", "key_points": ["mix flour"]}\n{"prompt": "How do I cook rice?"}\n')
     cli("run", "--config", TINY, *root, "--set", f"data.prompts={plain}", "--set", "label.judge=reference",
-        needle="judge 'reference' needs key points")
+        needle="needs key points on every prompt; 1 of 2")
     assert nothing_written(tmp_path / "root")
+
+
+def test_valid_inputs_that_look_odd_are_accepted(cli, tmp_path):
+    """YAML anchors and merge keys, a numeric-looking run id: accepted (the launch then stops at the missing input)."""
+    config = tmp_path / "c.yaml"
+    config.write_text("ppo: &ppo {rollout_batch_size: 8, minibatch_size: 4}\nevaluate: {n_prompts: 16}\n"
+                      "generate:\n  <<: {max_prompts: 32}\n  max_new_tokens: 12\n")
+    cli("launch", "label", "--config", str(config), "--storage-root", f"file://{tmp_path}/root", "--run-id", "20240101",
+        needle="root/20240101/generate/manifest.json does not exist")
 
 
 def test_config_files_that_are_not_configs(cli, tmp_path):

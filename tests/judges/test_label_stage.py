@@ -64,3 +64,28 @@ def test_malformed_pairs_are_refused(tmp_path):
     with pytest.raises(UserError, match="pair p000 in .* lacks response_b.txt: re-run stage 'generate'"):
         run_stage(cfg, "label")
     assert manifest.read(f"file://{tmp_path}/{cfg.run_id}/label") is None
+
+
+def test_reference_judge_labels_and_agreement_on_the_graded_pairs(tmp_path):
+    """The reference judge can be the labeler; with the rules labeler, agreement with it is measured on exactly the
+    pairs whose prompts carry key points (here 4 of 6), wherever they fall in a batch."""
+    import json
+
+    points = {"q1": ["longer answer"], "q2": ["sea wide"], "q3": ["x"], "q4": ["one two three four"], "q5": ["same"],
+              "q6": ["rivers far"]}
+
+    def prompts_file(name, keep):
+        path = tmp_path / name
+        path.write_text("".join(json.dumps({"prompt": p, **({"key_points": points[p]} if p in keep else {})}) + "\n"
+                                for p in PROMPTS))
+        return path
+
+    m, labels = label(tmp_path / "ref", f"data.prompts={prompts_file('all.jsonl', points)}", "label.judge=reference")
+    assert labels["p000"]["judge"] == "reference" and labels["p000"]["p_a"] < 0.01  # only b covers "longer answer"
+    assert labels["p001"]["p_a"] > 0.99 and labels["p004"]["p_a"] == 0.5  # "sea wide" vs "no"; identical answers
+    s = m["summary"]
+    assert s["reference_graded_pairs"] == 6 and s["reference_agreement"] == 1.0  # a judge agrees with itself
+    partial = prompts_file("some.jsonl", {"q1", "q2", "q4", "q6"})
+    m, _ = label(tmp_path / "rules", f"data.prompts={partial}", "label.batch_size=4")
+    assert m["summary"]["reference_graded_pairs"] == 4
+    assert m["summary"]["reference_clear_pairs"] <= 4 and 0 <= m["summary"]["reference_agreement"] <= 1

@@ -73,9 +73,14 @@ def _plant(tmp_path, **fields) -> str:
 
 
 def test_a_retry_of_the_same_step_takes_its_lock_back(tmp_path):
-    url = _plant(tmp_path, owner="kfp:run-7:ppo")  # the first attempt's pod died 30 s ago: heartbeat still fresh
+    # The first attempt's pod died 60 s ago (KFP retries after 60 s): not yet stale for others (120 s)
+    url = _plant(tmp_path, owner="kfp:run-7:ppo", heartbeat=time.time() - 60)
     with pytest.raises(UserError, match="already running"):
         StageLock(url, "stage 'ppo'", owner="kfp:run-8:ppo").acquire()  # another run's step: refused
+    _plant(tmp_path, owner="kfp:run-7:ppo", heartbeat=time.time() - 5)
+    with pytest.raises(UserError, match="already running"):  # the same step, but its pod still beats: refused
+        StageLock(url, "stage 'ppo'", owner="kfp:run-7:ppo").acquire()
+    _plant(tmp_path, owner="kfp:run-7:ppo", heartbeat=time.time() - 60)
     lock = StageLock(url, "stage 'ppo'", owner="kfp:run-7:ppo")
     lock.acquire()
     assert json.loads((tmp_path / "run/ppo/.lock").read_text())["token"] == lock.token
@@ -90,3 +95,25 @@ def test_stale_heartbeat_is_taken_over_and_corrupt_lock_refused(tmp_path):
     (tmp_path / "run/ppo/.lock").write_bytes(b"\x00garbage")
     with pytest.raises(UserError, match="lock file .* is corrupt"):
         StageLock(url, "stage").acquire()
+
+
+def test_takeover_is_exclusive_and_a_dead_taker_does_not_block(tmp_path):
+    url = _plant(tmp_path, heartbeat=time.time() - 600)
+    stale = json.loads((tmp_path / "run/ppo/.lock").read_text())
+    first = StageLock(url, "stage")
+    first.acquire()
+    late = StageLock(url, "stage")  # read the same stale lock before `first` replaced it
+    late._started = time.time()
+    with pytest.raises(UserError, match="taken over by another launcher"):
+        late._take_over(stale)
+    assert json.loads((tmp_path / "run/ppo/.lock").read_text())["token"] == first.token  # untouched
+    first.release()
+    assert not list((tmp_path / "run/ppo").iterdir())
+
+    url = _plant(tmp_path, heartbeat=time.time() - 600)
+    marker = tmp_path / "run/ppo/.lock.takeover-old"  # a launcher killed inside its takeover (dead pid, this host)
+    marker.write_text(json.dumps({"token": "t2", "host": StageLock(url, "x").host, "pid": 2**22 + 7, "owner": "",
+                                  "started": time.time(), "heartbeat": time.time()}))
+    with StageLock(url, "stage"):
+        pass
+    assert not list((tmp_path / "run/ppo").iterdir())

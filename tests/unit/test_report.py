@@ -53,3 +53,25 @@ def test_compare_runs_side_by_side(tmp_path):
     assert lines[0] == "| metric | alpha | beta |"
     assert any(line.startswith("| win_rate | 0.650 | 0.650 |") for line in lines)
     assert any("judge 'heldout'" in line for line in lines) and "<table>" in page
+
+
+def _judge(rate, lo, hi):
+    return {"win_rate": rate, "win_rate_ci95": [lo, hi]}
+
+
+def test_verdicts_say_what_the_numbers_mean():
+    from rlaif.report import verdicts
+
+    diversity = {"top_response_share": 0.02, "top_response": "x", "distinct_2": 0.3}
+    base = {"n_prompts": 256, "diversity": diversity, "diversity_reference": diversity}
+    hacked = verdicts({**base, "judges": {"training": _judge(0.8, 0.75, 0.85), "reference": _judge(0.52, 0.46, 0.58)}})
+    assert hacked[0].startswith("Reward hacking") and "cannot tell the two policies apart" in hacked[1]
+    real = verdicts({**base, "judges": {"training": _judge(0.8, 0.75, 0.85), "reference": _judge(0.78, 0.72, 0.83)}})
+    assert real == [real[0]] and real[0].startswith("The improvement is real")
+    taste = verdicts({**base, "judges": {"training": _judge(0.97, 0.95, 0.99), "reference": _judge(0.78, 0.72, 0.83)}})
+    assert taste[0].startswith("Part of the gain") and taste[1].startswith("The improvement is real")
+    collapsed = {**diversity, "top_response_share": 0.4, "top_response": "Stop asking me things."}
+    lines = verdicts({**base, "diversity": collapsed, "judges": {"training": _judge(0.7, 0.64, 0.75)}})
+    assert lines == [lines[0]] and lines[0].startswith("Mode collapse: 40%") and "Stop asking" in lines[0]
+    one_repeat = {**collapsed, "top_response_share": 1 / 16}  # 16 prompts, each answer once: no collapse to report
+    assert verdicts({**base, "n_prompts": 16, "diversity": one_repeat, "judges": {}}) == []
