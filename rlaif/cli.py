@@ -6,7 +6,8 @@ import argparse
 import os
 import sys
 
-from rlaif.errors import UserError, redact
+from rlaif.config import safe_run_id
+from rlaif.errors import StageFailed, UserError, redact
 from rlaif.graph import STAGE_BY_NAME
 
 
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             if not isinstance(extra, list) or not all(isinstance(x, str) for x in extra):
                 raise UserError(f"--set-json must be a JSON list of KEY=VALUE strings, got {args.set_json!r}")
             overrides = [*args.overrides, *extra]
-            cfg = launch.load_config_source(args.config, overrides, launch.safe_run_id(args.run_id) if args.run_id else "",
+            cfg = launch.load_config_source(args.config, overrides, safe_run_id(args.run_id) if args.run_id else "",
                                             args.storage_root)
             launch.launch(cfg, args.name, launch.prepare(cfg))
             return 0
@@ -142,10 +143,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:
-        from rlaif.orchestration.launch import StageFailed
-
-        if isinstance(exc, StageFailed):
-            print(f"error: {redact(str(exc))}", file=sys.stderr)
-            return 2 if exc.code == 2 else 1
-        raise
+    except StageFailed as exc:
+        print(f"error: {redact(str(exc))}", file=sys.stderr)
+        return 2 if exc.code == 2 else 1

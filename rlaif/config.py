@@ -533,6 +533,11 @@ def load_yaml(text: str, source: str) -> Any:
         raise UserError(f"{source} is nested too deeply to be a config") from None
 
 
+def safe_run_id(text: str) -> str:
+    """An orchestrator's run name (e.g. Airflow's `manual__2026-11-22T08:00:00+00:00`) as a storage path segment."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")[:128].rstrip("-.") or "run"
+
+
 def _parse_value(text: str) -> Any:
     """`--set` values are YAML scalars: 3, 0.5, true, null, "text"."""
     try:

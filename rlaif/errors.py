@@ -5,6 +5,14 @@ class UserError(Exception):
     """A problem the user can fix (bad config, missing file, malformed shard): one line naming it and the fix."""
 
 
+class StageFailed(Exception):
+    """A stage's process (or multi-node job) ended with a non-zero exit code; its own output names the cause."""
+
+    def __init__(self, stage: str, code: int):
+        super().__init__(f"stage '{stage}' failed with exit code {code} (its output is above)")
+        self.code = code
+
+
 def redact(text: str) -> str:
     """Text with the user and password of any URL in it masked (scheme://user:pass@host -> scheme://***@host)."""
     import re

@@ -4,6 +4,7 @@ better), one order, on the CPU); judges that can score one response alone (d-RLA
 from __future__ import annotations
 
 from rlaif.errors import UserError
+from rlaif.judges.pairwise import debiased  # noqa: F401 - the judges' shared entry point
 
 
 def make_judge(settings, batch_size: int, references: dict[str, list[str]] | None = None):
@@ -32,14 +33,3 @@ def make_judge(settings, batch_size: int, references: dict[str, list[str]] | Non
 
         return RulesJudge(settings.rules, settings.temperature)
     raise UserError(f"unknown judge {settings.judge!r}: use embedding, hf, openai, rules or reference")
-
-
-def debiased(judge, prompts, first, second, principle_texts):
-    """P(first better) averaged over both orders (position bias removed), each order's value, and whether the two
-    orders agree. Swapping first and second gives exactly 1 - p."""
-    p_order_ab = judge.prefer_first(prompts, first, second, principle_texts)
-    p_order_ba = 1.0 - judge.prefer_first(prompts, second, first, principle_texts)
-    p = 0.5 * (p_order_ab + p_order_ba)
-    consistent = (p_order_ab > 0.5) == (p_order_ba > 0.5)
-    return p, p_order_ab, p_order_ba, consistent
-

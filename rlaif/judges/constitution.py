@@ -15,6 +15,7 @@ import torch
 from rlaif.config import load_yaml, sha256_json
 from rlaif.errors import UserError
 from rlaif.io.storage import read_user_file
+from rlaif.judges.pairwise import debiased
 
 
 def load_constitution(path: str) -> list[dict]:
@@ -47,8 +48,6 @@ def applied(principles: list[dict], mode: str, seed: int, keys: list[str]) -> li
 def compare(judge, principles: list[dict], mode: str, seed: int, keys: list[str], prompts, first, second):
     """Position-debiased P(first better) under the principles `mode` applies (averaged over them for `all`), each
     order's value, whether the orders agree, and the principle names per comparison."""
-    from rlaif.judges import debiased
-
     layers = applied(principles, mode, seed, keys)
     results = [debiased(judge, prompts, first, second, [p["text"] for p in layer]) for layer in layers]
     p, p_ab, p_ba = (torch.stack([r[i] for r in results]).mean(0) for i in range(3))

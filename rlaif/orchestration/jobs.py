@@ -6,11 +6,10 @@ from __future__ import annotations
 import os
 import time
 
-from rlaif.config import PipelineConfig
-from rlaif.errors import UserError
+from rlaif.config import PipelineConfig, safe_run_id
+from rlaif.errors import StageFailed, UserError
 from rlaif.graph import Stage
 from rlaif.orchestration.cluster import ClusterSpec, load
-from rlaif.orchestration.launch import StageFailed, safe_run_id
 
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 API = {  # group, version, plural, terminal conditions (success, failure)

@@ -6,26 +6,26 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from rlaif.config import PipelineConfig, dump_config, load_config, parse_config
-from rlaif.errors import UserError
+from rlaif.config import (
+    PipelineConfig,
+    dump_config,
+    load_config,
+    parse_config,
+    safe_run_id,
+)
+from rlaif.errors import StageFailed, UserError
 from rlaif.graph import STAGE_BY_NAME, Stage
 from rlaif.io import manifest, storage
 from rlaif.io.lock import StageLock
 from rlaif.io.prompts import load_prompts
+from rlaif.orchestration import jobs
 from rlaif.stages import common
-
-
-class StageFailed(Exception):
-    def __init__(self, stage: str, code: int):
-        super().__init__(f"stage '{stage}' failed with exit code {code} (its output is above)")
-        self.code = code
 
 
 def load_config_source(source: str | None, overrides: list[str] = (), run_id: str = "", storage_root: str = "") -> PipelineConfig:
@@ -37,11 +37,6 @@ def load_config_source(source: str | None, overrides: list[str] = (), run_id: st
     if source and "\n" in source:
         return parse_config(source, "inline config", overrides)
     return load_config(source or None, overrides)
-
-
-def safe_run_id(text: str) -> str:
-    """An orchestrator's run name (e.g. Airflow's `manual__2026-11-22T08:00:00+00:00`) as a storage path segment."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")[:128].rstrip("-.") or "run"
 
 
 def prepare(cfg: PipelineConfig) -> str:
@@ -193,8 +188,6 @@ def run_locked(cfg: PipelineConfig, stage: Stage, config_url: str) -> None:
     nodes = getattr(getattr(cfg, name), "nodes", 1)
     start = time.time()
     if nodes > 1:
-        from rlaif.orchestration import jobs
-
         jobs.run_multinode(stage, cfg, config_url, nodes)
     else:
         nproc = processes_per_node(stage, cfg)

@@ -35,8 +35,8 @@ from rlaif.models.generation import (
     token_logprobs,
 )
 from rlaif.models.loading import load_causal_lm, load_policy
+from rlaif.models.reward import normalised_scorer
 from rlaif.stages.common import StageContext, model_dir, run_url, stage_url
-from rlaif.stages.train_rm import batched_rewards, load_reward_model
 
 
 @torch.no_grad()
@@ -136,13 +136,8 @@ def run(ctx: StageContext) -> dict:
     ref_len = torch.cat([b[2].sum(1) for b in ref_out]).float().cpu()
     judges, p_by_judge = judge_all(cfg, prompts, tuned_text, ref_text, tuned_len, ref_len)
 
-    rm_path = model_dir(ctx, "train_rm", "model")
-    rm_tokenizer, rm = load_reward_model(rm_path)
-    rm.to(device)
-    stats = json.loads((rm_path / "reward_stats.json").read_text())
-    norm = lambda r: (r - stats["mean"]) / max(stats["std"], 1e-6)  # noqa: E731
-    r_tuned = norm(batched_rewards(rm, rm_tokenizer, [p["prompt"] for p in prompts], tuned_text, stats["max_length"], device))
-    r_ref = norm(batched_rewards(rm, rm_tokenizer, [p["prompt"] for p in prompts], ref_text, stats["max_length"], device))
+    score = normalised_scorer(model_dir(ctx, "train_rm", "model"), device)
+    r_tuned, r_ref = (score([p["prompt"] for p in prompts], text) for text in (tuned_text, ref_text))
     kl_seq, kl_token = kl_to_reference(tuned, reference, tuned_out, e.temperature)
 
     primary = judges["training"]

@@ -12,16 +12,22 @@ import json
 import os
 import time
 
-from tqdm import tqdm
-
 from rlaif import distributed, faults
 from rlaif.config import sha256_json
 from rlaif.errors import UserError
 from rlaif.io import manifest, storage
 from rlaif.io.prompts import split
 from rlaif.io.shards import ShardWriter
-from rlaif.models.generation import decode, encode_prompts, format_prompts, response_mask, sample_seeded, truncate_at_stop
+from rlaif.models.generation import (
+    decode,
+    encode_prompts,
+    format_prompts,
+    response_mask,
+    sample_seeded,
+    truncate_at_stop,
+)
 from rlaif.models.loading import load_policy, resolve_policy
+from rlaif.progress import progress
 from rlaif.stages.common import StageContext
 
 PART_SHARD_STRIDE = 100_000  # part i numbers its shards from i * stride, so names never collide and sort by part
@@ -128,7 +134,7 @@ def generate_part(cfg, backend, rows: list[dict], writer: ShardWriter, desc: str
     texts = backend.format([r["prompt"] for r in rows])
     counts = {"prompts": len(rows), "pairs": 0, "tokens": 0, "sequences": 0, "identical_pairs": 0, "resampled_pairs": 0,
               "dropped_identical": 0}
-    for step, batch in enumerate(tqdm(micro_batches(backend.lengths(texts), g.samples_per_prompt, g.batch_size, g.length_bucketing),
+    for step, batch in enumerate(progress(micro_batches(backend.lengths(texts), g.samples_per_prompt, g.batch_size, g.length_bucketing),
                       desc=desc, unit="batch", disable=not distributed.is_main()), 1):
         jobs = [(i, j) for i in batch for j in range(g.samples_per_prompt)]
         results = backend.sample([texts[i] for i, _ in jobs], [sample_seed(cfg.seed, rows[i]["id"], j) for i, j in jobs])

@@ -10,7 +10,6 @@ alignment", with a verifiable grader in place of human raters).
 from __future__ import annotations
 
 import torch
-from tqdm import tqdm
 
 from rlaif.errors import UserError
 from rlaif.io.prompts import load_prompts
@@ -19,6 +18,7 @@ from rlaif.judges import make_judge
 from rlaif.judges.constitution import compare, load_constitution, score_each
 from rlaif.judges.reference import CLEAR_MARGIN, reference_points
 from rlaif.judges.reference import grader as reference_grader
+from rlaif.progress import progress
 from rlaif.stages.common import StageContext
 
 REQUIRED = ("prompt.txt", "response_a.txt", "response_b.txt")
@@ -94,7 +94,7 @@ def run(ctx: StageContext) -> dict:
                                   "label.json": label})
             batch.clear()
 
-        for sample in tqdm(read_samples(pairs_url, pairs, 0, 1, 0, 1), total=pairs["num_samples"], desc="label", unit="pair"):
+        for sample in progress(read_samples(pairs_url, pairs, 0, 1, 0, 1), total=pairs["num_samples"], desc="label", unit="pair"):
             missing = [f for f in REQUIRED if f not in sample]
             if missing:
                 raise UserError(f"pair {sample['__key__']} in {pairs_url} lacks {', '.join(missing)}: re-run stage 'generate'")

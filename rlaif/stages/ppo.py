@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import shutil
 import tempfile
 from pathlib import Path
 
 import torch
 import torch.nn as nn
-from tqdm import tqdm
 
 from rlaif import distributed as dist
 from rlaif import faults, report
@@ -29,11 +27,19 @@ from rlaif.distributed import clock
 from rlaif.errors import UserError
 from rlaif.io import storage
 from rlaif.io.prompts import load_prompts, split
-from rlaif.models.generation import (decode, encode_prompts, format_prompts, response_logits_and_hidden, response_mask,
-                                    sample, token_logprobs)
+from rlaif.models.generation import (
+    decode,
+    encode_prompts,
+    format_prompts,
+    response_logits_and_hidden,
+    response_mask,
+    sample,
+    token_logprobs,
+)
 from rlaif.models.loading import load_policy
+from rlaif.models.reward import normalised_scorer
+from rlaif.progress import progress
 from rlaif.stages.common import StageContext, model_dir
-from rlaif.stages.train_rm import batched_rewards, load_reward_model
 from rlaif.training import Checkpoints, Engine, MetricsLog
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -257,20 +263,6 @@ def check_sizes(c, world: int) -> None:
         raise UserError("ppo.async_rollout needs strategy ddp (an actor copy of sharded ZeRO weights is not supported)")
 
 
-def reward_model_scorer(ctx, device):
-    """Scores decoded responses with the stage-3 reward model, normalised by its saved mean and std."""
-    path = model_dir(ctx, "train_rm", "model")
-    tokenizer, rm = load_reward_model(path)
-    rm.to(device).eval().requires_grad_(False)
-    stats = json.loads((path / "reward_stats.json").read_text())
-
-    def score(prompts: list[str], responses: list[str]) -> torch.Tensor:
-        raw = batched_rewards(rm, tokenizer, prompts, responses, stats["max_length"], device)
-        return (raw - stats["mean"]) / max(stats["std"], 1e-6)
-
-    return score
-
-
 def judge_scorer(cfg):
     """d-RLAIF: label's judge scores each response alone in [-1, 1], against a principle sampled per prompt."""
     from rlaif.judges import make_judge
@@ -298,7 +290,8 @@ def run(ctx: StageContext) -> dict:
     amp = autocast(device.type == "cuda" and c.strategy == "ddp")  # DeepSpeed runs bf16 itself
 
     tokenizer, policy, reference_logits = build_policy(cfg, device)
-    reward_fn = reward_model_scorer(ctx, device) if c.reward == "reward_model" else judge_scorer(cfg)
+    reward_fn = (normalised_scorer(model_dir(ctx, "train_rm", "model"), device) if c.reward == "reward_model"
+                 else judge_scorer(cfg))
     samples = c.group_size if c.algorithm == "grpo" else 1
     engine = make_engine(cfg, policy, device)
     controller = (algo.AdaptiveKLController(c.kl_coef, c.adaptive_kl_target, c.adaptive_kl_horizon)
@@ -333,8 +326,8 @@ def run(ctx: StageContext) -> dict:
         actor = copy.deepcopy(engine.model).eval().requires_grad_(False)
         actor_stream = torch.cuda.Stream() if device.type == "cuda" else None
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout")
-    bar = tqdm(range(state["iteration"], c.iterations), desc=c.algorithm, unit="iter", disable=rank != 0,
-               initial=state["iteration"], total=c.iterations)
+    bar = progress(range(state["iteration"], c.iterations), desc=c.algorithm, unit="iter", disable=rank != 0,
+                   initial=state["iteration"], total=c.iterations)
     for it in bar:
         t_iter = clock()
         if actor is None:

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from rlaif import distributed as dist
 from rlaif import faults
+from rlaif.algo.preference import bradley_terry_loss
 from rlaif.errors import UserError
 from rlaif.io import storage
 from rlaif.io.prompts import is_held_out, load_prompts
@@ -33,40 +33,10 @@ from rlaif.io.shards import read_samples, shuffled, shuffled_stream
 from rlaif.judges.reference import CLEAR_MARGIN as CLEAR
 from rlaif.judges.reference import grader as reference_grader
 from rlaif.models.loading import resolve
+from rlaif.models.reward import batched_rewards, load_reward_model, reward
+from rlaif.progress import progress
 from rlaif.stages.common import StageContext
 from rlaif.training import Checkpoints, Engine, MetricsLog
-
-
-def load_reward_model(path: Path, lora_rank: int = 0, lora_alpha: int = 32):
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
-    model = AutoModelForSequenceClassification.from_pretrained(str(path), num_labels=1, use_safetensors=True)
-    if model.config.pad_token_id is None:
-        model.config.pad_token_id = tokenizer.pad_token_id
-    if lora_rank > 0:
-        from peft import LoraConfig, get_peft_model
-
-        model = get_peft_model(model, LoraConfig(task_type="SEQ_CLS", r=lora_rank, lora_alpha=lora_alpha, target_modules="all-linear"))
-    # A pairwise loss sees only r(a) - r(b): the score head's bias gets no true gradient, and Adam would turn the
-    # rounding noise in it into lr-sized steps. It stays at its initial value.
-    for module in model.modules():
-        if isinstance(module, torch.nn.Linear) and module.out_features == 1 and module.bias is not None:
-            module.bias.requires_grad_(False)
-    return tokenizer, model
-
-
-def reward(model, tokenizer, prompts: list[str], responses: list[str], max_length: int, device) -> torch.Tensor:
-    enc = tokenizer(prompts, responses, padding=True, truncation=True, max_length=max_length, return_tensors="pt").to(device)
-    return model(**enc).logits.squeeze(-1)
-
-
-@torch.no_grad()
-def batched_rewards(model, tokenizer, prompts, responses, max_length, device, batch_size=64) -> torch.Tensor:
-    model.eval()
-    out = [reward(model, tokenizer, prompts[i : i + batch_size], responses[i : i + batch_size], max_length, device)
-           for i in range(0, len(prompts), batch_size)]
-    return torch.cat(out).float().cpu() if out else torch.zeros(0)
 
 
 def held_out(key: str, fraction: float) -> bool:
@@ -133,7 +103,7 @@ def run(ctx: StageContext) -> dict:
     metrics = MetricsLog(enabled=rank == 0)
     use_amp = device.type == "cuda" and c.strategy == "ddp"  # DeepSpeed runs bf16 itself on GPUs
 
-    bar = tqdm(total=total_steps, initial=position["step"], desc="train_rm", unit="step", disable=rank != 0)
+    bar = progress(total=total_steps, initial=position["step"], desc="train_rm", unit="step", disable=rank != 0)
     step, start = position["step"], time.time() - position["seconds"]
     for epoch in range(position["epoch"], c.epochs):
         batches = micro_batches(ctx, epoch, rank, world, micro_local)
@@ -149,18 +119,7 @@ def run(ctx: StageContext) -> dict:
             if have.item() < 1:
                 break
             model.train()
-            loss_sum, correct = 0.0, 0.0
-            for batch in window:
-                prompts = [s["prompt.txt"] for s in batch]
-                target = torch.tensor([s["label.json"]["p_a"] for s in batch], device=device)
-                with engine.accumulating(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_amp):
-                    r = reward(engine, tokenizer, prompts + prompts,
-                               [s["response_a.txt"] for s in batch] + [s["response_b.txt"] for s in batch], c.max_length, device).float()
-                    margin = r[: len(batch)] - r[len(batch):]
-                    loss = F.binary_cross_entropy_with_logits(margin - c.margin * (2 * target - 1), target)
-                    engine.backward(loss)
-                loss_sum += loss.item() / c.grad_accum_steps
-                correct += ((margin > 0) == (target > 0.5)).float().mean().item() / c.grad_accum_steps
+            loss_sum, correct = accumulate_gradients(engine, tokenizer, window, c, device, use_amp)
             grad_norm = engine.step()
             step, step_in_epoch = step + 1, step_in_epoch + 1
             stats = dist.all_reduce_mean({"loss": loss_sum, "accuracy": correct})
@@ -176,21 +135,9 @@ def run(ctx: StageContext) -> dict:
     seconds = time.time() - start
     replica_spread = engine.replica_spread()
 
-    # Export whole weights (ZeRO-3 gathers its partitions; LoRA is merged); rank 0 writes the HF directory.
     export_root = Path(tempfile.mkdtemp(prefix="rlaif-rm-"))
     export_dir = export_root / "model"
-    with engine.full_parameters():
-        plain = model.merge_and_unload() if c.lora_rank > 0 else model
-        if rank == 0:
-            plain.save_pretrained(export_dir, safe_serialization=True)
-            tokenizer.save_pretrained(export_dir)
-            storage.upload_dir(export_dir, storage.join(ctx.url, "model"))
-    dist.barrier()
-    if c.strategy == "deepspeed":  # DeepSpeed owns (and may partition) the live parameters: evaluate the export
-        files = [{"path": u.rsplit("/model/", 1)[1], "sha256": None} for u in storage.glob(storage.join(ctx.url, "model", "*"))]
-        plain = load_reward_model(storage.download_dir(storage.join(ctx.url, "model"), files))[1].to(device)
-    else:
-        engine.optimizer.state.clear()  # the Adam moments are done with: free them before evaluating
+    plain = export(ctx, engine, model, tokenizer, export_dir, rank, device)
     summary = evaluate_reward_model(ctx, plain.eval(), tokenizer, rank, world, device)
     summary.update(steps=step, seconds=seconds, samples_per_s=step * c.batch_size / max(seconds, 1e-9), world_size=world,
                    replica_param_spread=replica_spread)
@@ -212,6 +159,42 @@ def run(ctx: StageContext) -> dict:
     dist.barrier()
     dist.teardown()
     return result
+
+
+def accumulate_gradients(engine, tokenizer, window: list[list[dict]], c, device, use_amp: bool) -> tuple[float, float]:
+    """Bradley-Terry backward passes over one optimizer step's micro-batches; returns (mean loss, mean accuracy)."""
+    loss_sum, correct = 0.0, 0.0
+    for batch in window:
+        prompts = [s["prompt.txt"] for s in batch]
+        target = torch.tensor([s["label.json"]["p_a"] for s in batch], device=device)
+        with engine.accumulating(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_amp):
+            r = reward(engine, tokenizer, prompts + prompts,
+                       [s["response_a.txt"] for s in batch] + [s["response_b.txt"] for s in batch], c.max_length, device).float()
+            loss = bradley_terry_loss(r[: len(batch)], r[len(batch):], target, c.margin)
+            engine.backward(loss)
+        loss_sum += loss.item() / len(window)
+        correct += ((r[: len(batch)] > r[len(batch):]) == (target > 0.5)).float().mean().item() / len(window)
+    return loss_sum, correct
+
+
+def export(ctx: StageContext, engine, model, tokenizer, export_dir: Path, rank: int, device):
+    """Whole weights as a Hugging Face directory (ZeRO-3 gathers its partitions; LoRA is merged), written by rank 0;
+    returns the model to evaluate: the live one, or under DeepSpeed (which owns and may partition the live
+    parameters) the export read back."""
+    c = ctx.cfg.train_rm
+    with engine.full_parameters():
+        plain = model.merge_and_unload() if c.lora_rank > 0 else model
+        if rank == 0:
+            plain.save_pretrained(export_dir, safe_serialization=True)
+            tokenizer.save_pretrained(export_dir)
+            if c.strategy == "deepspeed":  # the other ranks read the export back from storage
+                storage.upload_dir(export_dir, storage.join(ctx.url, "model"))
+    dist.barrier()
+    if c.strategy != "deepspeed":
+        engine.optimizer.state.clear()  # the Adam moments are done with: free them before evaluating
+        return plain
+    files = [{"path": u.rsplit("/model/", 1)[1], "sha256": None} for u in storage.glob(storage.join(ctx.url, "model", "*"))]
+    return load_reward_model(storage.download_dir(storage.join(ctx.url, "model"), files))[1].to(device)
 
 
 @torch.no_grad()

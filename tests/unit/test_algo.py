@@ -188,3 +188,21 @@ def test_discounted_suffix_sum_matches_loop(steps, factor):
         running = x[:, t] + factor * running
         expected[:, t] = running
     torch.testing.assert_close(ppo.discounted_suffix_sum(x, factor), expected, atol=1e-9, rtol=1e-9)
+
+
+def test_bradley_terry_loss_matches_loop():
+    from rlaif.algo.preference import bradley_terry_loss
+
+    gen = torch.Generator().manual_seed(7)
+    r_a, r_b, p = torch.randn(9, generator=gen), torch.randn(9, generator=gen), torch.rand(9, generator=gen)
+    for margin in (0.0, 0.7):
+        total = 0.0
+        for i in range(9):
+            z = r_a[i].item() - r_b[i].item() - margin * (2 * p[i].item() - 1)
+            sig = 1 / (1 + math.exp(-z))
+            total += -(p[i].item() * math.log(sig) + (1 - p[i].item()) * math.log(1 - sig))
+        assert bradley_terry_loss(r_a, r_b, p, margin).item() == pytest.approx(total / 9, rel=1e-6)
+    # Swapping the pair and the label leaves the loss unchanged; at p = 0.5 the margin has no effect
+    torch.testing.assert_close(bradley_terry_loss(r_b, r_a, 1 - p, 0.7), bradley_terry_loss(r_a, r_b, p, 0.7))
+    half = torch.full((9,), 0.5)
+    torch.testing.assert_close(bradley_terry_loss(r_a, r_b, half, 3.0), bradley_terry_loss(r_a, r_b, half, 0.0))
