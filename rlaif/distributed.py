@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import torch
@@ -94,3 +95,18 @@ def all_reduce_mean(values: dict[str, float]) -> dict[str, float]:
 def teardown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def die_with_parent() -> None:
+    """A torchrun worker ends when its agent does (Linux: PR_SET_PDEATHSIG). torchrun starts workers in their own
+    session, so a kill -9 of the launcher's process group would otherwise leave ranks that keep training and writing
+    checkpoints beside the run that resumes."""
+    if "LOCAL_RANK" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    parent = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the agent died before the call: nothing would signal us
+        os._exit(1)

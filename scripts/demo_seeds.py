@@ -68,8 +68,9 @@ def table(results: dict) -> str:
             f"{r['top_response_share']:.3f} | {r['label_reference_agreement']:.3f} | {r['rm_held_out_accuracy']:.3f} / "
             f"{r['rm_held_out_reference_accuracy']:.3f} | {r['kl']:.2f} | {r['seconds']} |" for r in results["runs"]]
     return (f"{START}\nMeasured {results['date']} on {results['machine']}, commit {results['commit']}: "
-            f"`make demo-seeds` (each row: `{results['runs'][0]['command'].replace('seed=0', 'seed=S')}`, "
-            f"win rates over {results['runs'][0]['n_prompts']} held-out prompts with 95% intervals).\n\n"
+            f"`make demo-seeds` (each row: `rlaif run --config {CONFIG} --set seed=S --set run_id=demo-seedS`, run id "
+            f"`demo` for seed 0; win rates over {results['runs'][0]['n_prompts']} held-out prompts with 95% intervals; "
+            "seed 0's seconds include the one-time tiny-policy build).\n\n"
             + "\n".join([head, *rows]) + f"\n{END}")
 
 
