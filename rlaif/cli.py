@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from rlaif import __version__
 from rlaif.config import safe_run_id
 from rlaif.errors import StageFailed, UserError, redact
 from rlaif.graph import STAGE_BY_NAME
@@ -13,7 +14,9 @@ from rlaif.graph import STAGE_BY_NAME
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlaif", description="RLAIF pipeline: generate -> label -> train_rm -> ppo -> evaluate")
+    p.add_argument("--version", action="version", version=f"rlaif {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("config", help="list every config setting with its type, default and meaning")
 
     def config_args(sp):
         sp.add_argument("--config", help="YAML config file (local path or s3:// URL); defaults apply where it is silent")
@@ -89,6 +92,12 @@ def main(argv: list[str] | None = None) -> int:
 
             print(render())
             return 0
+        if args.command == "config":
+            from rlaif.config import config_fields
+
+            for key, kind, default, doc in config_fields():
+                print(f"{key} ({kind}, default {default!r}): {doc}")
+            return 0
         from rlaif.config import load_config
         from rlaif.io import storage
 
@@ -143,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `rlaif config | head`: the reader left; end quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except StageFailed as exc:
         print(f"error: {redact(str(exc))}", file=sys.stderr)
         return 2 if exc.code == 2 else 1

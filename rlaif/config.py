@@ -562,11 +562,34 @@ def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
     return raw
 
 
+def config_fields(model: type[BaseModel] = PipelineConfig, prefix: str = "") -> list[tuple[str, str, Any, str]]:
+    """(dotted key, type, default, doc) of every setting, nested sections flattened: `rlaif config` prints these."""
+    rows = []
+    for name, field in model.model_fields.items():
+        key, kind = f"{prefix}{name}", field.annotation
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            rows += config_fields(kind, f"{key}.")
+            continue
+        default = field.get_default(call_default_factory=True)
+        type_name = getattr(kind, "__name__", None) if isinstance(kind, type) else None
+        rows.append((key, type_name or str(kind).replace("typing.", ""), default, " ".join((field.description or "").split())))
+    return rows
+
+
+def _suggest(key: str) -> str:
+    import difflib
+
+    keys = [k for k, *_ in config_fields()]
+    sections = {k.rsplit(".", 1)[0] for k in keys if "." in k}
+    close = difflib.get_close_matches(key, keys + sorted(sections), n=1, cutoff=0.8)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
 def _describe(err: ValidationError) -> str:
     first = err.errors()[0]
     key = ".".join(str(p) for p in first["loc"]) or "(top level)"
     if first["type"] == "extra_forbidden":
-        return f"unknown config key '{key}': remove it or check its spelling (see README, Configuration)"
+        return f"unknown config key '{key}'{_suggest(key)}: remove it or check its spelling (`rlaif config` lists them)"
     return f"bad value for config key '{key}': {first['msg']}"
 
 
