@@ -119,7 +119,7 @@ def create_exclusive(url: str, data: bytes) -> bool:
     if is_local(url):
         return _create_local(local_path(url), data)
     fs = filesystem(url)
-    if "IfNoneMatch" not in _put_object_parameters(fs):
+    if "IfNoneMatch" not in _put_object_parameters():
         raise UserError("this botocore cannot send conditional writes (If-None-Match), which the stage lock needs: "
                         "upgrade s3fs/botocore (pip install -U s3fs)")
     bucket, _, key = _path(url).partition("/")
@@ -156,7 +156,7 @@ def _create_local(path: Path, data: bytes) -> bool:
         tmp.unlink(missing_ok=True)
 
 
-def _put_object_parameters(fs) -> set[str]:
+def _put_object_parameters() -> set[str]:
     """The PutObject parameters the installed botocore knows (s3fs drops the others without a word)."""
     import botocore.session
 

@@ -44,8 +44,7 @@ def prepare(cfg: PipelineConfig) -> str:
     storage.configure(cfg.storage.endpoint_url)
     root = storage.normalize(cfg.storage.root)
     storage.check_writable(root)
-    load_prompts(cfg.data)
-    check_judges(cfg)
+    check_judges(cfg, load_prompts(cfg.data))
     check_models(cfg)
     for stage in STAGE_BY_NAME.values():
         nproc = getattr(getattr(cfg, stage.name), "nproc", 1)
@@ -69,7 +68,7 @@ def _has_gpus() -> bool:
     return torch.cuda.is_available()
 
 
-def check_judges(cfg: PipelineConfig) -> None:
+def check_judges(cfg: PipelineConfig, prompts: list[dict]) -> None:
     """The judges' settings that can be checked before any work: constitutions readable, required fields set."""
     from rlaif.judges.constitution import load_constitution
     from rlaif.judges.prompting import load_few_shot
@@ -96,10 +95,9 @@ def check_judges(cfg: PipelineConfig) -> None:
     if "reference" in (cfg.label.judge, *(j.judge for j in cfg.evaluate.judges)):
         from rlaif.judges.reference import reference_points
 
-        rows = load_prompts(cfg.data)
-        missing = len(rows) - len(reference_points(rows))
+        missing = len(prompts) - len(reference_points(prompts))
         if missing:
-            raise UserError(f"judge 'reference' needs key points on every prompt; {missing} of {len(rows)} in "
+            raise UserError(f"judge 'reference' needs key points on every prompt; {missing} of {len(prompts)} in "
                             f"{cfg.data.prompts} have none: add a 'key_points' list or a 'reference' answer to them")
 
 
