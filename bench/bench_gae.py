@@ -51,7 +51,8 @@ def main() -> None:
     t_ours = timed(lambda: gae(rewards, values, mask, 1.0, 0.95), a.trials)
     t_loop = timed(lambda: gae_loop(rewards, values, mask, 1.0, 0.95), a.trials)
     table = (f"| gae form | median ms (batch {a.batch} x {a.steps} steps, {a.trials} trials) |\n|---|---|\n"
-             f"| rlaif `gae` (blockwise discount-matrix products) | {t_ours * 1e3:.2f} |\n| loop over time steps | {t_loop * 1e3:.2f} |\n"
+             f"| rlaif `gae` (blockwise discount-matrix products) | {t_ours * 1e3:.2f} |\n"
+             f"| loop over time steps | {t_loop * 1e3:.2f} |\n"
              f"| speed-up | {t_loop / t_ours:.1f}x |\n")
     publish("gae vs the loop form", table, a.append)
 

@@ -63,7 +63,8 @@ def main() -> None:
     modes = {
         "rlaif generate: per-sample seeds, length buckets": (lambda: ours(backend, rows, texts, True), len(rows)),
         "rlaif generate without length buckets": (lambda: ours(backend, rows, texts, False), len(rows)),
-        f"plain `generate`, padded batches of {per_batch} prompts": (lambda: plain(backend, texts, per_batch), len(rows)),
+        f"plain `generate`, padded batches of {per_batch} prompts": (lambda: plain(backend, texts, per_batch),
+                                                                     len(rows)),
         "one prompt at a time": (lambda: plain(backend, texts[: a.single], 1), a.single),
     }
     ours(backend, rows[:8], texts[:8], True)  # warm-up
@@ -78,8 +79,9 @@ def main() -> None:
         results[name] = (statistics.median(r[0] for r in runs), runs[0][1], n_prompts)
         print(name, results[name], flush=True)
     base = results["one prompt at a time"][0]
-    table = (f"| sampler (demo policy, {cfg.generate.batch_size} sequences per batch, {cfg.generate.max_new_tokens} new "
-             f"tokens, 2 samples per prompt; {a.trials} trials) | prompts | response tokens/s | padded prompt length | "
+    table = (f"| sampler (demo policy, {cfg.generate.batch_size} sequences per batch, "
+             f"{cfg.generate.max_new_tokens} new tokens, 2 samples per prompt; {a.trials} trials) | prompts | "
+             f"response tokens/s | padded prompt length | "
              f"vs one at a time |\n|---|---|---|---|---|\n")
     for name, (tps, pad, n) in results.items():
         table += f"| {name} | {n} | {tps:,.0f} | {pad:.1f} | {tps / base:.1f}x |\n"

@@ -15,8 +15,19 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_ppo import (EPOCHS, LORA_RANK, LR, MINIBATCH, OVERRIDES, RESPONSE_LEN, ROLLOUT, cli, ours_setup,  # noqa: E402
-                       prompts, shared_models)
+from bench_ppo import (  # noqa: E402
+    EPOCHS,
+    LORA_RANK,
+    LR,
+    MINIBATCH,
+    OVERRIDES,
+    RESPONSE_LEN,
+    ROLLOUT,
+    cli,
+    ours_setup,
+    prompts,
+    shared_models,
+)
 
 from rlaif.distributed import clock  # noqa: E402
 
@@ -64,7 +75,8 @@ def worker_trl(work: Path, iterations: int, size: str) -> dict:
                       steps_per_generation=steps_per_generation, num_generations=GROUP, num_iterations=EPOCHS,
                       max_completion_length=RESPONSE_LEN, beta=KL, loss_type="grpo", learning_rate=LR, temperature=1.0,
                       max_steps=iterations * steps_per_generation * EPOCHS, gradient_accumulation_steps=1,
-                      report_to=[], save_strategy="no", logging_steps=10**6, disable_tqdm=True, dataloader_num_workers=0,
+                      report_to=[], save_strategy="no", logging_steps=10**6, disable_tqdm=True,
+                      dataloader_num_workers=0,
                       bf16=torch.cuda.is_available(), fp16=False, use_cpu=not torch.cuda.is_available(),
                       gradient_checkpointing=False)  # TRL's default recomputes activations; rlaif does not
     trainer = GRPOTrainer(

@@ -81,14 +81,16 @@ def main() -> None:
                 ("+ all principles (ensemble)", plain, "all", 0.5),
                 ("principle minus contrast, one sampled, relevance 0.5", path, "sample", 0.5),
                 ("principle minus contrast, all principles, relevance 0.5 (the demo's setting now)", path, "all", 0.5)):
-            settings = JudgeSettings(judge="embedding", constitution=constitution, principles=mode, relevance_weight=relevance)
+            settings = JudgeSettings(judge="embedding", constitution=constitution, principles=mode,
+                                     relevance_weight=relevance)
             judge = make_judge(settings, 256)
             overall, hard = agreement(judge, load_constitution(constitution), mode, items)
             rows.append(f"| {name} | {label} | {overall:.3f} | {hard:.3f} |")
     reference = make_judge(JudgeSettings(judge="reference"), 256, references)
     overall, hard = agreement(reference, [{"name": "reference", "text": ""}], "sample", items)
     rows.append(f"| - | reference judge (key points + rules; no model) | {overall:.3f} | {hard:.3f} |")
-    table = ("| constitution | embedding-judge setting | agreement with quality tiers | good vs mediocre |\n|---|---|---|---|\n"
+    table = ("| constitution | embedding-judge setting | agreement with quality tiers | good vs mediocre |\n"
+             "|---|---|---|---|\n"
              + "\n".join(rows))
     publish(f"AI judge vs the demo data's quality tiers ({args.prompts} prompts, 6 answers each, all different-tier "
             "pairs, both orders)", table, args.append)

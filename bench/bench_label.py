@@ -30,11 +30,13 @@ def judge_model(out: Path, texts: list[str], tiny) -> Path:
 
     from rlaif.models.tiny import _train_tokenizer
 
-    answers = [prompting.ANSWER_CUE + a for a in prompting.ANSWERS] * 2000 + [prompting.score_candidate(k) for k in prompting.SCORES]
+    answers = ([prompting.ANSWER_CUE + a for a in prompting.ANSWERS] * 2000
+               + [prompting.score_candidate(k) for k in prompting.SCORES])
     tokenizer = _train_tokenizer(texts + answers, tiny.vocab_size)
     torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=tiny.hidden_size, intermediate_size=tiny.intermediate_size,
-                                 num_hidden_layers=tiny.num_layers, num_attention_heads=tiny.num_heads,
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=tiny.hidden_size,
+                                 intermediate_size=tiny.intermediate_size, num_hidden_layers=tiny.num_layers,
+                                 num_attention_heads=tiny.num_heads,
                                  num_key_value_heads=tiny.num_heads, max_position_embeddings=1024,
                                  pad_token_id=tokenizer.pad_token_id)).save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
@@ -57,7 +59,8 @@ def main() -> None:
     hf_dir = judge_model(Path(tempfile.mkdtemp()), [d["prompt"] + " " + d["response"] for d in demos], cfg.policy.tiny)
     judges = {
         "embedding (MiniLM-L6, the demo's)": LabelConfig(judge="embedding"),
-        "rules (length, keywords, format)": LabelConfig(judge="rules", rules={"required": ["first"], "pattern": r"\.$"}),
+        "rules (length, keywords, format)": LabelConfig(judge="rules",
+                                                        rules={"required": ["first"], "pattern": r"\.$"}),
         "hf (Llama, demo-policy size, pairwise)": LabelConfig(judge="hf", hf={"model": str(hf_dir)}),
         "hf with chain of thought (16 tokens)": LabelConfig(judge="hf", chain_of_thought=True, rationale_tokens=16,
                                                            hf={"model": str(hf_dir)}),

@@ -23,7 +23,8 @@ from rlaif.distributed import clock  # noqa: E402
 
 ROLLOUT, MINIBATCH, EPOCHS, RESPONSE_LEN, LORA_RANK, LR = 64, 16, 2, 48, 16, 1e-3
 OVERRIDES = [f"ppo.rollout_batch_size={ROLLOUT}", f"ppo.minibatch_size={MINIBATCH}", f"ppo.ppo_epochs={EPOCHS}",
-             f"ppo.max_new_tokens={RESPONSE_LEN}", f"ppo.lora_rank={LORA_RANK}", f"ppo.lr={LR}", "ppo.checkpoint_every=0",
+             f"ppo.max_new_tokens={RESPONSE_LEN}", f"ppo.lora_rank={LORA_RANK}", f"ppo.lr={LR}",
+             "ppo.checkpoint_every=0",
              "ppo.temperature=1.0"]  # both trainers sample at 1.0 (TRL's worker passes temperature=1.0)
 
 
@@ -134,9 +135,10 @@ def worker_trl(work: Path, iterations: int, size: str) -> dict:
     tok = load_tokenizer(policy_dir, padding_side="left")
     ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts(ROLLOUT * iterations)]
     torch.manual_seed(0)
-    args = PPOConfig(output_dir=str(work / "trl-ppo-out"), per_device_train_batch_size=ROLLOUT, gradient_accumulation_steps=1,
-                     num_mini_batches=ROLLOUT // MINIBATCH, num_ppo_epochs=EPOCHS, local_rollout_forward_batch_size=ROLLOUT,
-                     total_episodes=ROLLOUT * iterations, response_length=RESPONSE_LEN, learning_rate=LR, stop_token="eos",
+    args = PPOConfig(output_dir=str(work / "trl-ppo-out"), per_device_train_batch_size=ROLLOUT,
+                     gradient_accumulation_steps=1, num_mini_batches=ROLLOUT // MINIBATCH, num_ppo_epochs=EPOCHS,
+                     local_rollout_forward_batch_size=ROLLOUT, total_episodes=ROLLOUT * iterations,
+                     response_length=RESPONSE_LEN, learning_rate=LR, stop_token="eos",
                      num_sample_generations=0, report_to=[], save_strategy="no", logging_steps=10**6,
                      use_cpu=not torch.cuda.is_available(), bf16=torch.cuda.is_available(), fp16=False,
                      dataloader_num_workers=0, disable_tqdm=True, kl_coef=0.05, vf_coef=0.1,

@@ -72,18 +72,21 @@ def main() -> None:
     Path(a.work).mkdir(exist_ok=True)
     for point in POINTS:
         shared_models(Path(a.work), point["size"])
-    med = side_by_side(__file__, tuple(name(pt) for pt in POINTS), 1, ["--work", a.work, "--iterations", str(a.iterations)],
-                       (*PHASES, "response_tokens", "params_m"))
+    med = side_by_side(__file__, tuple(name(pt) for pt in POINTS), 1,
+                       ["--work", a.work, "--iterations", str(a.iterations)], (*PHASES, "response_tokens", "params_m"))
     base = med[name(POINTS[0])]
     base_total = sum(base[k] for k in PHASES)
-    lines = ["| policy | params | rollout batch | max new tokens | tokens sampled | generate s | score s | reference s | "
-             "update s | iteration s | vs base | samples/s | peak RSS (MiB) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| policy | params | rollout batch | max new tokens | tokens sampled | generate s | score s | "
+             "reference s | update s | iteration s | vs base | samples/s | peak RSS (MiB) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for point in POINTS:
         r = med[name(point)]
         total = sum(r[k] for k in PHASES)
-        lines.append(f"| {point['size']} | {r['params_m']:.2f}M | {point['batch']} | {point['tokens']} | {r['response_tokens']:,.0f} | "
+        lines.append(f"| {point['size']} | {r['params_m']:.2f}M | {point['batch']} | {point['tokens']} | "
+                     f"{r['response_tokens']:,.0f} | "
                      + " | ".join(f"{r[k]:.2f}" for k in PHASES)
-                     + f" | {total:.2f} | {total / base_total:.2f}x | {point['batch'] / total:.1f} | {r['peak_rss_mib']:.0f} |")
+                     + f" | {total:.2f} | {total / base_total:.2f}x | {point['batch'] / total:.1f} | "
+                     f"{r['peak_rss_mib']:.0f} |")
     publish(f"PPO iteration cost by phase against model size, batch and response length (median of {a.iterations} "
             "iterations after a warm-up, one process)", "\n".join(lines), a.append)
 

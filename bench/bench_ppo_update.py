@@ -38,7 +38,8 @@ ROLLOUT, MINIBATCH, PROMPT_LEN, RESPONSE_LEN, VOCAB = 64, 16, 24, 48, 1024
 
 def matmul_peak(repeats: int = 10) -> float:
     n, dtype = (8192, torch.bfloat16) if dist.local_device().type == "cuda" else (2048, torch.float32)
-    a, b = torch.randn(n, n, dtype=dtype, device=dist.local_device()), torch.randn(n, n, dtype=dtype, device=dist.local_device())
+    a, b = (torch.randn(n, n, dtype=dtype, device=dist.local_device()),
+            torch.randn(n, n, dtype=dtype, device=dist.local_device()))
     a @ b
     best = min(_time(lambda: a @ b) for _ in range(repeats))
     return 2 * n**3 / best
@@ -55,8 +56,9 @@ def policy_of_size(hidden, layers, heads, intermediate, lora_rank):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    lm = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                                      intermediate_size=intermediate, max_position_embeddings=256, tie_word_embeddings=True))
+    lm = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, num_hidden_layers=layers,
+                                      num_attention_heads=heads, intermediate_size=intermediate,
+                                      max_position_embeddings=256, tie_word_embeddings=True))
     if lora_rank:
         lm = get_peft_model(lm, LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, target_modules=ppo.LORA_TARGETS))
     return ppo.PolicyWithValue(lm, hidden).to(dist.local_device())
@@ -90,7 +92,8 @@ def measure(name, dims, lora_rank, trials) -> dict:
     flops = counter.get_total_flops()
     seconds = statistics.median(_time(run) for _ in range(trials))
     params = sum(p.numel() for p in policy.parameters())
-    return {"name": name, "params": params, "lora": lora_rank, "seconds": seconds, "flops": flops, "flops_per_s": flops / seconds}
+    return {"name": name, "params": params, "lora": lora_rank, "seconds": seconds, "flops": flops,
+            "flops_per_s": flops / seconds}
 
 
 def main() -> None:
@@ -106,11 +109,14 @@ def main() -> None:
     peak_what = ("bf16 matmul peak (8192^3)" if dist.local_device().type == "cuda"
                  else f"fp32 matmul peak (2048^3, {torch.get_num_threads()} threads)")
     lines = [f"{peak_what}: {peak / 1e9:.1f} GFLOP/s", "",
-             f"| policy | params | training | update s (64 seq x {PROMPT_LEN}+{RESPONSE_LEN} tok, 2 epochs) | counted GFLOP | GFLOP/s | of peak |",
+             f"| policy | params | training | update s (64 seq x {PROMPT_LEN}+{RESPONSE_LEN} tok, 2 epochs) | "
+             "counted GFLOP | GFLOP/s | of peak |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['name']} | {r['params'] / 1e6:.2f}M | {'LoRA r' + str(r['lora']) if r['lora'] else 'all weights'} | "
-                     f"{r['seconds']:.2f} | {r['flops'] / 1e9:.1f} | {r['flops_per_s'] / 1e9:.1f} | {r['flops_per_s'] / peak:.0%} |")
+        lines.append(f"| {r['name']} | {r['params'] / 1e6:.2f}M | "
+                     f"{'LoRA r' + str(r['lora']) if r['lora'] else 'all weights'} | "
+                     f"{r['seconds']:.2f} | {r['flops'] / 1e9:.1f} | {r['flops_per_s'] / 1e9:.1f} | "
+                     f"{r['flops_per_s'] / peak:.0%} |")
     table = "\n".join(lines) + "\n"
     publish("PPO update phase: model FLOPs utilisation", table, a.append)
 

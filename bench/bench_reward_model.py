@@ -43,8 +43,9 @@ def worker_ours(run: Path) -> dict:
     from rlaif.config import load_config
     from rlaif.runner import run_stage
 
-    cfg = load_config("configs/demo.yaml", [f"storage.root={run.parent}", "run_id=bench-rm", f"train_rm.batch_size={BATCH}",
-                                            f"train_rm.max_length={MAX_LEN}", f"train_rm.lr={LR}", "train_rm.checkpoint_every=0"])
+    cfg = load_config("configs/demo.yaml", [f"storage.root={run.parent}", "run_id=bench-rm",
+                                            f"train_rm.batch_size={BATCH}", f"train_rm.max_length={MAX_LEN}",
+                                            f"train_rm.lr={LR}", "train_rm.checkpoint_every=0"])
     run_stage(cfg, "train_rm")
     summary = json.loads((run / "train_rm" / "manifest.json").read_text())["summary"]
     return {"pairs_per_s": summary["samples_per_s"], "steps": summary["steps"]}
@@ -69,7 +70,8 @@ def worker_trl(run: Path) -> dict:
     rows = {"chosen_ids": [], "rejected_ids": []}  # TRL 1.16's pre-tokenized columns (its collator pads and masks)
     for s in samples:
         a_wins = s["label.json"]["p_a"] >= 0.5
-        chosen, rejected = (s["response_a.txt"], s["response_b.txt"]) if a_wins else (s["response_b.txt"], s["response_a.txt"])
+        chosen, rejected = ((s["response_a.txt"], s["response_b.txt"]) if a_wins
+                            else (s["response_b.txt"], s["response_a.txt"]))
         for name, text in (("chosen", chosen), ("rejected", rejected)):
             rows[f"{name}_ids"].append(tok(s["prompt.txt"], text, truncation=True, max_length=MAX_LEN)["input_ids"])
     model = AutoModelForSequenceClassification.from_pretrained(str(minilm_dir()), num_labels=1)

@@ -41,7 +41,8 @@ def start_moto() -> tuple[subprocess.Popen, str]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     exe = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or shutil.which("moto_server")
-    proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
     for _ in range(300):
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
@@ -58,7 +59,8 @@ def main() -> None:
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--append", action="store_true")
     a = p.parse_args()
-    for key, value in (("AWS_ACCESS_KEY_ID", "bench"), ("AWS_SECRET_ACCESS_KEY", "bench"), ("AWS_DEFAULT_REGION", "us-east-1")):
+    for key, value in (("AWS_ACCESS_KEY_ID", "bench"), ("AWS_SECRET_ACCESS_KEY", "bench"),
+                       ("AWS_DEFAULT_REGION", "us-east-1")):
         os.environ.setdefault(key, value)
     work = Path(tempfile.mkdtemp(prefix="rlaif-bench-shards-"))
     moto, endpoint = start_moto()
@@ -79,7 +81,8 @@ def main() -> None:
             assert len(shards.read_all(url, m)) == n_samples
 
         def plain_wds(url):
-            assert sum(1 for _ in wds.WebDataset([storage.join(url, s["url"]) for s in m["shards"]], shardshuffle=False)) == n_samples
+            assert sum(1 for _ in wds.WebDataset([storage.join(url, s["url"]) for s in m["shards"]],
+                                                 shardshuffle=False)) == n_samples
 
         def raw_s3():
             fs = storage.filesystem(s3_url)
@@ -89,7 +92,8 @@ def main() -> None:
         cases = {
             "local disk: rlaif reader (sha256 + count checked)": lambda: rlaif_read(local_url),
             "local disk: plain webdataset": lambda: plain_wds(local_url),
-            "local disk: raw `cat` of the same files": lambda: subprocess.run(["cat", *files], stdout=subprocess.DEVNULL, check=True),
+            "local disk: raw `cat` of the same files":
+                lambda: subprocess.run(["cat", *files], stdout=subprocess.DEVNULL, check=True),
             "S3 (moto_server, loopback): rlaif reader (sha256 + count checked)": lambda: rlaif_read(s3_url),
             "S3 (moto_server, loopback): plain webdataset (s3fs handler)": lambda: plain_wds(s3_url),
             "S3 (moto_server, loopback): raw whole-object GETs": raw_s3,
@@ -103,7 +107,8 @@ def main() -> None:
     finally:
         moto.kill()
         shutil.rmtree(work, ignore_errors=True)
-    table = (f"| reader ({a.shards} shards x {a.samples} samples, {n_bytes / 2**20:.1f} MiB; {a.trials} trials) | MB/s | samples/s |\n"
+    table = (f"| reader ({a.shards} shards x {a.samples} samples, {n_bytes / 2**20:.1f} MiB; {a.trials} trials) | "
+             "MB/s | samples/s |\n"
              "|---|---|---|\n" + "".join(f"| {k} | {mb:,.1f} | {sps:,.0f} |\n" for k, (mb, sps) in results.items()))
     publish("WebDataset shard reading, local disk and S3", table, a.append)
 

@@ -10,7 +10,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -33,12 +33,13 @@ def side_by_side(script: str, workers: tuple[str, ...], trials: int, args: list[
                 before_each(who)
             out = subprocess.run([sys.executable, script, "--worker", who, *args], capture_output=True, text=True,
                                  env=dict(os.environ, OMP_NUM_THREADS=str(os.cpu_count())))
-            line = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")]
+            line = [text for text in out.stdout.splitlines() if text.startswith("RESULT ")]
             if not line:
                 sys.exit(f"{who} failed:\n{out.stderr[-4000:]}")
             results[who].append(json.loads(line[0][7:]))
             print(f"trial {trial + 1} {who}: {results[who][-1]}", flush=True)
-    return {w: {k: statistics.median(r[k] for r in rs) for k in (*keys, *MEMORY_KEYS) if k in rs[0]} for w, rs in results.items()}
+    return {w: {k: statistics.median(r[k] for r in rs) for k in (*keys, *MEMORY_KEYS) if k in rs[0]}
+            for w, rs in results.items()}
 
 
 MEMORY_KEYS = ("peak_rss_mib", "peak_gpu_mib")
@@ -46,13 +47,15 @@ MEMORY_KEYS = ("peak_rss_mib", "peak_gpu_mib")
 
 def peak_memory_key() -> tuple[str, str]:
     """The memory that bounds a run here: GPU memory allocated on a GPU machine, process RSS on a CPU one."""
-    return ("peak_gpu_mib", "peak GPU allocated (MiB)") if torch.cuda.is_available() else ("peak_rss_mib", "peak RSS (MiB)")
+    return (("peak_gpu_mib", "peak GPU allocated (MiB)") if torch.cuda.is_available()
+            else ("peak_rss_mib", "peak RSS (MiB)"))
 
 
 
 def machine(extra: str = "") -> str:
     gpu = f"{torch.cuda.get_device_name()}, " if torch.cuda.is_available() else ""
-    return (f"{gpu}{platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    return (f"{gpu}{platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads, "
+            f"torch {torch.__version__}"
             + (f", {extra}" if extra else ""))
 
 
@@ -74,7 +77,8 @@ def compare_iterations(script: str, a, prepare: Callable[[], None], title: str, 
 
     Path(a.work).mkdir(exist_ok=True)
     prepare()
-    med = side_by_side(script, ("ours", "trl"), a.trials, ["--work", a.work, "--iterations", str(a.iterations), "--size", a.size],
+    med = side_by_side(script, ("ours", "trl"), a.trials,
+                       ["--work", a.work, "--iterations", str(a.iterations), "--size", a.size],
                        ("iterations_per_s", "samples_per_s"))
     o, t = med["ours"], med["trl"]
     mem, mem_title = peak_memory_key()

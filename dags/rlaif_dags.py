@@ -1,34 +1,39 @@
 """Two Airflow DAGs generated from rlaif/graph.py (no stage list here: tasks and edges come from the graph).
 
 - `rlaif`: each stage a KubernetesPodOperator running `rlaif launch <stage>` in the project image, with the same
-  resources, secrets, scheduling and retries as the Kubeflow pipeline (settings from $RLAIF_CLUSTER_CONFIG).
+  pod as the Kubeflow pipeline and the TrainJobs (rlaif/orchestration/pod.py; settings from $RLAIF_CLUSTER_CONFIG,
+  label's GPU from $RLAIF_LABEL_JUDGE).
 - `rlaif_local`: each stage a process on the worker (`$RLAIF_BIN launch <stage>`, run from $RLAIF_WORKDIR), for
   one GPU box with the LocalExecutor.
 
 Only wiring: every task ends in `rlaif launch`, which checks the stage cache, starts torchrun or a multi-node job,
 and fails with the stage's exit code. The Airflow environment needs this package importable (`pip install --no-deps
-rlaif`: graph.py and cluster.py use the standard library only)."""
+rlaif`: graph.py, cluster.py and pod.py use the standard library only)."""
 from __future__ import annotations
 
 import os
 from datetime import datetime, timedelta, timezone
 
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
-from airflow.providers.cncf.kubernetes.secret import Secret
 from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk import DAG, Param
 from kubernetes.client import models as k8s
 
 from rlaif.graph import topological_order
 from rlaif.orchestration import cluster
+from rlaif.orchestration.pod import SHM_VOLUME, pod_plan
 
 SPEC = cluster.load(os.environ.get("RLAIF_CLUSTER_CONFIG"))
+# Pods are sized when the DAG is parsed; the label judge of the config the runs will use decides whether label's pod
+# gets a GPU (unset: it does). cluster.yaml's `stages` sizes override both.
+JUDGE = os.environ.get("RLAIF_LABEL_JUDGE") or None
 RUN_ID = "{{ params.run_id or dag_run.run_id }}"  # `rlaif launch` makes it a safe path segment
 LOCK_OWNER = "airflow:{{ dag.dag_id }}:{{ dag_run.run_id }}:{{ task.task_id }}"  # a retry of a task takes its lock back
 
 PARAMS = {
     "config": Param("configs/demo.yaml", type="string",
-                    description="Config path/URL (paths resolve in the image's or worker's working directory), or the YAML itself"),
+                    description="Config path/URL (paths resolve in the image's or worker's working directory), "
+                                "or the YAML itself"),
     "overrides": Param([], type="array", items={"type": "string"},
                        description="KEY=VALUE overrides, as with `rlaif run --set`, e.g. ppo.iterations=100"),
     "run_id": Param("", type="string", description="Run directory name; empty: this DAG run's id (a retry resumes it)"),
@@ -53,27 +58,30 @@ def _launch_args(name: str) -> list[str]:
 
 
 def _pod_task(stage) -> KubernetesPodOperator:
-    r, gpus = stage.resources, SPEC.gpus(stage)
-    limits = {"memory": f"{r.memory_gib}Gi", **({SPEC.gpu_resource: str(gpus)} if gpus else {})}
-    tolerations = [k8s.V1Toleration(key=t.key, operator=t.operator, value=t.value, effect=t.effect)
-                   for t in SPEC.gpu_tolerations] if gpus else []
+    """The Airflow translation of the stage's pod plan."""
+    plan = pod_plan(stage, SPEC, JUDGE)
+    resources = plan.resources()
     return KubernetesPodOperator(
         task_id=stage.name,
-        name=f"rlaif-{stage.name.replace('_', '-')}",
+        name=plan.pod_name,
         doc_md=stage.description,
-        image=SPEC.image_for(stage),
+        image=plan.image,
         cmds=["rlaif"],
         arguments=_launch_args(stage.name),
-        env_vars={"RLAIF_CLUSTER_JSON": SPEC.to_json(), "RLAIF_LOCK_OWNER": LOCK_OWNER, **SPEC.env},
-        secrets=[Secret("env", var, s.name, key) for s in SPEC.secrets for var, key in sorted(s.env.items())],
-        container_resources=k8s.V1ResourceRequirements(requests={"cpu": str(r.cpu), "memory": f"{r.memory_gib}Gi"}, limits=limits),
-        node_selector={**SPEC.node_selector, **(SPEC.gpu_node_selector if gpus else {})},
-        tolerations=tolerations,
-        volumes=[k8s.V1Volume(name="dshm", empty_dir=k8s.V1EmptyDirVolumeSource(medium="Memory", size_limit=f"{SPEC.shm_gib}Gi"))],
-        volume_mounts=[k8s.V1VolumeMount(name="dshm", mount_path="/dev/shm")],
-        security_context=k8s.V1PodSecurityContext(run_as_user=SPEC.run_as_user, run_as_non_root=True),
-        namespace=SPEC.namespace or None,
-        service_account_name=SPEC.service_account or None,
+        # V1EnvVars, not Airflow's Secret: that one has no `optional`, and the judge key's secret is optional.
+        env_vars=[*(k8s.V1EnvVar(name=ref.env, value_from=k8s.V1EnvVarSource(secret_key_ref=k8s.V1SecretKeySelector(
+            name=ref.secret, key=ref.key, optional=ref.optional))) for ref in plan.secret_env),
+                  *(k8s.V1EnvVar(name=name, value=value) for name, value in sorted(plan.env.items())),
+                  k8s.V1EnvVar(name="RLAIF_LOCK_OWNER", value=LOCK_OWNER)],
+        container_resources=k8s.V1ResourceRequirements(requests=resources["requests"], limits=resources["limits"]),
+        node_selector=plan.node_selector,
+        tolerations=[k8s.V1Toleration(**t) for t in plan.toleration_list()],
+        volumes=[k8s.V1Volume(name=SHM_VOLUME, empty_dir=k8s.V1EmptyDirVolumeSource(
+            medium="Memory", size_limit=f"{plan.shm_gib}Gi"))],
+        volume_mounts=[k8s.V1VolumeMount(name=SHM_VOLUME, mount_path="/dev/shm")],
+        security_context=k8s.V1PodSecurityContext(run_as_user=plan.run_as_user, run_as_non_root=True),
+        namespace=plan.namespace or None,
+        service_account_name=plan.service_account or None,
         get_logs=True,
         on_finish_action="delete_pod",
     )

@@ -14,9 +14,9 @@ class Resources:
 
     cpu: int = 2
     memory_gib: int = 8
-    gpus: int = 0  # GPUs per node when running on a cluster; 0 on CPU.
-    torchrun: bool = False  # launched with `torchrun --nproc_per_node=<nproc>`
-    nproc: int = 1  # processes per node under torchrun (the stage config's `nproc` overrides it)
+    gpus: int = 0  # GPUs per node when running on a cluster (cluster.yaml's gpus_per_node or stages.<name> change it)
+    torchrun: bool = False  # launched with `torchrun --nproc_per_node=<the stage config's nproc>`
+    gpu_for_judge_only: bool = False  # the GPU serves only the label judge: none when the judge runs no model
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ STAGES: tuple[Stage, ...] = (
         outputs=("shard-*.tar (prompt.txt, response_a.txt, response_b.txt, gen.json)",),
         config_sections=("seed", "data", "policy", "generate"),
         uses_prompts=True,
-        resources=Resources(cpu=4, memory_gib=16, gpus=1, torchrun=True, nproc=1),
+        resources=Resources(cpu=4, memory_gib=16, gpus=1, torchrun=True),
     ),
     Stage(
         name="label",
@@ -54,7 +54,7 @@ STAGES: tuple[Stage, ...] = (
         outputs=("shard-*.tar (+ label.json)",),
         config_sections=("seed", "data", "label"),  # data: the prompts' references grade the labels
         uses_prompts=True,
-        resources=Resources(cpu=4, memory_gib=16, gpus=1),
+        resources=Resources(cpu=4, memory_gib=16, gpus=1, gpu_for_judge_only=True),
     ),
     Stage(
         name="train_rm",
@@ -63,7 +63,7 @@ STAGES: tuple[Stage, ...] = (
         outputs=("model/ (HF directory, safetensors, reward_stats.json)", "metrics.jsonl"),
         config_sections=("seed", "data", "train_rm"),  # data: the prompts' references grade the reward model
         uses_prompts=True,
-        resources=Resources(cpu=8, memory_gib=32, gpus=1, torchrun=True, nproc=2),
+        resources=Resources(cpu=8, memory_gib=32, gpus=1, torchrun=True),
     ),
     Stage(
         name="ppo",
@@ -72,7 +72,7 @@ STAGES: tuple[Stage, ...] = (
         outputs=("policy/ (merged HF directory)", "adapter/ (LoRA)", "metrics.jsonl", "reward_kl.png"),
         config_sections=("seed", "data", "policy", "label", "ppo"),  # label: its judge is the d-RLAIF reward
         uses_prompts=True,
-        resources=Resources(cpu=8, memory_gib=32, gpus=1, torchrun=True, nproc=2),
+        resources=Resources(cpu=8, memory_gib=32, gpus=1, torchrun=True),
     ),
     Stage(
         name="evaluate",
@@ -117,7 +117,7 @@ def render() -> str:
     lines = []
     for stage in topological_order():
         r = stage.resources
-        launch = f"torchrun x{r.nproc}" if r.torchrun else "process"
+        launch = "torchrun" if r.torchrun else "process"
         after = ", ".join(stage.inputs) or "(prompts)"
         lines.append(f"{stage.name:<9} <- {after:<16} [{launch}; cpu={r.cpu} mem={r.memory_gib}Gi gpu={r.gpus}]")
         lines.append(f"{'':<9}    {stage.description}")

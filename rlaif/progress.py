@@ -51,5 +51,6 @@ class LogProgress:
         of = f"/{self.total}" if self.total else ""
         rate = self.n / max(self.last - self.start, 1e-9)
         extra = f", {self.postfix}" if self.postfix else ""
-        print(f"{self.desc}: {self.n}{of} {self.unit} ({rate:.2f} {self.unit}/s, {self.last - self.start:.0f} s{extra})",
+        print(f"{self.desc}: {self.n}{of} {self.unit} "
+              f"({rate:.2f} {self.unit}/s, {self.last - self.start:.0f} s{extra})",
               flush=True)

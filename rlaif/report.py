@@ -64,7 +64,8 @@ def plots(metrics: dict, examples: list[dict], ppo_rows: list[dict]) -> dict[str
     lo = [judges[n]["win_rate"] - judges[n]["win_rate_ci95"][0] for n in names]
     hi = [judges[n]["win_rate_ci95"][1] - judges[n]["win_rate"] for n in names]
     ax.barh(names, rates, xerr=[lo, hi], color="tab:green", alpha=0.7, capsize=5, label="win rate (95% CI)")
-    ax.scatter([judges[n]["win_rate_length_controlled"] for n in names], names, color="black", zorder=3, label="length-controlled")
+    ax.scatter([judges[n]["win_rate_length_controlled"] for n in names], names, color="black", zorder=3,
+               label="length-controlled")
     ax.axvline(0.5, color="tab:red", linestyle="--", linewidth=1)
     ax.set(xlim=(0, 1), title="tuned vs start: win rate by judge")
     ax.legend(loc="lower right", fontsize=8)
@@ -83,8 +84,8 @@ def verdicts(metrics: dict) -> list[str]:
     if training and reference:
         gap = training["win_rate"] - reference["win_rate"]
         if training["win_rate_ci95"][0] > 0.5 >= reference["win_rate_ci95"][0]:
-            out.append(f"Reward hacking: the training judge prefers the tuned policy ({training['win_rate']:.3f}) but the "
-                       f"reference judge, which checks key points, does not ({reference['win_rate']:.3f}).")
+            out.append(f"Reward hacking: the training judge prefers the tuned policy ({training['win_rate']:.3f}) "
+                       f"but the reference judge, which checks key points, does not ({reference['win_rate']:.3f}).")
         elif gap > HACKING_GAP:
             out.append(f"Part of the gain may be the training judge's taste: it rates the tuned policy well above the "
                        f"reference judge ({training['win_rate']:.3f} vs {reference['win_rate']:.3f}).")
@@ -99,7 +100,8 @@ def verdicts(metrics: dict) -> list[str]:
     for name, judge in judges.items():
         lo, hi = judge["win_rate_ci95"]
         if lo <= 0.5 <= hi:
-            out.append(f"Judge '{name}' cannot tell the two policies apart: its interval [{lo:.3f}, {hi:.3f}] contains 0.5.")
+            out.append(f"Judge '{name}' cannot tell the two policies apart: "
+                       f"its interval [{lo:.3f}, {hi:.3f}] contains 0.5.")
     return out
 
 
@@ -111,12 +113,16 @@ def _summary_rows(metrics: dict) -> list[tuple[str, str]]:
                      f"{j['win_rate_length_controlled']:.3f}; {j['wins']}/{j['ties']}/{j['losses']} W/T/L"))
     rows += [
         ("prompts (held out)", str(metrics["n_prompts"])),
-        ("reward (normalised), tuned vs start", f"{metrics['reward_policy_mean']:.3f} vs {metrics['reward_reference_mean']:.3f}"),
-        ("KL to reference (per sequence / per token)", f"{metrics['kl_to_reference']:.3f} / {metrics['kl_to_reference_per_token']:.4f}"),
-        ("response length (tokens), tuned vs start", f"{metrics['length_policy_mean']:.1f} vs {metrics['length_reference_mean']:.1f}"),
+        ("reward (normalised), tuned vs start",
+         f"{metrics['reward_policy_mean']:.3f} vs {metrics['reward_reference_mean']:.3f}"),
+        ("KL to reference (per sequence / per token)",
+         f"{metrics['kl_to_reference']:.3f} / {metrics['kl_to_reference_per_token']:.4f}"),
+        ("response length (tokens), tuned vs start",
+         f"{metrics['length_policy_mean']:.1f} vs {metrics['length_reference_mean']:.1f}"),
     ]
     if "eos_rate_policy" in metrics:
-        rows.append(("answers ending with EOS, tuned vs start", f"{metrics['eos_rate_policy']:.3f} vs {metrics['eos_rate_reference']:.3f}"))
+        rows.append(("answers ending with EOS, tuned vs start",
+                     f"{metrics['eos_rate_policy']:.3f} vs {metrics['eos_rate_reference']:.3f}"))
     if "diversity" in metrics:
         tuned, start = metrics["diversity"], metrics["diversity_reference"]
         rows.append(("most common answer's share / distinct-2, tuned vs start",
@@ -124,7 +130,8 @@ def _summary_rows(metrics: dict) -> list[tuple[str, str]]:
                      f"{start['top_response_share']:.3f} / {start['distinct_2']:.3f}"))
     upstream = metrics.get("upstream", {})
     if upstream.get("label_reference_agreement") is not None:
-        rows.append(("AI labeler's agreement with the reference judge (clear pairs)", f"{upstream['label_reference_agreement']:.3f}"))
+        rows.append(("AI labeler's agreement with the reference judge (clear pairs)",
+                     f"{upstream['label_reference_agreement']:.3f}"))
     if upstream.get("rm_held_out_accuracy") is not None:
         against = upstream.get("rm_held_out_reference_accuracy")
         rows.append(("reward model held-out accuracy: AI labels / reference judge",
@@ -146,9 +153,12 @@ def render_markdown(run_id: str, metrics: dict, examples: list[dict]) -> str:
     return "\n".join(lines)
 
 
-_STYLE = """body{font-family:system-ui,-apple-system,sans-serif;max-width:1040px;margin:2em auto;color:#222;padding:0 1em}
-table{border-collapse:collapse;width:100%;margin:1em 0}th,td{border:1px solid #ddd;padding:6px 8px;text-align:left;vertical-align:top}
-th{background:#f5f5f5}img{max-width:100%;margin:.5em 0}.pass{color:#1a7f37}.fail{color:#cf222e;font-weight:bold}"""
+_STYLE = ("body{font-family:system-ui,-apple-system,sans-serif;max-width:1040px;margin:2em auto;color:#222;"
+          "padding:0 1em}\n"
+          "table{border-collapse:collapse;width:100%;margin:1em 0}"
+          "th,td{border:1px solid #ddd;padding:6px 8px;text-align:left;vertical-align:top}\n"
+          "th{background:#f5f5f5}img{max-width:100%;margin:.5em 0}.pass{color:#1a7f37}"
+          ".fail{color:#cf222e;font-weight:bold}")
 
 
 def render_html(run_id: str, metrics: dict, examples: list[dict], pngs: dict[str, bytes]) -> str:
@@ -198,7 +208,8 @@ def load(run_url: str) -> tuple[dict, list[dict], list[dict]]:
     metrics = _read_json(metrics_url)
     if not isinstance(metrics, dict) or not isinstance(metrics.get("judges"), dict):
         raise UserError(f"{metrics_url} is not an evaluation's metrics: re-run stage 'evaluate'")
-    return metrics, _read_jsonl(storage.join(run_url, "evaluate", "examples.jsonl")), _read_jsonl(storage.join(run_url, "ppo", "metrics.jsonl"))
+    return (metrics, _read_jsonl(storage.join(run_url, "evaluate", "examples.jsonl")),
+            _read_jsonl(storage.join(run_url, "ppo", "metrics.jsonl")))
 
 
 def write(run_url: str, n_examples: int = 8) -> str:
@@ -209,8 +220,10 @@ def write(run_url: str, n_examples: int = 8) -> str:
     stage = storage.join(run_url, "evaluate")
     for name, png in pngs.items():
         storage.write_bytes_atomic(storage.join(stage, "plots", name), png)
-    storage.write_bytes_atomic(storage.join(stage, "report.md"), render_markdown(run_id, metrics, examples[:n_examples]).encode())
-    storage.write_bytes_atomic(storage.join(stage, "report.html"), render_html(run_id, metrics, examples[:n_examples], pngs).encode())
+    storage.write_bytes_atomic(storage.join(stage, "report.md"),
+                               render_markdown(run_id, metrics, examples[:n_examples]).encode())
+    storage.write_bytes_atomic(storage.join(stage, "report.html"),
+                               render_html(run_id, metrics, examples[:n_examples], pngs).encode())
     return storage.join(stage, "report.html")
 
 
@@ -227,12 +240,17 @@ def compare(run_urls: list[str]) -> tuple[str, str]:
     for key, fmt in COMPARE_KEYS:
         body.append([key, *[fmt.format(m[key]) if m.get(key) is not None else "-" for _, m in runs]])
     for judge in dict.fromkeys(j for _, m in runs for j in m.get("judges", {})):
-        body.append([f"win rate, judge '{judge}'", *[f"{m['judges'][judge]['win_rate']:.3f}" if judge in m.get("judges", {}) else "-"
-                                                     for _, m in runs]])
-    md = "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in body])
+        body.append([f"win rate, judge '{judge}'",
+                     *[f"{m['judges'][judge]['win_rate']:.3f}" if judge in m.get("judges", {}) else "-"
+                       for _, m in runs]])
+    md = "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+                   + ["| " + " | ".join(r) + " |" for r in body])
     esc = html.escape
     rows = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in body)
-    page = (f'<!doctype html><html><head><meta charset="utf-8"><title>rlaif: run comparison</title><style>{_STYLE}</style>'
-            f"</head><body><h1>rlaif: run comparison</h1><table><tr>{''.join(f'<th>{esc(h)}</th>' for h in header)}</tr>{rows}"
+    page = (f'<!doctype html><html><head><meta charset="utf-8"><title>rlaif: run comparison</title>'
+            f"<style>{_STYLE}</style>"
+            f"</head><body><h1>rlaif: run comparison</h1>"
+            f"<table><tr>{''.join(f'<th>{esc(h)}</th>' for h in header)}</tr>"
+            f"{rows}"
             "</table></body></html>")
     return md, page

@@ -51,7 +51,8 @@ def run_stage(cfg: PipelineConfig, name: str, part_index: int = 0, num_parts: in
         raise UserError(f"--shard-index {part_index} is outside 0..{num_parts - 1} (--num-shards {num_parts})")
     ctx = common.context(cfg, name, part_index, num_parts)
     first_rank = int(os.environ.get("RANK", "0")) == 0  # the process group is not up yet: torchrun's env says
-    if common.cached(ctx):
+    # `rlaif launch` checked the cache for this key already; a pod running `rlaif stage` alone checks it here.
+    if os.environ.get("RLAIF_CACHE_CHECKED") != ctx.config_hash and common.cached(ctx):
         if first_rank:
             print(f"[{name}] cache hit: output exists for this config and inputs, skipped")
         return

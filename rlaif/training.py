@@ -28,7 +28,8 @@ def warmup_decay(optimizer, warmup_steps: int, total_steps: int | None):
     if total_steps is None:
         return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup_steps))
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min((s + 1) / warmup_steps, max(0.0, (total_steps - s) / max(1, total_steps - warmup_steps)))
+        optimizer,
+        lambda s: min((s + 1) / warmup_steps, max(0.0, (total_steps - s) / max(1, total_steps - warmup_steps)))
     )
 
 
@@ -56,7 +57,8 @@ class Engine:
             try:
                 import deepspeed
             except ImportError:
-                raise UserError("strategy 'deepspeed' needs the deepspeed extra: pip install 'rlaif[deepspeed]'") from None
+                raise UserError("strategy 'deepspeed' needs the deepspeed extra: "
+                                "pip install 'rlaif[deepspeed]'") from None
             ds_config = {
                 "train_micro_batch_size_per_gpu": micro_batch,
                 "gradient_accumulation_steps": accum_steps,
@@ -142,15 +144,18 @@ class Engine:
     # --- checkpoints -------------------------------------------------------------------------------------------
     def save(self, local_dir: Path, client_state: dict) -> None:
         local_dir.mkdir(parents=True, exist_ok=True)
-        rng = {"torch": torch.get_rng_state(), **({"cuda": torch.cuda.get_rng_state()} if torch.cuda.is_available() else {})}
+        rng = {"torch": torch.get_rng_state(),
+               **({"cuda": torch.cuda.get_rng_state()} if torch.cuda.is_available() else {})}
         if self.strategy == "deepspeed":
             self.module.save_checkpoint(str(local_dir), tag="engine", client_state={"client": json.dumps(client_state)})
             torch.save(rng, local_dir / f"rng-rank{dist.rank()}.pt")
             return
         torch.save(rng, local_dir / f"rng-rank{dist.rank()}.pt")
         if dist.rank() == 0:
-            # Trainable weights and buffers only: frozen weights (a LoRA base, a reference) are rebuilt from their source.
-            keep = {n for n, p in self.model.named_parameters() if p.requires_grad} | {n for n, _ in self.model.named_buffers()}
+            # Trainable weights and buffers only: frozen weights (a LoRA base, a reference) are rebuilt from their
+            # source.
+            keep = ({n for n, p in self.model.named_parameters() if p.requires_grad}
+                    | {n for n, _ in self.model.named_buffers()})
             model_state = {k: v for k, v in self.model.state_dict().items() if k in keep}
             torch.save({"model": model_state, "optimizer": self.optimizer.state_dict(),
                         "scheduler": self.scheduler.state_dict()}, local_dir / "engine.pt")
@@ -165,7 +170,8 @@ class Engine:
             saved = torch.load(local_dir / "engine.pt", map_location=self.device, weights_only=True)
             trainable = {n for n, p in self.model.named_parameters() if p.requires_grad}
             if missing := sorted(trainable - set(saved["model"])):
-                raise UserError(f"checkpoint {local_dir} lacks trainable weights {missing[:3]}: delete its checkpoints/ to start over")
+                raise UserError(f"checkpoint {local_dir} lacks trainable weights {missing[:3]}: "
+                                "delete its checkpoints/ to start over")
             self.model.load_state_dict(saved["model"], strict=False)
             self.optimizer.load_state_dict(saved["optimizer"])
             self.scheduler.load_state_dict(saved["scheduler"])

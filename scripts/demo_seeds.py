@@ -32,8 +32,8 @@ def run_id(seed: int) -> str:
 def machine() -> str:
     import torch
 
-    return f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, no GPU" if not torch.cuda.is_available() \
-        else f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
+    return (f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, no GPU"
+            if not torch.cuda.is_available() else f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
 
 
 def run_seed(seed: int, rlaif: str) -> dict:
@@ -47,12 +47,14 @@ def run_seed(seed: int, rlaif: str) -> dict:
     label = json.loads((base / "label" / "metrics.json").read_text())
     rm = json.loads((base / "train_rm" / "manifest.json").read_text())["summary"]
     judges = {name: {"win_rate": j["win_rate"], "ci95": j["win_rate_ci95"]} for name, j in metrics["judges"].items()}
-    return {"seed": seed, "run_id": run_id(seed), "command": " ".join(["rlaif", *command[1:]]), "seconds": round(seconds),
-            "n_prompts": metrics["n_prompts"], "judges": judges, "kl": metrics["kl_to_reference"],
+    return {"seed": seed, "run_id": run_id(seed), "command": " ".join(["rlaif", *command[1:]]),
+            "seconds": round(seconds), "n_prompts": metrics["n_prompts"], "judges": judges,
+            "kl": metrics["kl_to_reference"],
             "top_response_share": metrics["diversity"]["top_response_share"],
             "distinct_2": metrics["diversity"]["distinct_2"], "eos_rate": metrics["eos_rate_policy"],
             "label_reference_agreement": label["reference_agreement"],
-            "rm_held_out_accuracy": rm["held_out_accuracy"], "rm_held_out_reference_accuracy": rm["held_out_reference_accuracy"]}
+            "rm_held_out_accuracy": rm["held_out_accuracy"],
+            "rm_held_out_reference_accuracy": rm["held_out_reference_accuracy"]}
 
 
 def _wr(run: dict, judge: str) -> str:
@@ -63,7 +65,8 @@ def _wr(run: dict, judge: str) -> str:
 def table(results: dict) -> str:
     """The per-seed table (BENCHMARKS.md)."""
     head = ("| seed | reference judge (ground truth) | training judge | held-out judge | most common answer | "
-            "labeler vs reference | RM accuracy: labels / reference | KL | seconds |\n|---|---|---|---|---|---|---|---|---|")
+            "labeler vs reference | RM accuracy: labels / reference | KL | seconds |\n"
+            "|---|---|---|---|---|---|---|---|---|")
     rows = [f"| {r['seed']} | {_wr(r, 'reference')} | {_wr(r, 'training')} | {_wr(r, 'heldout')} | "
             f"{r['top_response_share']:.3f} | {r['label_reference_agreement']:.3f} | {r['rm_held_out_accuracy']:.3f} / "
             f"{r['rm_held_out_reference_accuracy']:.3f} | {r['kl']:.2f} | {r['seconds']} |" for r in results["runs"]]
@@ -82,12 +85,15 @@ def readme_block(results: dict) -> str:
     return (f"{START}\n`make demo` on {results['date']} ({results['machine']}, commit {results['commit']}, "
             f"`{run['command']}`, {run['seconds']} s; win rates over {run['n_prompts']} held-out prompts with 95% "
             f"intervals):\n\n| what the demo measures | result |\n|---|---|\n"
-            f"| tuned vs starting policy, reference judge (key points covered; never trained against) | {_wr(run, 'reference')} |\n"
+            f"| tuned vs starting policy, reference judge (key points covered; never trained against) | "
+            f"{_wr(run, 'reference')} |\n"
             f"| tuned vs starting policy, training judge (the AI labeler) | {_wr(run, 'training')} |\n"
             f"| tuned vs starting policy, held-out AI judge (other principles) | {_wr(run, 'heldout')} |\n"
             f"| share of the most common tuned answer (mode collapse above 0.05) | {run['top_response_share']:.3f} |\n"
-            f"| AI labeler agrees with the reference judge (pairs where it has a clear preference) | {run['label_reference_agreement']:.3f} |\n"
-            f"| reward model, held-out accuracy against the AI labels / the reference judge | {run['rm_held_out_accuracy']:.3f} / {run['rm_held_out_reference_accuracy']:.3f} |\n"
+            f"| AI labeler agrees with the reference judge (pairs where it has a clear preference) | "
+            f"{run['label_reference_agreement']:.3f} |\n"
+            f"| reward model, held-out accuracy against the AI labels / the reference judge | "
+            f"{run['rm_held_out_accuracy']:.3f} / {run['rm_held_out_reference_accuracy']:.3f} |\n"
             + (f"\nOther seeds (`make demo-seeds`), reference judge: {spread}.\n" if others else "") + END)
 
 
@@ -107,7 +113,8 @@ def main() -> None:
     if not args.render_only:
         rlaif = str(Path(sys.executable).with_name("rlaif"))
         runs = [run_seed(seed, rlaif) for seed in args.seeds]
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                                text=True).stdout.strip()
         results = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "commit": commit, "runs": runs}
         RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     results = json.loads(RESULTS.read_text())

@@ -5,7 +5,7 @@ Tensors are [batch, time], right-padded; `mask` is 1 on response tokens and 0 on
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -19,7 +19,8 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
 
 
 def masked_whiten(
-    x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
+    x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True,
+    all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
 ) -> torch.Tensor:
     """(x - mean) / std over the valid entries (of all ranks when `all_reduce` sums across them); padding -> 0."""
     stats = torch.stack([masked_sum(x, mask), masked_sum(x * x, mask), mask.sum()]).double()
@@ -38,7 +39,8 @@ def _discount_matrix(steps: int, factor: float, device, dtype) -> torch.Tensor:
     """M[k, t] = factor**(k - t) for k >= t, else 0, so (x @ M)[t] = sum_{k>=t} factor**(k-t) x[k]."""
     idx = torch.arange(steps, device=device)
     power = (idx[:, None] - idx[None, :]).to(dtype)
-    return torch.where(power >= 0, torch.tensor(factor, dtype=dtype, device=device) ** power.clamp(min=0), torch.zeros((), dtype=dtype, device=device))
+    return torch.where(power >= 0, torch.tensor(factor, dtype=dtype, device=device) ** power.clamp(min=0),
+                       torch.zeros((), dtype=dtype, device=device))
 
 
 def discounted_suffix_sum(x: torch.Tensor, factor: float, block: int = 64) -> torch.Tensor:
@@ -59,7 +61,8 @@ def discounted_suffix_sum(x: torch.Tensor, factor: float, block: int = 64) -> to
     return (within + carries[:, :, None] * decay).reshape(batch, -1)[:, :steps]
 
 
-def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
+        lam: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation: delta_t = r_t + gamma V_{t+1} - V_t (V past the last token = 0),
     A_t = delta_t + gamma lam A_{t+1}; returns = A + V. Padding positions get 0 in both outputs."""
     mask = mask.to(values.dtype)
@@ -98,7 +101,8 @@ def token_average(x: torch.Tensor, mask: torch.Tensor, normalizer: float | None 
     return masked_mean(x, mask) if normalizer is None else masked_sum(x, mask) / normalizer
 
 
-def policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps: float, normalizer: float | None = None) -> tuple[torch.Tensor, dict]:
+def policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps: float,
+                normalizer: float | None = None) -> tuple[torch.Tensor, dict]:
     """Clipped surrogate: average over valid tokens of -min(rho A, clip(rho, 1-eps, 1+eps) A)."""
     ratio = torch.exp(logprobs - old_logprobs)
     unclipped = ratio * advantages
@@ -115,7 +119,8 @@ def policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps: float, norma
 def value_loss(values, old_values, returns, mask, clip: float, normalizer: float | None = None) -> torch.Tensor:
     """0.5 * average over valid tokens of max((V - R)^2, (clip(V, V_old - c, V_old + c) - R)^2)."""
     clipped = old_values + (values - old_values).clamp(-clip, clip)
-    return 0.5 * token_average(torch.maximum((values - returns).square(), (clipped - returns).square()), mask, normalizer)
+    return 0.5 * token_average(torch.maximum((values - returns).square(), (clipped - returns).square()), mask,
+                               normalizer)
 
 
 def group_advantages(scores: torch.Tensor, group_size: int, mask: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

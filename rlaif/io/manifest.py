@@ -35,15 +35,16 @@ def read(stage_url: str) -> dict | None:
     if not isinstance(manifest, dict):
         raise UserError(f"{url} is not a manifest (a JSON object): delete it and re-run the stage")
     if manifest.get("schema_version") != SCHEMA_VERSION:
-        raise UserError(f"{url} has schema version {manifest.get('schema_version')}, expected {SCHEMA_VERSION}: re-run the stage")
+        raise UserError(f"{url} has schema version {manifest.get('schema_version')}, expected {SCHEMA_VERSION}: "
+                        "re-run the stage")
     _check_shape(manifest, url)
     return manifest
 
 
 def _inside(relative) -> bool:
     """A shard or file named relative to its stage directory and staying inside it (no scheme, root or '..')."""
-    return (isinstance(relative, str) and relative != "" and "://" not in relative and not relative.startswith(("/", "\\"))
-            and ".." not in relative.replace("\\", "/").split("/"))
+    return (isinstance(relative, str) and relative != "" and "://" not in relative
+            and not relative.startswith(("/", "\\")) and ".." not in relative.replace("\\", "/").split("/"))
 
 
 def _check_shape(manifest: dict, url: str) -> None:
@@ -52,11 +53,13 @@ def _check_shape(manifest: dict, url: str) -> None:
               "summary": dict, "digest": str}
     missing = [k for k, kind in fields.items() if not isinstance(manifest.get(k), kind)]
     if missing:
-        raise UserError(f"{url} is missing or has malformed fields ({', '.join(missing)}): delete it and re-run the stage")
+        raise UserError(f"{url} is missing or has malformed fields ({', '.join(missing)}): "
+                        "delete it and re-run the stage")
     for shard in manifest["shards"]:
         if not (isinstance(shard, dict) and _inside(shard.get("url")) and isinstance(shard.get("count"), int)
                 and isinstance(shard.get("sha256"), str)):
-            raise UserError(f"{url} lists a shard outside its stage directory or without url/count/sha256: {str(shard)[:80]}")
+            raise UserError(f"{url} lists a shard outside its stage directory or without url/count/sha256: "
+                            f"{str(shard)[:80]}")
     for entry in manifest["files"]:
         if not (isinstance(entry, dict) and _inside(entry.get("path"))):
             raise UserError(f"{url} lists a file outside its stage directory: {str(entry)[:80]}")
@@ -65,7 +68,8 @@ def _check_shape(manifest: dict, url: str) -> None:
 def require(stage_url: str, stage: str) -> dict:
     manifest = read(stage_url)
     if manifest is None:
-        raise UserError(f"input of stage missing: {storage.join(stage_url, MANIFEST)} does not exist; run stage '{stage}' first")
+        raise UserError(f"input of stage missing: {storage.join(stage_url, MANIFEST)} does not exist; "
+                        f"run stage '{stage}' first")
     return manifest
 
 

@@ -25,7 +25,8 @@ def _prompt_id(row: dict, lineno: int, where: str) -> str:
 
 
 def _references(row: dict, where: str) -> dict:
-    """A JSONL row's optional ground truth for the reference judge: `key_points` (list of strings), `reference` (text)."""
+    """A JSONL row's optional ground truth for the reference judge: `key_points` (list of strings),
+    `reference` (text)."""
     out = {}
     points = row.get("key_points")
     if points is not None:
@@ -63,7 +64,8 @@ def load_prompts(data: DataConfig) -> list[dict]:
             raise UserError(f"prompts file {path} line {lineno} has an empty prompt: remove the line or fill it in")
         if len(prompt) > data.max_prompt_chars:
             raise UserError(
-                f"prompts file {path} line {lineno}: prompt of {len(prompt)} characters exceeds data.max_prompt_chars={data.max_prompt_chars}"
+                f"prompts file {path} line {lineno}: prompt of {len(prompt)} characters exceeds "
+                f"data.max_prompt_chars={data.max_prompt_chars}"
             )
         rows.append({"id": pid, "prompt": prompt.strip(), **extra})
     if not rows:

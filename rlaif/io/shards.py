@@ -9,8 +9,8 @@ import io
 import json
 import tarfile
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import webdataset as wds
 from webdataset.tariterators import group_by_keys, tar_file_iterator
@@ -68,7 +68,8 @@ class ShardWriter:
         name = self._path.name
         storage.upload_file(self._path, storage.join(self.stage_url, name))
         self.shards.append(
-            {"url": name, "count": self._count, "bytes": self._path.stat().st_size, "sha256": storage.sha256_file(self._path)}
+            {"url": name, "count": self._count, "bytes": self._path.stat().st_size,
+             "sha256": storage.sha256_file(self._path)}
         )
         self._path.unlink()
         self._writer = None
@@ -130,11 +131,13 @@ def iter_shard(stage_url: str, shard: dict) -> Iterator[dict]:
         stream.read()  # the tar's end padding is part of the checksum
         reader.drain()
     except (OSError, ValueError, KeyError, tarfile.TarError) as exc:  # JSON/Unicode errors are ValueErrors
-        raise UserError(f"shard {url} is malformed ({type(exc).__name__}: {exc}): re-run the stage that wrote it") from None
+        raise UserError(f"shard {url} is malformed ({type(exc).__name__}: {exc}): "
+                        "re-run the stage that wrote it") from None
     finally:
         raw.close()
     if reader.sha.hexdigest() != shard["sha256"] or count != shard["count"]:
-        raise UserError(f"shard {url} fails its manifest checksum (corrupted or overwritten): re-run the stage that wrote it")
+        raise UserError(f"shard {url} fails its manifest checksum (corrupted or overwritten): "
+                        "re-run the stage that wrote it")
 
 
 def split_assignment(shards: list[dict], slot: int, num_slots: int) -> tuple[list[int], bool]:
@@ -148,7 +151,8 @@ def split_assignment(shards: list[dict], slot: int, num_slots: int) -> tuple[lis
 
 
 def read_samples(
-    stage_url: str, manifest: dict, rank: int = 0, world_size: int = 1, worker: int | None = None, num_workers: int | None = None
+    stage_url: str, manifest: dict, rank: int = 0, world_size: int = 1, worker: int | None = None,
+    num_workers: int | None = None
 ) -> Iterator[dict]:
     """Stream the samples of a stage output for one (rank, DataLoader worker) slot, verifying each shard."""
     if worker is None or num_workers is None:

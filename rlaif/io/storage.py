@@ -234,7 +234,8 @@ def download_dir(url: str, files: list[dict]) -> Path:
         target = local_path(url)
         for entry in files:
             if entry["sha256"] and sha256_file(target / entry["path"]) != entry["sha256"]:
-                raise UserError(f"{join(url, entry['path'])} does not match its manifest checksum: re-run the stage that wrote it")
+                raise UserError(f"{join(url, entry['path'])} does not match its manifest checksum: "
+                                "re-run the stage that wrote it")
         return target
     digest = hashlib.sha256((url + "".join(str(e["sha256"]) for e in files)).encode()).hexdigest()[:16]
     if any(e["sha256"] is None for e in files):
@@ -251,7 +252,8 @@ def download_dir(url: str, files: list[dict]) -> Path:
         dest.parent.mkdir(parents=True, exist_ok=True)
         fs.get_file(_path(join(url, entry["path"])), str(dest))
         if entry["sha256"] and sha256_file(dest) != entry["sha256"]:
-            raise UserError(f"{join(url, entry['path'])} does not match its manifest checksum: re-run the stage that wrote it")
+            raise UserError(f"{join(url, entry['path'])} does not match its manifest checksum: "
+                            "re-run the stage that wrote it")
     (tmp / ".complete").write_text("ok")
     target.parent.mkdir(parents=True, exist_ok=True)
     try:

@@ -25,7 +25,8 @@ def load_constitution(path: str) -> list[dict]:
     if not isinstance(principles, list) or not principles:
         raise UserError(f"constitution {path} must be a YAML list of {{name, text}} principles")
     for i, principle in enumerate(principles):
-        if not isinstance(principle, dict) or not isinstance(principle.get("text"), str) or not principle["text"].strip():
+        if (not isinstance(principle, dict) or not isinstance(principle.get("text"), str)
+                or not principle["text"].strip()):
             raise UserError(f"constitution {path}, principle {i + 1}: needs a non-empty string 'text'")
         contrast = principle.get("contrast")
         if contrast is not None and (not isinstance(contrast, str) or not contrast.strip()):
@@ -55,7 +56,8 @@ def compare(judge, principles: list[dict], mode: str, seed: int, keys: list[str]
     return p, p_ab, p_ba, (p_ab > 0.5) == (p_ba > 0.5), names
 
 
-def score_each(judge, principles: list[dict], mode: str, seed: int, keys: list[str], prompts, responses) -> torch.Tensor:
+def score_each(judge, principles: list[dict], mode: str, seed: int, keys: list[str], prompts,
+               responses) -> torch.Tensor:
     """d-RLAIF: each response's score in [-1, 1] under the principles `mode` applies (averaged for `all`)."""
     if not hasattr(judge, "direct_score"):
         raise UserError(f"judge {judge.name} cannot score one response alone: use judge hf, rules or reference with "

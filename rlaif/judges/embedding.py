@@ -23,8 +23,8 @@ from rlaif.models.loading import resolve
 class EmbeddingJudge:
     name = "embedding:all-MiniLM-L6-v2"
 
-    def __init__(self, temperature: float, relevance_weight: float, batch_size: int = 64, backbone: str = "builtin:minilm",
-                 contrasts: dict[str, str] | None = None):
+    def __init__(self, temperature: float, relevance_weight: float, batch_size: int = 64,
+                 backbone: str = "builtin:minilm", contrasts: dict[str, str] | None = None):
         from transformers import AutoModel, AutoTokenizer
 
         path = resolve(backbone, "judge model")
@@ -43,7 +43,8 @@ class EmbeddingJudge:
         missing = list(dict.fromkeys(t for t in texts if t not in self._cache))
         for i in range(0, len(missing), self.batch_size):
             chunk = missing[i : i + self.batch_size]
-            enc = self.tokenizer(chunk, padding=True, truncation=True, max_length=128, return_tensors="pt").to(self.device)
+            enc = self.tokenizer(chunk, padding=True, truncation=True, max_length=128,
+                                 return_tensors="pt").to(self.device)
             hidden = self.model(**enc).last_hidden_state
             mask = enc["attention_mask"].unsqueeze(-1).float()
             pooled = F.normalize((hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0), dim=-1)
@@ -64,7 +65,8 @@ class EmbeddingJudge:
         prompt_sim = (r * self.embed(prompts)).sum(-1)
         return principle_sim + self.relevance_weight * prompt_sim
 
-    def prefer_first(self, prompts: list[str], first: list[str], second: list[str], principles: list[str]) -> torch.Tensor:
+    def prefer_first(self, prompts: list[str], first: list[str], second: list[str],
+                     principles: list[str]) -> torch.Tensor:
         """P(first response is better), one comparison in the order given."""
         s1 = self.score(prompts, first, principles)
         s2 = self.score(prompts, second, principles)

@@ -24,7 +24,8 @@ class OpenAIJudge:
     def __init__(self, settings):
         o = settings.openai
         if not o.base_url or not o.model:
-            raise UserError("judge 'openai' needs label.openai.base_url (e.g. http://vllm:8000/v1) and label.openai.model")
+            raise UserError("judge 'openai' needs label.openai.base_url (e.g. http://vllm:8000/v1) "
+                            "and label.openai.model")
         try:
             import aiohttp  # noqa: F401
         except ImportError:
@@ -33,7 +34,8 @@ class OpenAIJudge:
         self.url = o.base_url.rstrip("/") + ("/completions" if o.api == "completions" else "/chat/completions")
         self.name = f"openai:{o.model}"
         self.examples = prompting.load_few_shot(settings.few_shot)
-        self.stats = {"requests": 0, "retries": 0, "answers_from_logprobs": 0, "answers_parsed": 0, "answers_unreadable": 0}
+        self.stats = {"requests": 0, "retries": 0, "answers_from_logprobs": 0, "answers_parsed": 0,
+                      "answers_unreadable": 0}
 
     def prefer_first(self, prompts, first, second, principles) -> torch.Tensor:
         s = self.settings
@@ -48,7 +50,8 @@ class OpenAIJudge:
         if self.cfg.api_key_env and (key := os.environ.get(self.cfg.api_key_env)):
             headers["Authorization"] = f"Bearer {key}"
         limit = asyncio.Semaphore(self.cfg.concurrency)
-        async with aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=self.cfg.timeout_s)) as session:
+        async with aiohttp.ClientSession(headers=headers,
+                                         timeout=aiohttp.ClientTimeout(total=self.cfg.timeout_s)) as session:
             return list(await asyncio.gather(*(self._judge_one(session, limit, t) for t in texts)))
 
     async def _judge_one(self, session, limit, text: str) -> float:
@@ -125,7 +128,8 @@ class OpenAIJudge:
                                 "server is up and label.openai.base_url, or raise label.openai.max_retries")
             self.stats["retries"] += 1
             try:
-                delay = min(float(retry_after), 60.0) if retry_after else self.cfg.backoff_s * 2**attempt * (0.5 + random.random())
+                delay = (min(float(retry_after), 60.0) if retry_after
+                         else self.cfg.backoff_s * 2**attempt * (0.5 + random.random()))
             except ValueError:
                 delay = self.cfg.backoff_s * 2**attempt
             await asyncio.sleep(delay)

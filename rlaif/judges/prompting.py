@@ -31,7 +31,8 @@ def load_few_shot(path: str | None) -> list[dict]:
         texts = ("prompt", "response_1", "response_2")
         if (not isinstance(row, dict) or not {*texts, "preferred"} <= set(row) or row["preferred"] not in (1, 2)
                 or not all(isinstance(row[k], str) for k in texts)):
-            raise UserError(f"few-shot file {path}, line {i + 1}: needs prompt, response_1, response_2 and preferred (1 or 2)")
+            raise UserError(f"few-shot file {path}, line {i + 1}: needs prompt, response_1, response_2 "
+                            "and preferred (1 or 2)")
     return rows
 
 
@@ -45,7 +46,8 @@ def pairwise_prompt(preamble: str, principle: str, examples: list[dict], prompt:
     shots = ""
     for ex in examples:
         rationale = f"{RATIONALE_CUE} {ex['rationale']}" if chain_of_thought and ex.get("rationale") else ""
-        shots += f"{_comparison(ex['prompt'], ex['response_1'], ex['response_2'])}{rationale}{ANSWER_CUE} {ex['preferred']}\n\n"
+        shots += (f"{_comparison(ex['prompt'], ex['response_1'], ex['response_2'])}{rationale}{ANSWER_CUE} "
+                  f"{ex['preferred']}\n\n")
     cue = RATIONALE_CUE if chain_of_thought else ANSWER_CUE
     return f"{preamble}\nPrinciple: {principle}\n\n{shots}{_comparison(prompt, first, second)}{cue}"
 

@@ -27,7 +27,8 @@ own same too very can could will would should shall may might must just also up 
 more most other such both few until while before after above below between through during per via one
 """.split())
 REFERENCE_TEMPERATURE = 0.05  # one key point of three apart is p = 0.9988: a clear preference
-CLEAR_MARGIN = 0.05  # the reference judge prefers one answer clearly when |p - 0.5| >= this (the evaluation's tie margin)
+# the reference judge prefers one answer clearly when |p - 0.5| >= this (the evaluation's tie margin)
+CLEAR_MARGIN = 0.05
 WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
 
 

@@ -9,11 +9,13 @@ from rlaif.errors import UserError
 def format_prompts(tokenizer, policy, prompts: list[str]) -> list[str]:
     """Prompts as the policy sees them: its tokenizer's chat template (one user turn) when it has one and the config
     allows it, else policy.prompt_template."""
-    use_chat = policy.chat_template if policy.chat_template is not None else bool(getattr(tokenizer, "chat_template", None))
+    use_chat = (policy.chat_template if policy.chat_template is not None
+                else bool(getattr(tokenizer, "chat_template", None)))
     if use_chat:
         if not getattr(tokenizer, "chat_template", None):
             raise UserError("policy.chat_template is true but the policy's tokenizer has no chat template")
-        return [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+        return [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                              add_generation_prompt=True)
                 for p in prompts]
     return [policy.prompt_template.format(prompt=p) for p in prompts]
 

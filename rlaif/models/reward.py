@@ -18,7 +18,8 @@ def load_reward_model(path: Path, lora_rank: int = 0, lora_alpha: int = 32):
     if lora_rank > 0:
         from peft import LoraConfig, get_peft_model
 
-        model = get_peft_model(model, LoraConfig(task_type="SEQ_CLS", r=lora_rank, lora_alpha=lora_alpha, target_modules="all-linear"))
+        model = get_peft_model(model, LoraConfig(task_type="SEQ_CLS", r=lora_rank, lora_alpha=lora_alpha,
+                                                 target_modules="all-linear"))
     # A pairwise loss sees only r(a) - r(b): the score head's bias gets no true gradient, and Adam would turn the
     # rounding noise in it into lr-sized steps. It stays at its initial value.
     for module in model.modules():
@@ -28,7 +29,8 @@ def load_reward_model(path: Path, lora_rank: int = 0, lora_alpha: int = 32):
 
 
 def reward(model, tokenizer, prompts: list[str], responses: list[str], max_length: int, device) -> torch.Tensor:
-    enc = tokenizer(prompts, responses, padding=True, truncation=True, max_length=max_length, return_tensors="pt").to(device)
+    enc = tokenizer(prompts, responses, padding=True, truncation=True, max_length=max_length,
+                    return_tensors="pt").to(device)
     return model(**enc).logits.squeeze(-1)
 
 

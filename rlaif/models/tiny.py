@@ -47,7 +47,8 @@ def _train_tokenizer(texts: list[str], vocab_size: int):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=list(SPECIAL.values()), initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        vocab_size=vocab_size, special_tokens=list(SPECIAL.values()),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
     tok.train_from_iterator(texts, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, **SPECIAL)
@@ -88,7 +89,7 @@ def _build(cfg: PolicyConfig, out: Path) -> None:
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * s / tiny.sft_steps)))
     gen = torch.Generator().manual_seed(0)
     model.train()
-    for step in range(tiny.sft_steps):
+    for _step in range(tiny.sft_steps):
         batch = [examples[i] for i in torch.randint(len(examples), (tiny.sft_batch_size,), generator=gen).tolist()]
         width = max(len(ids) for ids, _ in batch)
         input_ids = torch.full((len(batch), width), tokenizer.pad_token_id)
@@ -110,7 +111,8 @@ def _build(cfg: PolicyConfig, out: Path) -> None:
     )
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
-    (out / "rlaif_tiny.json").write_text(json.dumps({"sft_final_loss": loss.item(), "config": tiny.model_dump()}, indent=2))
+    (out / "rlaif_tiny.json").write_text(
+        json.dumps({"sft_final_loss": loss.item(), "config": tiny.model_dump()}, indent=2))
 
 
 def ensure_tiny_policy(cfg: PolicyConfig) -> Path:

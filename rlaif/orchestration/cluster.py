@@ -8,7 +8,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field, fields
 
-from rlaif.graph import Stage
+from rlaif.graph import STAGE_BY_NAME
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,23 @@ class Toleration:
     operator: str = "Exists"
     value: str | None = None
     effect: str | None = "NoSchedule"
+
+
+@dataclass(frozen=True)
+class StageResources:
+    """Per-stage overrides of graph.py's pod sizes; None keeps the default."""
+
+    cpu: int | None = None
+    memory_gib: int | None = None
+    gpus: int | None = None
+
+    def __post_init__(self):
+        for name in ("cpu", "memory_gib", "gpus"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise ValueError(f"{name} must be a whole number >= 0, not {value!r}")
+        if self.cpu == 0 or self.memory_gib == 0:
+            raise ValueError("cpu and memory_gib must be at least 1")
 
 
 @dataclass(frozen=True)
@@ -70,18 +87,15 @@ class ClusterSpec:
     """ClusterTrainingRuntime a TrainJob refers to."""
     run_as_user: int = 1000
     """Non-root user of the images."""
+    stages: dict[str, StageResources] = field(default_factory=dict)
+    """Per-stage pod sizes, e.g. {"ppo": {"cpu": 16, "memory_gib": 64, "gpus": 8}, "label": {"gpus": 0}}."""
 
     def __post_init__(self):
         if self.multinode_api not in ("trainjob", "pytorchjob"):
             raise ValueError(f"multinode_api must be 'trainjob' or 'pytorchjob', not {self.multinode_api!r}")
-
-    def gpus(self, stage: Stage) -> int:
-        if not self.use_gpus or stage.resources.gpus == 0:
-            return 0
-        return self.gpus_per_node or stage.resources.gpus
-
-    def image_for(self, stage: Stage) -> str:
-        return self.gpu_image if self.gpus(stage) else self.image
+        unknown = sorted(set(self.stages) - set(STAGE_BY_NAME))
+        if unknown:
+            raise ValueError(f"stages: unknown stage(s) {', '.join(unknown)}; stages are {', '.join(STAGE_BY_NAME)}")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -98,21 +112,43 @@ def from_dict(raw: dict) -> ClusterSpec:
         raw["secrets"] = tuple(SecretEnv(**s) for s in raw["secrets"])
     if "gpu_tolerations" in raw:
         raw["gpu_tolerations"] = tuple(Toleration(**t) for t in raw["gpu_tolerations"])
+    if "stages" in raw:
+        raw["stages"] = {name: _stage_resources(name, sizes) for name, sizes in (raw["stages"] or {}).items()}
     return ClusterSpec(**raw)
+
+
+def _stage_resources(stage: str, sizes) -> StageResources:
+    known = [f.name for f in fields(StageResources)]
+    if not isinstance(sizes, dict) or set(sizes) - set(known):
+        raise ValueError(f"stages.{stage}: give a mapping with keys among {', '.join(known)}, got {sizes!r}")
+    return StageResources(**sizes)
 
 
 def load(path: str | None = None) -> ClusterSpec:
     """From a YAML or JSON file, else from $RLAIF_CLUSTER_JSON (set on pods by the pipeline), else the defaults."""
-    if path:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-        if path.endswith((".yaml", ".yml")):
+    from rlaif.errors import UserError
+
+    source = path or ("$RLAIF_CLUSTER_JSON" if os.environ.get("RLAIF_CLUSTER_JSON") else None)
+    if source is None:
+        return ClusterSpec()
+    try:
+        if path:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        else:
+            text = os.environ["RLAIF_CLUSTER_JSON"]
+        if path and path.endswith((".yaml", ".yml")):
             import yaml
 
             raw = yaml.safe_load(text) or {}
         else:
             raw = json.loads(text)
+        if not isinstance(raw, dict):
+            raise ValueError("expected a mapping of cluster settings")
         return from_dict(raw)
-    if os.environ.get("RLAIF_CLUSTER_JSON"):
-        return from_dict(json.loads(os.environ["RLAIF_CLUSTER_JSON"]))
-    return ClusterSpec()
+    except OSError as exc:
+        raise UserError(f"cluster settings {source}: cannot read it ({exc.strerror}): give a YAML file such as "
+                        "configs/cluster.yaml") from None
+    except Exception as exc:  # ValueError, TypeError (a wrong key), JSON and YAML syntax: all the file's fault
+        reason = " ".join(str(exc).split())[:300]
+        raise UserError(f"cluster settings {source}: {reason}: see configs/cluster.yaml for every key") from None

@@ -10,6 +10,7 @@ from rlaif.config import PipelineConfig, safe_run_id
 from rlaif.errors import StageFailed, UserError
 from rlaif.graph import Stage
 from rlaif.orchestration.cluster import ClusterSpec, load
+from rlaif.orchestration.pod import SHM_VOLUME, PodPlan, pod_plan
 
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 API = {  # group, version, plural, terminal conditions (success, failure)
@@ -18,71 +19,52 @@ API = {  # group, version, plural, terminal conditions (success, failure)
 }
 
 
-def _env(spec: ClusterSpec) -> list[dict]:
-    env = [{"name": k, "value": v} for k, v in sorted(spec.env.items())]
-    for secret in spec.secrets:
-        for var, key in sorted(secret.env.items()):
-            ref = {"name": secret.name, "key": key, "optional": secret.optional}
-            env.append({"name": var, "valueFrom": {"secretKeyRef": ref}})
-    return env
-
-
-def _resources(stage: Stage, spec: ClusterSpec) -> dict:
-    r = stage.resources
-    resources = {"requests": {"cpu": str(r.cpu), "memory": f"{r.memory_gib}Gi"}, "limits": {"memory": f"{r.memory_gib}Gi"}}
-    if spec.gpus(stage):
-        resources["limits"][spec.gpu_resource] = str(spec.gpus(stage))
-    return resources
-
-
-def _pod_extras(stage: Stage, spec: ClusterSpec) -> dict:
-    selector = {**spec.node_selector, **(spec.gpu_node_selector if spec.gpus(stage) else {})}
-    tolerations = [{k: v for k, v in vars(t).items() if v is not None} for t in spec.gpu_tolerations] if spec.gpus(stage) else []
-    return {"nodeSelector": selector, "tolerations": tolerations}
-
-
 def job_name(stage: Stage, cfg: PipelineConfig) -> str:
     """DNS-1123 name, stable for a run and stage so that a retried step finds the job it created."""
     name = f"rlaif-{safe_run_id(cfg.run_id)}-{stage.name}".lower().replace("_", "-").replace(".", "-")
     return name[:63].rstrip("-")
 
 
-def job_manifest(stage: Stage, cfg: PipelineConfig, config_url: str, nodes: int, spec: ClusterSpec, namespace: str) -> dict:
-    """The TrainJob or PyTorchJob custom resource for a stage on `nodes` pods."""
-    gpus = spec.gpus(stage)
-    nproc = gpus or getattr(cfg, stage.name).nproc
+def job_manifest(stage: Stage, cfg: PipelineConfig, config_url: str, nodes: int, spec: ClusterSpec,
+                 namespace: str) -> dict:
+    """The TrainJob or PyTorchJob custom resource for a stage on `nodes` pods, each pod from the stage's pod plan."""
+    plan = pod_plan(stage, spec, cfg.label.judge)
+    nproc = plan.gpus or getattr(cfg, stage.name).nproc
     entry = ["-m", "rlaif", *stage.argv(config_url)[1:]]
     metadata = {"name": job_name(stage, cfg), "namespace": namespace,
                 "labels": {"app.kubernetes.io/part-of": "rlaif", "rlaif/run-id": safe_run_id(cfg.run_id)[:63],
                            "rlaif/stage": stage.name}}
-    image = spec.image_for(stage)
     if spec.multinode_api == "trainjob":
-        # The torch runtime sets PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK and PET_MASTER_ADDR/PORT; torchrun reads them.
-        return {
-            "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": metadata,
-            "spec": {
-                "runtimeRef": {"name": spec.trainjob_runtime},
-                "trainer": {"image": image, "command": ["torchrun", *entry], "numNodes": nodes, "numProcPerNode": nproc,
-                            "resourcesPerNode": _resources(stage, spec), "env": _env(spec)},
-            },
-        }
-    container = {
-        "name": "pytorch", "image": image, "env": _env(spec), "resources": _resources(stage, spec),
-        # The operator sets RANK (the node's rank), WORLD_SIZE (nodes), MASTER_ADDR and MASTER_PORT on every replica.
-        "command": ["torchrun", f"--nnodes={nodes}", f"--nproc_per_node={nproc}", "--node_rank=$(RANK)",
-                    "--master_addr=$(MASTER_ADDR)", "--master_port=$(MASTER_PORT)", *entry],
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
-    }
-    pod = {"spec": {"containers": [container], **_pod_extras(stage, spec),
-                    "securityContext": {"runAsUser": spec.run_as_user, "runAsNonRoot": True},
-                    "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{spec.shm_gib}Gi"}}]}}
-    if spec.service_account:
-        pod["spec"]["serviceAccountName"] = spec.service_account
-    replica = {"restartPolicy": "OnFailure", "template": pod}
+        return _trainjob(plan, metadata, ["torchrun", *entry], nodes, nproc, spec.trainjob_runtime)
+    # The operator sets RANK (the node's rank), WORLD_SIZE (nodes), MASTER_ADDR and MASTER_PORT on every replica.
+    command = ["torchrun", f"--nnodes={nodes}", f"--nproc_per_node={nproc}", "--node_rank=$(RANK)",
+               "--master_addr=$(MASTER_ADDR)", "--master_port=$(MASTER_PORT)", *entry]
+    replica = {"restartPolicy": "OnFailure", "template": {"spec": plan.pod_spec("pytorch", command)}}
     return {
         "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": metadata,
-        "spec": {"runPolicy": {"backoffLimit": spec.retries},
-                 "pytorchReplicaSpecs": {"Master": {"replicas": 1, **replica}, "Worker": {"replicas": nodes - 1, **replica}}},
+        "spec": {"runPolicy": {"backoffLimit": plan.retries},
+                 "pytorchReplicaSpecs": {"Master": {"replicas": 1, **replica},
+                                         "Worker": {"replicas": nodes - 1, **replica}}},
+    }
+
+
+def _trainjob(plan: PodPlan, metadata: dict, command: list[str], nodes: int, nproc: int, runtime: str) -> dict:
+    """A TrainJob: the trainer carries image, command, resources and env; scheduling, /dev/shm and the service account
+    go through podTemplateOverrides on the runtime's `node` job (the runtime's template sets its security context).
+    The torch runtime sets PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK and PET_MASTER_ADDR/PORT for torchrun."""
+    overrides = {"nodeSelector": dict(plan.node_selector), "tolerations": plan.toleration_list(),
+                 "volumes": [plan.shm_volume()],
+                 "containers": [{"name": "node", "volumeMounts": [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]}]}
+    if plan.service_account:
+        overrides["serviceAccountName"] = plan.service_account
+    return {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": metadata,
+        "spec": {
+            "runtimeRef": {"name": runtime},
+            "trainer": {"image": plan.image, "command": command, "numNodes": nodes, "numProcPerNode": nproc,
+                        "resourcesPerNode": plan.resources(), "env": plan.env_list()},
+            "podTemplateOverrides": [{"targetJobs": [{"name": "node"}], "spec": overrides}],
+        },
     }
 
 
@@ -99,7 +81,8 @@ def job_state(job: dict, api: str) -> tuple[str, str]:
     return "running", ""
 
 
-def wait(client, api: str, namespace: str, name: str, poll_s: float = 15.0, timeout_s: float | None = None) -> tuple[str, str]:
+def wait(client, api: str, namespace: str, name: str, poll_s: float = 15.0,
+         timeout_s: float | None = None) -> tuple[str, str]:
     """Polls the job until it succeeds or fails (or the timeout passes); `client` is a kubernetes CustomObjectsApi."""
     group, version, plural, _, _ = API[api]
     start = time.time()

@@ -1,105 +1,62 @@
-"""The Kubeflow pipeline, generated from graph.py: one lightweight Python component per stage (so `kfp.local` can
-execute the real wiring without Docker, and the same component runs in the project image on a cluster), tasks
-wired by the graph's inputs, resources and secrets from the cluster settings.
+"""The Kubeflow pipeline, generated from graph.py: one component per stage (components/<stage>/component.py, lightweight
+Python components, so `kfp.local` can execute the real wiring without Docker and the same component runs in the
+project image on a cluster), tasks wired by the graph's inputs, each task's pod from `pod.pod_plan`.
 
-Components only wire: each calls `launch.kfp_component`, which runs the stage exactly as the local runner does.
 Components pass the small manifest artifacts; the shards and models stay in object storage."""
 
 from typing import List
 
 from kfp import compiler, dsl, kubernetes
-from kfp.dsl import HTML, Artifact, Input, Markdown, Metrics, Output
+from rlaif_components.evaluate.component import evaluate
+from rlaif_components.generate.component import generate
+from rlaif_components.label.component import label
+from rlaif_components.ppo.component import ppo
+from rlaif_components.train_rm.component import train_rm
 
-from rlaif.graph import STAGE_BY_NAME, topological_order
+from rlaif.graph import topological_order
 from rlaif.orchestration.cluster import ClusterSpec, load
-
-DEFAULT_IMAGE = ClusterSpec().image  # replaced per task by the cluster settings' image (set_container_image)
-
-
-@dsl.component(base_image=DEFAULT_IMAGE, install_kfp_package=False)
-def generate(config: str, overrides: List[str], run_id: str, storage_root: str, default_run_id: str,
-             manifest: Output[Artifact]):
-    from rlaif.orchestration.launch import kfp_component
-
-    kfp_component("generate", config, overrides, run_id, storage_root, default_run_id, {}, manifest)
-
-
-@dsl.component(base_image=DEFAULT_IMAGE, install_kfp_package=False)
-def label(config: str, overrides: List[str], run_id: str, storage_root: str, default_run_id: str,
-          generate_manifest: Input[Artifact], manifest: Output[Artifact]):
-    from rlaif.orchestration.launch import kfp_component
-
-    kfp_component("label", config, overrides, run_id, storage_root, default_run_id,
-                  {"generate": generate_manifest}, manifest)
-
-
-@dsl.component(base_image=DEFAULT_IMAGE, install_kfp_package=False)
-def train_rm(config: str, overrides: List[str], run_id: str, storage_root: str, default_run_id: str,
-             label_manifest: Input[Artifact], manifest: Output[Artifact]):
-    from rlaif.orchestration.launch import kfp_component
-
-    kfp_component("train_rm", config, overrides, run_id, storage_root, default_run_id,
-                  {"label": label_manifest}, manifest)
-
-
-@dsl.component(base_image=DEFAULT_IMAGE, install_kfp_package=False)
-def ppo(config: str, overrides: List[str], run_id: str, storage_root: str, default_run_id: str,
-        train_rm_manifest: Input[Artifact], manifest: Output[Artifact]):
-    from rlaif.orchestration.launch import kfp_component
-
-    kfp_component("ppo", config, overrides, run_id, storage_root, default_run_id,
-                  {"train_rm": train_rm_manifest}, manifest)
-
-
-@dsl.component(base_image=DEFAULT_IMAGE, install_kfp_package=False)
-def evaluate(config: str, overrides: List[str], run_id: str, storage_root: str, default_run_id: str,
-             train_rm_manifest: Input[Artifact], ppo_manifest: Input[Artifact], manifest: Output[Artifact],
-             metrics: Output[Metrics], report: Output[HTML], report_markdown: Output[Markdown]):
-    from rlaif.orchestration.launch import kfp_component, publish_evaluation
-
-    result = kfp_component("evaluate", config, overrides, run_id, storage_root, default_run_id,
-                           {"train_rm": train_rm_manifest, "ppo": ppo_manifest}, manifest)
-    publish_evaluation(result, manifest.metadata["url"], metrics, report, report_markdown)
-
+from rlaif.orchestration.pod import SHM_VOLUME, PodPlan, pod_plan
 
 COMPONENTS = {"generate": generate, "label": label, "train_rm": train_rm, "ppo": ppo, "evaluate": evaluate}
 
 
-def configure_task(task: dsl.PipelineTask, name: str, spec: ClusterSpec) -> None:
-    """Image, resources, scheduling, secrets and retries of one stage's task, from graph.py and the cluster settings."""
-    stage = STAGE_BY_NAME[name]
-    r = stage.resources
-    task.set_display_name(name).set_container_image(spec.image_for(stage))
-    task.set_cpu_request(str(r.cpu)).set_memory_request(f"{r.memory_gib}G").set_memory_limit(f"{r.memory_gib}G")
+def configure_task(task: dsl.PipelineTask, plan: PodPlan) -> None:
+    """The KFP translation of a stage's pod plan: image, resources, scheduling, secrets, /dev/shm and retries."""
+    task.set_display_name(plan.stage).set_container_image(plan.image)
+    memory = f"{plan.memory_gib}Gi"
+    task.set_cpu_request(str(plan.cpu)).set_memory_request(memory).set_memory_limit(memory)
     # KFP's cache key would be the parameter strings, blind to the config file's and prompts' content; each stage's own
     # content-addressed cache (config sections + input digests + code version) decides instead, in seconds.
     task.set_caching_options(False)
-    task.set_retry(spec.retries, backoff_duration="60s", backoff_factor=2.0)
-    task.set_env_variable("RLAIF_CLUSTER_JSON", spec.to_json())  # read by a multi-node stage to build its job
-    for key, value in sorted(spec.env.items()):
-        task.set_env_variable(key, value)
-    for secret in spec.secrets:
-        kubernetes.use_secret_as_env(task, secret.name, secret_key_to_env={k: v for v, k in secret.env.items()},
-                                     optional=secret.optional)
-    kubernetes.empty_dir_mount(task, volume_name="dshm", mount_path="/dev/shm", medium="Memory", size_limit=f"{spec.shm_gib}Gi")
-    kubernetes.set_security_context(task, run_as_user=spec.run_as_user, run_as_non_root=True)
-    for key, value in sorted(spec.node_selector.items()):
+    task.set_retry(plan.retries, backoff_duration="60s", backoff_factor=2.0)
+    for name, value in sorted(plan.env.items()):
+        task.set_env_variable(name, value)
+    for secret in dict.fromkeys(ref.secret for ref in plan.secret_env):  # one mount per secret, all its keys
+        refs = [ref for ref in plan.secret_env if ref.secret == secret]
+        kubernetes.use_secret_as_env(task, secret, secret_key_to_env={ref.key: ref.env for ref in refs},
+                                     optional=refs[0].optional)
+    kubernetes.empty_dir_mount(task, volume_name=SHM_VOLUME, mount_path="/dev/shm", medium="Memory",
+                               size_limit=f"{plan.shm_gib}Gi")
+    kubernetes.set_security_context(task, run_as_user=plan.run_as_user, run_as_non_root=True)
+    for key, value in sorted(plan.node_selector.items()):
         kubernetes.add_node_selector(task, key, value)
-    gpus = spec.gpus(stage)
-    if gpus:
-        task.set_accelerator_type(spec.gpu_resource).set_accelerator_limit(gpus)
-        for key, value in sorted(spec.gpu_node_selector.items()):
-            kubernetes.add_node_selector(task, key, value)
-        for t in spec.gpu_tolerations:
-            kubernetes.add_toleration(task, key=t.key, operator=t.operator, value=t.value, effect=t.effect)
+    for toleration in plan.tolerations:
+        kubernetes.add_toleration(task, key=toleration.key, operator=toleration.operator, value=toleration.value,
+                                  effect=toleration.effect)
+    if plan.gpus:
+        task.set_accelerator_type(plan.gpu_resource).set_accelerator_limit(plan.gpus)
 
 
-def build_pipeline(spec: "ClusterSpec | None" = None):
-    """The pipeline function: tasks in graph order, each fed its upstream stages' manifest artifacts."""
+def build_pipeline(spec: "ClusterSpec | None" = None, judge: "str | None" = None):
+    """The pipeline function: tasks in graph order, each fed its upstream stages' manifest artifacts. `judge`, the
+    label judge of the config the pipeline is compiled for, decides whether label's pod gets a GPU."""
     spec = spec or ClusterSpec()
 
-    @dsl.pipeline(name="rlaif", description="RLAIF: generate -> label -> train_rm -> ppo -> evaluate (stages from rlaif/graph.py)")
-    def rlaif(config: str = "configs/demo.yaml", overrides: List[str] = [], run_id: str = "", storage_root: str = ""):
+    description = "RLAIF: generate -> label -> train_rm -> ppo -> evaluate (stages from rlaif/graph.py)"
+
+    @dsl.pipeline(name="rlaif", description=description)
+    def rlaif(config: str = "configs/demo.yaml", overrides: List[str] = [], run_id: str = "",
+              storage_root: str = ""):
         """RLAIF run.
 
         Args:
@@ -113,16 +70,19 @@ def build_pipeline(spec: "ClusterSpec | None" = None):
             upstream = {f"{dep}_manifest": tasks[dep].outputs["manifest"] for dep in stage.inputs}
             task = COMPONENTS[stage.name](config=config, overrides=overrides, run_id=run_id, storage_root=storage_root,
                                           default_run_id=dsl.PIPELINE_JOB_NAME_PLACEHOLDER, **upstream)
-            configure_task(task, stage.name, spec)
+            configure_task(task, pod_plan(stage, spec, judge))
             tasks[stage.name] = task
 
     return rlaif
 
 
-def compile_pipeline(output: str, cluster: "str | None" = None, components_dir: "str | None" = None) -> str:
-    """Writes the pipeline YAML (and optionally each stage's component YAML); returns the pipeline path."""
+def compile_pipeline(output: str, cluster: "str | None" = None, components_dir: "str | None" = None,
+                     config: "str | None" = None) -> str:
+    """Writes the pipeline YAML (and optionally each stage's component YAML); returns the pipeline path. With
+    `config`, pods are sized for that config (label gets no GPU when its judge runs no model)."""
     from pathlib import Path
 
+    from rlaif.config import load_config
     from rlaif.errors import UserError
 
     target = Path(output)
@@ -130,7 +90,8 @@ def compile_pipeline(output: str, cluster: "str | None" = None, components_dir: 
         raise UserError(f"--output {output}: name the pipeline YAML file to write, e.g. rlaif_pipeline.yaml")
     if not target.parent.is_dir():
         raise UserError(f"--output {output}: directory {target.parent} does not exist: create it first")
-    compiler.Compiler().compile(build_pipeline(load(cluster) if cluster else ClusterSpec()), output)
+    judge = load_config(config).label.judge if config else None
+    compiler.Compiler().compile(build_pipeline(load(cluster), judge), output)
     if components_dir:
         for name, component in COMPONENTS.items():
             path = Path(components_dir) / name / "component.yaml"
@@ -153,8 +114,9 @@ def submit(endpoint: str, config: str | None, overrides: list[str], run_id: str,
 
     if config and "://" not in config and "\n" not in config:
         config = read_user_file(config, "config file", "give a YAML config file, e.g. configs/demo.yaml")
-    load_config_source(config, overrides, run_id, storage_root)  # refuse a bad config here, not in the first pod
-    pipeline = build_pipeline(load(cluster) if cluster else ClusterSpec())
+    # Refuse a bad config here, not in the first pod; its judge sizes label's pod.
+    cfg = load_config_source(config, overrides, run_id, storage_root)
+    pipeline = build_pipeline(load(cluster), cfg.label.judge)
     try:
         with warnings.catch_warnings():  # kfp.Client warns about server versions on every construction
             warnings.simplefilter("ignore", FutureWarning)

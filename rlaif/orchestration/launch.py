@@ -17,7 +17,6 @@ from rlaif.config import (
     dump_config,
     load_config,
     parse_config,
-    safe_run_id,
 )
 from rlaif.errors import StageFailed, UserError
 from rlaif.graph import STAGE_BY_NAME, Stage
@@ -28,7 +27,8 @@ from rlaif.orchestration import jobs
 from rlaif.stages import common
 
 
-def load_config_source(source: str | None, overrides: list[str] = (), run_id: str = "", storage_root: str = "") -> PipelineConfig:
+def load_config_source(source: str | None, overrides: list[str] = (), run_id: str = "",
+                       storage_root: str = "") -> PipelineConfig:
     """`source` is a config path/URL, or the YAML itself when it spans lines (how KFP and Airflow users paste one);
     `run_id` and `storage_root`, when given, override the config's."""
     # JSON-quoted: a run id such as 20240101 or true stays a string when the override is read as YAML
@@ -49,8 +49,8 @@ def prepare(cfg: PipelineConfig) -> str:
     for stage in STAGE_BY_NAME.values():
         nproc = getattr(getattr(cfg, stage.name), "nproc", 1)
         if stage.resources.torchrun and nproc > (os.cpu_count() or 1) and not _has_gpus():
-            raise UserError(f"{stage.name}.nproc={nproc} is more than this machine's {os.cpu_count()} CPU cores: lower it "
-                            "(on GPU machines one process per GPU is used instead)")
+            raise UserError(f"{stage.name}.nproc={nproc} is more than this machine's {os.cpu_count()} CPU cores: "
+                            "lower it (on GPU machines one process per GPU is used instead)")
         nodes = getattr(getattr(cfg, stage.name), "nodes", 1)
         if nodes > 1 and not os.environ.get("KUBERNETES_SERVICE_HOST"):
             raise UserError(f"{stage.name}.nodes={nodes} needs a Kubernetes cluster with Kubeflow Trainer: submit the "
@@ -83,15 +83,16 @@ def check_judges(cfg: PipelineConfig, prompts: list[dict]) -> None:
             raise UserError(f"{where}: judge 'openai' needs openai.base_url and openai.model")
         key_env = judge.openai.api_key_env
         if judge.judge == "openai" and key_env and not os.environ.get(key_env):
-            raise UserError(f"{where}: the endpoint judge's API key variable ${key_env} is not set: export it (on a "
-                            "cluster: the rlaif-judge secret), or set openai.api_key_env to '' for a server without keys")
+            raise UserError(f"{where}: the endpoint judge's API key variable ${key_env} is not set: export it (on "
+                            "a cluster: the rlaif-judge secret), or set openai.api_key_env to '' for a server without "
+                            "keys")
     scorers = ("hf", "rules", "reference")
     if cfg.label.mode == "score" and cfg.label.judge not in scorers:
         raise UserError(f"label.mode=score needs a judge that scores one response alone (hf, rules or reference), not "
                         f"{cfg.label.judge}")
     if cfg.ppo.reward == "judge" and cfg.label.judge not in scorers:
-        raise UserError(f"ppo.reward=judge needs label.judge hf, rules or reference (they score one response alone), not "
-                        f"{cfg.label.judge}")
+        raise UserError(f"ppo.reward=judge needs label.judge hf, rules or reference (they score one response alone), "
+                        f"not {cfg.label.judge}")
     if "reference" in (cfg.label.judge, *(j.judge for j in cfg.evaluate.judges)):
         from rlaif.judges.reference import reference_points
 
@@ -141,7 +142,8 @@ def command(stage: Stage, config_url: str, nproc: int) -> list[str]:
     return argv
 
 
-TORCHRUN_FAILURE = b"torch/distributed/elastic/multiprocessing/api.py"  # torchrun's own report of a failed rank starts here
+# torchrun's own report of a failed rank starts here
+TORCHRUN_FAILURE = b"torch/distributed/elastic/multiprocessing/api.py"
 
 
 def run_relaying_stderr(cmd: list[str], env: dict) -> tuple[int, bytes]:
@@ -177,11 +179,11 @@ def launch(cfg: PipelineConfig, name: str, config_url: str) -> dict:
         print(f"[{name}] cache hit: output exists for this config and inputs, skipped", flush=True)
         return hit
     with StageLock(ctx.url, f"stage '{name}' of run '{cfg.run_id}'"):
-        run_locked(cfg, stage, config_url)
+        run_locked(cfg, stage, config_url, ctx.config_hash)
     return manifest.require(ctx.url, name)
 
 
-def run_locked(cfg: PipelineConfig, stage: Stage, config_url: str) -> None:
+def run_locked(cfg: PipelineConfig, stage: Stage, config_url: str, config_hash: str) -> None:
     name = stage.name
     nodes = getattr(getattr(cfg, name), "nodes", 1)
     start = time.time()
@@ -190,7 +192,8 @@ def run_locked(cfg: PipelineConfig, stage: Stage, config_url: str) -> None:
     else:
         nproc = processes_per_node(stage, cfg)
         cmd = command(stage, config_url, nproc)
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        # The stage's process skips the cache check that this one just made for the same key (under the lock).
+        env = dict(os.environ, PYTHONUNBUFFERED="1", RLAIF_CACHE_CHECKED=config_hash)
         if stage.resources.torchrun and "OMP_NUM_THREADS" not in env:  # ranks share this machine's cores
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
         print(f"[{name}] running: {' '.join(cmd[1:])}", flush=True)
@@ -203,43 +206,3 @@ def run_locked(cfg: PipelineConfig, stage: Stage, config_url: str) -> None:
         if code != 0:
             raise StageFailed(name, code)
     print(f"[{name}] done in {time.time() - start:.1f}s", flush=True)
-
-
-def kfp_component(name: str, config: str, overrides: list[str], run_id: str, storage_root: str,
-                  default_run_id: str, upstream: dict, output) -> dict:
-    """The body of every KFP component: check that the upstream artifacts are the manifests in storage (a stale or
-    foreign run directory is refused), launch the stage, and publish its manifest as this step's artifact."""
-    from rlaif.models.loading import quiet_transformers
-
-    quiet_transformers()
-    os.environ.setdefault("RLAIF_LOCK_OWNER", f"kfp:{default_run_id}:{name}")  # a retry of this step takes its lock back
-    cfg = load_config_source(config, overrides, run_id or safe_run_id(default_run_id), storage_root)
-    config_url = prepare(cfg)
-    for dep, artifact in upstream.items():
-        with open(artifact.path, encoding="utf-8") as f:
-            passed = json.load(f)
-        stored = manifest.require(common.stage_url(cfg, dep), dep)
-        if passed["digest"] != stored["digest"]:
-            raise UserError(f"upstream '{dep}' in storage ({stored['digest'][:12]}) is not the one this pipeline run "
-                            f"produced ({passed['digest'][:12]}): another run wrote to run_id '{cfg.run_id}'")
-    result = launch(cfg, name, config_url)
-    with open(output.path, "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=2)
-    output.metadata.update(url=common.stage_url(cfg, name), digest=result["digest"], run_id=cfg.run_id)
-    return result
-
-
-def publish_evaluation(result: dict, stage_url: str, metrics, report_html, report_md) -> None:
-    """Evaluation in the KFP UI: scalar metrics, and the report as HTML and Markdown visualizations."""
-    summary = result["summary"]
-    for key in ("win_rate", "win_rate_length_controlled", "kl_to_reference", "reward_policy_mean",
-                "reward_reference_mean", "n_prompts"):
-        metrics.log_metric(key, float(summary[key]))
-    metrics.log_metric("win_rate_ci95_low", float(summary["win_rate_ci95"][0]))
-    metrics.log_metric("win_rate_ci95_high", float(summary["win_rate_ci95"][1]))
-    for judge, j in summary["judges"].items():
-        if judge != "training":
-            metrics.log_metric(f"win_rate_{judge}", float(j["win_rate"]))
-    for artifact, name in ((report_html, "report.html"), (report_md, "report.md")):
-        with open(artifact.path, "wb") as f:
-            f.write(storage.read_bytes(storage.join(stage_url, name)))

@@ -60,7 +60,8 @@ def _judge_files(judge) -> dict[str, str]:
 
 def config_files(cfg: PipelineConfig, name: str) -> dict[str, str]:
     """Every file or model directory the stage reads that its config names (besides the prompts), by role."""
-    policy = {"policy": cfg.policy.tiny.demonstrations if cfg.policy.model == "builtin:tiny-llama" else cfg.policy.model}
+    policy = {"policy": (cfg.policy.tiny.demonstrations if cfg.policy.model == "builtin:tiny-llama"
+                         else cfg.policy.model)}
     label = {f"label.{role}": spec for role, spec in _judge_files(cfg.label).items()}
     if name == "generate":
         return policy
@@ -86,8 +87,8 @@ def context(cfg: PipelineConfig, name: str, part_index: int = 0, num_parts: int 
     stage = STAGE_BY_NAME[name]
     inputs = {dep: manifest.require(stage_url(cfg, dep), dep) for dep in stage.inputs}
     digests = {**{dep: m["digest"] for dep, m in inputs.items()}, **file_digests(cfg, name)}
-    return StageContext(cfg, stage, stage_url(cfg, name), inputs, digests, stage_config_hash(cfg, stage.config_sections, digests),
-                        part_index, num_parts)
+    return StageContext(cfg, stage, stage_url(cfg, name), inputs, digests,
+                        stage_config_hash(cfg, stage.config_sections, digests), part_index, num_parts)
 
 
 def cached(ctx: StageContext) -> dict | None:

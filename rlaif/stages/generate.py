@@ -89,7 +89,8 @@ class TransformersBackend:
         enc = encode_prompts(tok, texts, self.device)
         out = sample_seeded(self.model, tok, enc, seeds, max_new_tokens=g.max_new_tokens, temperature=g.temperature,
                             top_p=g.top_p, top_k=g.top_k, stop=g.stop).cpu()
-        mask = response_mask(out, tok.eos_token_id) * (out != tok.pad_token_id if tok.pad_token_id != tok.eos_token_id else 1)
+        mask = (response_mask(out, tok.eos_token_id)
+                * (out != tok.pad_token_id if tok.pad_token_id != tok.eos_token_id else 1))
         texts_out = [truncate_at_stop(t, g.stop) for t in decode(tok, out, mask)]
         return list(zip(texts_out, mask.sum(1).tolist()))
 
@@ -104,7 +105,8 @@ class VLLMBackend:
         except ImportError:
             raise UserError("generate.backend=vllm needs vLLM on a GPU machine: pip install 'rlaif[vllm]'") from None
         self.cfg, self.g, self.SamplingParams = cfg, cfg.generate, SamplingParams
-        self.llm = LLM(model=str(resolve_policy(cfg.policy)), seed=cfg.seed, trust_remote_code=cfg.policy.trust_remote_code)
+        self.llm = LLM(model=str(resolve_policy(cfg.policy)), seed=cfg.seed,
+                       trust_remote_code=cfg.policy.trust_remote_code)
         self.tokenizer = self.llm.get_tokenizer()
 
     def format(self, prompts: list[str]) -> list[str]:
@@ -134,10 +136,12 @@ def generate_part(cfg, backend, rows: list[dict], writer: ShardWriter, desc: str
     texts = backend.format([r["prompt"] for r in rows])
     counts = {"prompts": len(rows), "pairs": 0, "tokens": 0, "sequences": 0, "identical_pairs": 0, "resampled_pairs": 0,
               "dropped_identical": 0}
-    for step, batch in enumerate(progress(micro_batches(backend.lengths(texts), g.samples_per_prompt, g.batch_size, g.length_bucketing),
-                      desc=desc, unit="batch", disable=not distributed.is_main()), 1):
+    for step, batch in enumerate(progress(micro_batches(backend.lengths(texts), g.samples_per_prompt, g.batch_size,
+                                                        g.length_bucketing),
+                                          desc=desc, unit="batch", disable=not distributed.is_main()), 1):
         jobs = [(i, j) for i in batch for j in range(g.samples_per_prompt)]
-        results = backend.sample([texts[i] for i, _ in jobs], [sample_seed(cfg.seed, rows[i]["id"], j) for i, j in jobs])
+        results = backend.sample([texts[i] for i, _ in jobs],
+                                 [sample_seed(cfg.seed, rows[i]["id"], j) for i, j in jobs])
         samples: dict[int, list] = {i: [] for i in batch}
         for (i, j), (text, n_tokens) in zip(jobs, results):
             samples[i].append((j, text, n_tokens))
@@ -147,7 +151,8 @@ def generate_part(cfg, backend, rows: list[dict], writer: ShardWriter, desc: str
         counts["identical_pairs"] += len(pending)
         extra = g.samples_per_prompt
         while pending and g.identical_pairs == "resample" and extra < g.samples_per_prompt + g.max_resamples:
-            results = backend.sample([texts[i] for i in pending], [sample_seed(cfg.seed, rows[i]["id"], extra) for i in pending])
+            results = backend.sample([texts[i] for i in pending],
+                                     [sample_seed(cfg.seed, rows[i]["id"], extra) for i in pending])
             for i, (text, n_tokens) in zip(pending, results):
                 samples[i].append((extra, text, n_tokens))
                 counts["tokens"] += n_tokens
@@ -209,15 +214,20 @@ def run(ctx: StageContext) -> dict | None:
         backend = TransformersBackend(cfg) if g.backend == "transformers" else VLLMBackend(cfg)
         start = time.time()
         with ShardWriter(ctx.url, g.shard_size, first_index=index * PART_SHARD_STRIDE if count > 1 else 0) as writer:
-            counts = generate_part(cfg, backend, rows, writer, "generate" if count == 1 else f"generate {index}/{count}")
+            counts = generate_part(cfg, backend, rows, writer,
+                                   "generate" if count == 1 else f"generate {index}/{count}")
         counts["seconds"] = time.time() - start
-        print(f"generate{f' part {index}/{count}' if count > 1 else ''}: {counts['pairs']} pairs from {len(rows)} prompts, "
-              f"{counts['tokens']} tokens in {counts['seconds']:.1f}s ({counts['tokens'] / max(counts['seconds'], 1e-9):.0f} tok/s), "
+        print(f"generate{f' part {index}/{count}' if count > 1 else ''}: {counts['pairs']} pairs "
+              f"from {len(rows)} prompts, "
+              f"{counts['tokens']} tokens in {counts['seconds']:.1f}s "
+              f"({counts['tokens'] / max(counts['seconds'], 1e-9):.0f} tok/s), "
               f"{counts['identical_pairs']} identical pairs ({counts['resampled_pairs']} resamples, "
               f"{counts['dropped_identical']} dropped)")
         if count == 1:
             require_pairs(counts["pairs"], g)
-            return ctx.commit(shards=writer.shards, summary={**counts, "tokens_per_s": counts["tokens"] / max(counts["seconds"], 1e-9), "parts": 1})
+            return ctx.commit(shards=writer.shards,
+                              summary={**counts, "tokens_per_s": counts["tokens"] / max(counts["seconds"], 1e-9),
+                                       "parts": 1})
         record = {"config_hash": ctx.config_hash, "shards": writer.shards, "summary": counts}
         storage.write_bytes_atomic(part_url(ctx, index, count), json.dumps(record).encode())
     if ctx.num_parts == 1:  # torchrun: everyone has written, then rank 0 merges

@@ -26,7 +26,8 @@ HISTOGRAM_BINS = 10
 
 
 def label_batch(cfg, judge, principles: list[dict], batch: list[dict]) -> list[dict]:
-    """One label.json per pair: p(a preferred), each order's value or each response's score, the principle, the judge."""
+    """One label.json per pair: p(a preferred), each order's value or each response's score, the principle,
+    the judge."""
     lc, keys = cfg.label, [s["__key__"] for s in batch]
     prompts, first, second = ([s[f] for s in batch] for f in REQUIRED)
     if lc.mode == "score":
@@ -94,10 +95,12 @@ def run(ctx: StageContext) -> dict:
                                   "label.json": label})
             batch.clear()
 
-        for sample in progress(read_samples(pairs_url, pairs, 0, 1, 0, 1), total=pairs["num_samples"], desc="label", unit="pair"):
+        for sample in progress(read_samples(pairs_url, pairs, 0, 1, 0, 1), total=pairs["num_samples"], desc="label",
+                               unit="pair"):
             missing = [f for f in REQUIRED if f not in sample]
             if missing:
-                raise UserError(f"pair {sample['__key__']} in {pairs_url} lacks {', '.join(missing)}: re-run stage 'generate'")
+                raise UserError(f"pair {sample['__key__']} in {pairs_url} lacks {', '.join(missing)}: "
+                                "re-run stage 'generate'")
             batch.append(sample)
             if len(batch) == settings.batch_size:
                 flush()
@@ -110,10 +113,11 @@ def run(ctx: StageContext) -> dict:
                "position_consistency": tally.consistent / max(tally.seen, 1) if settings.mode == "pairwise" else None,
                **({"endpoint": dict(judge.stats)} if hasattr(judge, "stats") else {})}
     files = [ctx.write_json("metrics.json", summary)]
-    consistency = (f"position consistency {summary['position_consistency']:.3f}, " if settings.mode == "pairwise" else "")
+    consistency = (f"position consistency {summary['position_consistency']:.3f}, " if settings.mode == "pairwise"
+                   else "")
     agreement = ("" if summary["reference_agreement"] is None else
                  f"agreement with the reference judge {summary['reference_agreement']:.3f} "
                  f"({tally.reference_clear} clear pairs), ")
-    print(f"label: {tally.seen} pairs judged by {judge.name}, {consistency}{agreement}{tally.seen - tally.kept} dropped "
-          f"as low-confidence, p(a) histogram {tally.histogram}")
+    print(f"label: {tally.seen} pairs judged by {judge.name}, {consistency}{agreement}{tally.seen - tally.kept} "
+          f"dropped as low-confidence, p(a) histogram {tally.histogram}")
     return ctx.commit(shards=writer.shards, files=files, summary=summary)

@@ -1,12 +1,13 @@
 """DAG integrity (Astronomer style), the rendered pod spec of every `rlaif` task, and `rlaif_local` run end to end
 with dag.test() on the tiny config."""
 import json
+import os
 from pathlib import Path
 
 import pytest
 from airflow.dag_processing.dagbag import DagBag
 
-from rlaif.graph import STAGES, STAGE_BY_NAME
+from rlaif.graph import STAGE_BY_NAME, STAGES
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -44,29 +45,46 @@ def _rendered(task, **params):
     return task.render_template(task.arguments, context)
 
 
-def test_pod_spec_of_every_stage(dagbag):
+def _comparable(pod_spec: dict) -> dict:
+    """The parts of a PodSpec that the pod plan decides (as in tests/orchestration/test_pod_plan.py)."""
+    (container,) = pod_spec["containers"]
+    env = sorted((e["name"], json.dumps(e.get("value") or e["valueFrom"], sort_keys=True)) for e in container["env"]
+                 if e["name"] != "RLAIF_LOCK_OWNER")  # Airflow's own: the task instance that holds the stage lock
+    return {
+        "image": container["image"], "command": container["command"], "resources": container["resources"],
+        "env": env, "mounts": sorted((m["name"], m["mountPath"]) for m in container.get("volumeMounts", [])),
+        "nodeSelector": pod_spec.get("nodeSelector") or {},
+        "tolerations": sorted(json.dumps(t, sort_keys=True) for t in pod_spec.get("tolerations") or []),
+        "volumes": pod_spec.get("volumes") or [], "securityContext": pod_spec.get("securityContext"),
+        "serviceAccountName": pod_spec.get("serviceAccountName"),
+    }
+
+
+def test_pod_spec_of_every_stage_is_the_pod_plan(dagbag):
+    """The same plan the KFP tasks and the TrainJobs render (tests/orchestration/test_pod_plan.py)."""
+    from kubernetes.client import ApiClient
+
+    from rlaif.orchestration import cluster
+    from rlaif.orchestration.pod import pod_plan
+
     dag = dagbag.get_dag("rlaif")
     for stage in STAGES:
         task = dag.get_task(stage.name)
-        pod = task.build_pod_request_obj(context=None, dry_run=True)
-        (container,) = pod.spec.containers
-        assert container.image.endswith("-cuda") and container.command == ["rlaif"]
-        limits, requests = container.resources.limits, container.resources.requests
-        assert limits["nvidia.com/gpu"] == str(stage.resources.gpus)
-        assert requests == {"cpu": str(stage.resources.cpu), "memory": f"{stage.resources.memory_gib}Gi"}
-        secret_env = {e.name: e.value_from.secret_key_ref for e in container.env if e.value_from}
-        assert secret_env["AWS_SECRET_ACCESS_KEY"].name == "rlaif-storage"
-        assert secret_env["AWS_SECRET_ACCESS_KEY"].key == "secret_key"
-        assert pod.spec.tolerations[0].key == "nvidia.com/gpu"
-        assert any(v.name == "dshm" and v.empty_dir.medium == "Memory" for v in pod.spec.volumes)
-        assert any(m.mount_path == "/dev/shm" for m in container.volume_mounts)
-        assert pod.spec.security_context.run_as_non_root is True
+        pod = ApiClient().sanitize_for_serialization(task.build_pod_request_obj(context=None, dry_run=True))
+        spec = cluster.load(os.environ.get("RLAIF_CLUSTER_CONFIG"))
+        plan = pod_plan(stage, spec, os.environ.get("RLAIF_LABEL_JUDGE"))
+        assert _comparable(pod["spec"]) == _comparable(plan.pod_spec("base", ["rlaif"])), stage.name
+        (container,) = pod["spec"]["containers"]
+        assert "RLAIF_LOCK_OWNER" in {e["name"] for e in container["env"]}
+        assert pod["metadata"]["namespace"] == "team-a"
         args = _rendered(task, overrides=["ppo.lr=1e-5"], storage_root="s3://bucket/rlaif")
         assert args[:2] == ["launch", stage.name]
         assert json.loads(args[args.index("--set-json") + 1]) == ["ppo.lr=1e-5"]
         assert args[args.index("--run-id") + 1] == "scheduled__2026-11-22T00:00:00+00:00"  # launch sanitises it
         assert args[args.index("--storage-root") + 1] == "s3://bucket/rlaif"
         assert _rendered(task, run_id="exp-7")[args.index("--run-id") + 1] == "exp-7"
+    assert "nvidia.com/gpu" not in dag.get_task("label").container_resources.limits  # RLAIF_LABEL_JUDGE=rules
+    assert dag.get_task("evaluate").container_resources.requests == {"cpu": "6", "memory": "24Gi"}
 
 
 def test_no_secret_value_in_dags_or_pods(dagbag):

@@ -22,13 +22,15 @@ def assert_clean_failure(proc, needle):
 
 
 def test_bad_config_key(tmp_path):
-    proc = rlaif("run", "--config", "configs/tiny.yaml", "--storage-root", str(tmp_path), "--set", "ppo.learning_rate=1")
+    proc = rlaif("run", "--config", "configs/tiny.yaml", "--storage-root", str(tmp_path), "--set",
+                 "ppo.learning_rate=1")
     assert_clean_failure(proc, "unknown config key 'ppo.learning_rate'")
     assert list(tmp_path.iterdir()) == []
 
 
 def test_missing_prompts_file(tmp_path):
-    proc = rlaif("run", "--config", "configs/tiny.yaml", "--storage-root", str(tmp_path), "--set", "data.prompts=missing.jsonl")
+    proc = rlaif("run", "--config", "configs/tiny.yaml", "--storage-root", str(tmp_path), "--set",
+                 "data.prompts=missing.jsonl")
     assert_clean_failure(proc, "prompts file not found: missing.jsonl")
     assert not list(tmp_path.rglob("manifest.json"))
 
@@ -132,8 +134,8 @@ def small_model(path: Path, tokenizer_vocab: int, model_vocab: int, safetensors:
     from rlaif.models.tiny import _train_tokenizer
 
     tok = _train_tokenizer([f"sample text {i} with words" for i in range(200)], tokenizer_vocab)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=model_vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=2))
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=model_vocab, hidden_size=16, intermediate_size=32,
+                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2))
     model.save_pretrained(path, safe_serialization=safetensors)
     tok.save_pretrained(path)
     if not safetensors:

@@ -10,14 +10,16 @@ import yaml
 from rlaif.cli import main
 from rlaif.config import PipelineConfig
 
-SECTIONS = {name: list(getattr(field.annotation, "model_fields", {})) for name, field in PipelineConfig.model_fields.items()}
-ODD = [None, True, -1, 0, 1, 2**70, -2**70, 0.5, 1e308, float("nan"), float("inf"), "", "x", "../..", "s3://", "{prompt",
-       "\x00", "é" * 50, [], [1, "a"], {}, {"a": {"b": None}}]
+SECTIONS = {name: list(getattr(field.annotation, "model_fields", {}))
+            for name, field in PipelineConfig.model_fields.items()}
+ODD = [None, True, -1, 0, 1, 2**70, -2**70, 0.5, 1e308, float("nan"), float("inf"), "", "x", "../..", "s3://",
+       "{prompt", "\x00", "é" * 50, [], [1, "a"], {}, {"a": {"b": None}}]
 
 
 def random_value(rng: random.Random, depth: int = 0):
     if depth < 3 and rng.random() < 0.15:
-        return {rng.choice(["a", "name", "text", "judge"]): random_value(rng, depth + 1) for _ in range(rng.randint(0, 3))}
+        return {rng.choice(["a", "name", "text", "judge"]): random_value(rng, depth + 1)
+                for _ in range(rng.randint(0, 3))}
     if depth < 3 and rng.random() < 0.1:
         return [random_value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
     return rng.choice(ODD)
@@ -63,6 +65,7 @@ def test_random_configs_and_bytes_end_in_exit_0_or_2(tmp_path, capsys):
             prompts.write_bytes(bytes(rng.randrange(256) for _ in range(rng.randint(0, 400))))
         else:
             rows = [json.dumps({"prompt": random_value(rng), "id": random_value(rng), "key_points": random_value(rng)},
-                               default=str) if rng.random() < 0.7 else str(random_value(rng)) for _ in range(rng.randint(0, 4))]
+                               default=str) if rng.random() < 0.7 else str(random_value(rng))
+                    for _ in range(rng.randint(0, 4))]
             prompts.write_text("\n".join(rows), encoding="utf-8")
         launch(tmp_path, config, prompts, capsys=capsys)

@@ -21,13 +21,17 @@ def nothing_written(root) -> bool:
     ("ppo.lr=0", "'ppo.lr'"), ("ppo.lr=.nan", "'ppo.lr'"), ("train_rm.lr=-1e-4", "'train_rm.lr'"),
     ("policy.tiny.sft_lr=.inf", "'policy.tiny.sft_lr'"), ("ppo.iterations=0", "'ppo.iterations'"),
     ("train_rm.epochs=0", "'train_rm.epochs'"), ("generate.batch_size=0", "'generate.batch_size'"),
-    ("generate.max_new_tokens=0", "'generate.max_new_tokens'"), ("evaluate.max_new_tokens=-3", "'evaluate.max_new_tokens'"),
-    ("generate.temperature=-0.1", "'generate.temperature'"), ("evaluate.temperature=0", "'evaluate.temperature'"), ("ppo.temperature=.inf", "'ppo.temperature'"),
+    ("generate.max_new_tokens=0", "'generate.max_new_tokens'"),
+    ("evaluate.max_new_tokens=-3", "'evaluate.max_new_tokens'"),
+    ("generate.temperature=-0.1", "'generate.temperature'"), ("evaluate.temperature=0", "'evaluate.temperature'"),
+    ("ppo.temperature=.inf", "'ppo.temperature'"),
     ("generate.top_p=0", "'generate.top_p'"), ("generate.top_p=1.5", "'generate.top_p'"),
-    ("evaluate.tie_margin=0.5", "'evaluate.tie_margin'"), ("train_rm.held_out_fraction=1", "'train_rm.held_out_fraction'"),
+    ("evaluate.tie_margin=0.5", "'evaluate.tie_margin'"),
+    ("train_rm.held_out_fraction=1", "'train_rm.held_out_fraction'"),
     ("train_rm.warmup_fraction=1", "'train_rm.warmup_fraction'"), ("seed=-1", "'seed'"),
     ("seed=99999999999999999999999", "'seed'"), ("ppo.minibatch_size=3", "minibatch_size 3 must divide"),
-    ("ppo.gamma=0", "'ppo.gamma'"), ("label.batch_size=0", "'label.batch_size'"), ("generate.shard_size=0", "'generate.shard_size'"),
+    ("ppo.gamma=0", "'ppo.gamma'"), ("label.batch_size=0", "'label.batch_size'"),
+    ("generate.shard_size=0", "'generate.shard_size'"),
     ("policy.tiny.num_heads=3", "must be a multiple of num_heads"),
     ("policy.prompt_template=Q: {question}", "'policy.prompt_template'"),
     ("policy.prompt_template=no placeholder", "must contain the placeholder"),
@@ -48,7 +52,8 @@ def nothing_written(root) -> bool:
 ])
 def test_config_ranges_and_rules(cli, tmp_path, override, needle):
     key, _, value = override.partition("=")
-    where = ["--storage-root", value] if key == "storage.root" else ["--storage-root", f"file://{tmp_path}/root", "--set", override]
+    where = (["--storage-root", value] if key == "storage.root"
+             else ["--storage-root", f"file://{tmp_path}/root", "--set", override])
     cli("run", "--config", TINY, *where, needle=needle)
     assert not (tmp_path / "root").exists()
 
@@ -61,7 +66,8 @@ def test_launch_time_checks(cli, tmp_path, monkeypatch):
     cli("run", "--config", TINY, *root, "--set", "label.judge=hf", "--set", f"label.hf.model={tmp_path}",
         "--set", f"label.few_shot={tmp_path}/missing.jsonl", needle="few-shot file not found")
     plain = tmp_path / "plain.jsonl"
-    plain.write_text('{"prompt": "How do I bake bread?", "key_points": ["mix flour"]}\n{"prompt": "How do I cook rice?"}\n')
+    plain.write_text('{"prompt": "How do I bake bread?", "key_points": ["mix flour"]}\n'
+                     '{"prompt": "How do I cook rice?"}\n')
     cli("run", "--config", TINY, *root, "--set", f"data.prompts={plain}", "--set", "label.judge=reference",
         needle="needs key points on every prompt; 1 of 2")
     assert nothing_written(tmp_path / "root")
@@ -107,7 +113,8 @@ def test_config_files_that_are_not_configs(cli, tmp_path):
 def test_prompt_files(cli, tmp_path, content, needle):
     path = tmp_path / "prompts.jsonl"
     path.write_bytes(content)
-    cli("run", "--config", TINY, "--storage-root", f"file://{tmp_path}/root", "--set", f"data.prompts={path}", needle=needle)
+    cli("run", "--config", TINY, "--storage-root", f"file://{tmp_path}/root", "--set", f"data.prompts={path}",
+        needle=needle)
     assert nothing_written(tmp_path / "root")
 
 
@@ -119,11 +126,11 @@ def test_prompt_paths_that_are_not_files(cli, tmp_path):
             needle="is not a regular file")
     constitution = tmp_path / "constitution.yaml"
     constitution.write_text("- {name: a, text: 3}\n")
-    cli("run", "--config", TINY, "--storage-root", f"file://{tmp_path}/root", "--set", f"label.constitution={constitution}",
-        needle="needs a non-empty string 'text'")
+    cli("run", "--config", TINY, "--storage-root", f"file://{tmp_path}/root", "--set",
+        f"label.constitution={constitution}", needle="needs a non-empty string 'text'")
     constitution.write_text("- {name: a, text: x}\n- {name: a, text: y, name: b}\n")
-    cli("run", "--config", TINY, "--storage-root", f"file://{tmp_path}/root", "--set", f"label.constitution={constitution}",
-        needle="duplicate key 'name'")
+    cli("run", "--config", TINY, "--storage-root", f"file://{tmp_path}/root", "--set",
+        f"label.constitution={constitution}", needle="duplicate key 'name'")
 
 
 def _generate_manifest(tmp_path, **change):
@@ -172,7 +179,8 @@ def test_corrupt_lock_file(cli, tmp_path):
 def test_output_paths_and_endpoints(cli, tmp_path):
     cli("compile", "kfp", "--output", str(tmp_path / "missing-dir/p.yaml"), needle="does not exist")
     cli("compile", "kfp", "--output", str(tmp_path), needle="name the pipeline YAML file")
-    cli("submit", "kfp", "--endpoint", f"http://user:{SECRET}@127.0.0.1:9", "--config", TINY, needle="did not accept the run")
+    cli("submit", "kfp", "--endpoint", f"http://user:{SECRET}@127.0.0.1:9", "--config", TINY,
+        needle="did not accept the run")
     cli("report", str(tmp_path / "no-run"), needle="not found")
     metrics = tmp_path / "run/evaluate/metrics.json"
     metrics.parent.mkdir(parents=True)
@@ -180,7 +188,8 @@ def test_output_paths_and_endpoints(cli, tmp_path):
     cli("report", str(tmp_path / "run"), needle="is corrupt")
     metrics.write_text("[1, 2]")
     cli("report", str(tmp_path / "run"), needle="is not an evaluation's metrics")
-    cli("report", str(tmp_path / "run"), str(tmp_path / "run"), "--output", str(tmp_path), needle="name the comparison HTML file")
+    cli("report", str(tmp_path / "run"), str(tmp_path / "run"), "--output", str(tmp_path),
+        needle="name the comparison HTML file")
     cli("run", "--config", TINY, "--storage-root", "s3://bucket/x", "--set", "storage.endpoint_url=http://127.0.0.1:9",
         needle="is not writable")
 

@@ -14,8 +14,8 @@ from rlaif.stages.common import run_url
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
-METRIC_KEYS = {"win_rate", "win_rate_ci95", "n_prompts", "reward_policy_mean", "reward_reference_mean", "kl_to_reference",
-               "win_rate_length_controlled", "judges"}
+METRIC_KEYS = {"win_rate", "win_rate_ci95", "n_prompts", "reward_policy_mean", "reward_reference_mean",
+               "kl_to_reference", "win_rate_length_controlled", "judges"}
 
 
 def rlaif(*args, env=None, **kw):
@@ -92,7 +92,8 @@ def test_file_storage_run_then_cache_hits(tmp_path):
 
     rebuilt = rlaif("report", f"{tmp_path}/runs/tiny", timeout=120)
     assert rebuilt.returncode == 0 and "report: " in rebuilt.stdout
-    compared = rlaif("report", f"{tmp_path}/runs/tiny", f"{tmp_path}/runs/tiny", "--output", f"{tmp_path}/cmp.html", timeout=120)
+    compared = rlaif("report", f"{tmp_path}/runs/tiny", f"{tmp_path}/runs/tiny", "--output", f"{tmp_path}/cmp.html",
+                     timeout=120)
     assert compared.returncode == 0 and "| win_rate |" in compared.stdout and (tmp_path / "cmp.html").exists()
 
 

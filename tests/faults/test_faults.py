@@ -73,9 +73,11 @@ def test_rerunning_a_stage_gives_the_same_digest(tmp_path):
     digests = []
     for _ in range(2):
         for stage in ("generate", "label"):
-            proc = rlaif("launch", stage, "--config", "configs/tiny.yaml", "--storage-root", root, "--set", "label.judge=rules")
+            proc = rlaif("launch", stage, "--config", "configs/tiny.yaml", "--storage-root", root, "--set",
+                         "label.judge=rules")
             assert proc.returncode == 0, proc.stderr[-2000:]
-        digests.append([json.loads((tmp_path / f"tiny/{s}/manifest.json").read_text())["digest"] for s in ("generate", "label")])
+        digests.append([json.loads((tmp_path / f"tiny/{s}/manifest.json").read_text())["digest"]
+                        for s in ("generate", "label")])
         for stage in ("generate", "label"):  # force real re-runs, not cache hits
             (tmp_path / f"tiny/{stage}/manifest.json").unlink()
     assert digests[0] == digests[1]
@@ -101,7 +103,8 @@ def test_a_corrupted_shard_is_caught_by_its_checksum(tmp_path):
     at = data.index(b"response_a.txt") + 600  # inside the first sample's text, past its tar header
     data[at] = (data[at] + 1) % 256
     shard.write_bytes(bytes(data))
-    label = rlaif("launch", "label", "--config", "configs/tiny.yaml", "--storage-root", root, "--set", "label.judge=rules")
+    label = rlaif("launch", "label", "--config", "configs/tiny.yaml", "--storage-root", root, "--set",
+                  "label.judge=rules")
     line = one_error_line(label)
     assert "shard-000001.tar" in line and ("checksum" in line or "malformed" in line)
     assert not (tmp_path / "tiny/label/manifest.json").exists()
@@ -112,7 +115,8 @@ def start_moto(port: int) -> subprocess.Popen:
     import socket
 
     exe = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or shutil.which("moto_server")
-    proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
     deadline = time.time() + 30
     while True:
         try:
@@ -132,14 +136,17 @@ def test_s3_endpoint_lost_during_shard_uploads_then_back(tmp_path, monkeypatch):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     endpoint = f"http://127.0.0.1:{port}"
-    for key, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_DEFAULT_REGION", "us-east-1")):
+    for key, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
+                       ("AWS_DEFAULT_REGION", "us-east-1")):
         monkeypatch.setenv(key, value)
     args = ("launch", "generate", "--config", "configs/tiny.yaml", "--storage-root", "s3://faults/runs",
-            "--set", f"storage.endpoint_url={endpoint}", "--set", "generate.shard_size=1", "--set", "generate.batch_size=2")
+            "--set", f"storage.endpoint_url={endpoint}", "--set", "generate.shard_size=1",
+            "--set", "generate.batch_size=2")
     moto = start_moto(port)
     s3 = boto3.client("s3", endpoint_url=endpoint)
     s3.create_bucket(Bucket="faults")
-    stage = subprocess.Popen([sys.executable, "-m", "rlaif", *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stage = subprocess.Popen([sys.executable, "-m", "rlaif", *args], cwd=REPO, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 300
         while not s3.list_objects_v2(Bucket="faults", Prefix="runs/tiny/generate/shard-").get("KeyCount"):

@@ -21,8 +21,9 @@ def build_judge_model(out, seed=0):
 
     tokenizer = _train_tokenizer(CORPUS, 300)
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=1024,
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                                         max_position_embeddings=1024,
                                          bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                                          pad_token_id=tokenizer.pad_token_id))
     # A few steps on the judge format, so the answer tokens " 1"/" 2" follow the cue (and show up in top log-probs).
@@ -110,8 +111,10 @@ class JudgeServer:
         answer = tokens[0]
         if path.endswith("/chat/completions"):
             lp = {"content": [{"token": answer, "logprob": top.values[0].item(),
-                               "top_logprobs": [{"token": t, "logprob": v.item()} for t, v in zip(tokens, top.values)]}]}
-            return {"choices": [{"message": {"role": "assistant", "content": answer}, "logprobs": lp if self.logprobs else None}]}
+                               "top_logprobs": [{"token": t, "logprob": v.item()}
+                                                for t, v in zip(tokens, top.values)]}]}
+            return {"choices": [{"message": {"role": "assistant", "content": answer},
+                                 "logprobs": lp if self.logprobs else None}]}
         lp = {"tokens": [answer], "top_logprobs": [{t: v.item() for t, v in zip(tokens, top.values)}]}
         return {"choices": [{"text": answer, "logprobs": lp if self.logprobs and body.get("logprobs") else None}]}
 

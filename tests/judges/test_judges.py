@@ -30,7 +30,8 @@ def test_hf_label_is_the_softmax_over_the_two_answer_tokens(hf_judge, judge_mode
     tok, model = load_tokenizer(judge_model_dir), load_causal_lm(judge_model_dir).eval()
     one, two = (tok(prompting.ANSWER_CUE + a, add_special_tokens=False).input_ids[-1] for a in prompting.ANSWERS)
     for i in range(4):  # one unpadded prompt at a time: batching and left padding must not change the label
-        text = prompting.pairwise_prompt(prompting_preamble(), PRINCIPLES[i], [], PROMPTS[i], FIRST[i], SECOND[i], False)
+        text = prompting.pairwise_prompt(prompting_preamble(), PRINCIPLES[i], [], PROMPTS[i], FIRST[i], SECOND[i],
+                                         False)
         with torch.no_grad():
             logits = model(input_ids=tok(text, return_tensors="pt", add_special_tokens=False).input_ids).logits[0, -1]
         expected = torch.softmax(torch.stack([logits[one], logits[two]]), 0)[0]

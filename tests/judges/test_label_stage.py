@@ -42,13 +42,15 @@ def test_low_confidence_pairs_are_dropped_and_counted(tmp_path):
     assert "p004" not in labels and all(abs(lab["p_a"] - 0.5) >= 0.1 for lab in labels.values())
     assert m["summary"]["dropped_low_confidence"] == 6 - len(labels) > 0 and m["num_samples"] == len(labels)
     with pytest.raises(UserError, match="all 6 pairs were dropped as low-confidence"):
-        label(tmp_path / "all", "label.min_confidence=0.1", "label.rules.required=[]", "label.rules.min_words=1")  # all ties
+        # all ties
+        label(tmp_path / "all", "label.min_confidence=0.1", "label.rules.required=[]", "label.rules.min_words=1")
 
 
 def test_score_mode_records_each_response_score(tmp_path):
     m, labels = label(tmp_path, "label.mode=score")
     lab = labels["p001"]
-    assert lab["mode"] == "score" and lab["score_a"] == pytest.approx(1 / 3) and lab["score_b"] == -1.0  # 2 of 3 checks, 0 of 3
+    # 2 of 3 checks, 0 of 3
+    assert lab["mode"] == "score" and lab["score_a"] == pytest.approx(1 / 3) and lab["score_b"] == -1.0
     assert lab["p_a"] > 0.99
     assert m["summary"]["position_consistency"] is None and m["summary"]["mode"] == "score"
     with pytest.raises(UserError, match="cannot score one response alone"):

@@ -38,7 +38,8 @@ def test_logprob_labels_match_the_local_judge(clean_server, judge_model_dir):
     judge = make_judge(endpoint_settings(clean_server), 8)
     p = judge.prefer_first(PROMPTS, FIRST, SECOND, PRINCIPLES)
     assert judge.stats["answers_from_logprobs"] == N and judge.stats["retries"] == 0
-    local = HFJudge(settings(judge="hf", hf={"model": str(judge_model_dir)}), 8).prefer_first(PROMPTS, FIRST, SECOND, PRINCIPLES)
+    local = HFJudge(settings(judge="hf", hf={"model": str(judge_model_dir)}), 8).prefer_first(
+        PROMPTS, FIRST, SECOND, PRINCIPLES)
     torch.testing.assert_close(p, local, atol=1e-4, rtol=0)
 
 
@@ -55,11 +56,13 @@ def test_injected_429_500_and_timeouts_are_retried_without_losing_a_pair(clean_s
     assert judge.stats["requests"] == 2 * N + len(FAULTS) == len(flaky.requests)
 
 
-def test_label_stage_on_a_flaky_endpoint_writes_each_pair_once_and_no_key(tmp_path, judge_model_dir, clean_server, monkeypatch):
+def test_label_stage_on_a_flaky_endpoint_writes_each_pair_once_and_no_key(tmp_path, judge_model_dir, clean_server,
+                                                                          monkeypatch):
     monkeypatch.setenv("JUDGE_KEY", "sk-test-not-a-real-key")
     flaky = JudgeServer(judge_model_dir, faults=FAULTS, sleep_s=2.0)
-    cfg = load_config(None, [f"storage.root=file://{tmp_path}", "label.judge=openai", f"label.openai.base_url={flaky.base_url}",
-                             "label.openai.model=tiny", "label.openai.timeout_s=1", "label.openai.backoff_s=0.01",
+    cfg = load_config(None, [f"storage.root=file://{tmp_path}", "label.judge=openai",
+                             f"label.openai.base_url={flaky.base_url}", "label.openai.model=tiny",
+                             "label.openai.timeout_s=1", "label.openai.backoff_s=0.01",
                              "label.openai.api_key_env=JUDGE_KEY", "label.openai.top_logprobs=20", "label.batch_size=5",
                              "label.shard_size=4"])
     write_pairs(cfg, PROMPTS, FIRST, SECOND)
@@ -109,7 +112,8 @@ def test_chat_api_without_logprobs_parses_the_answer(judge_model_dir):
 
 def test_chain_of_thought_asks_for_the_rationale_then_the_answer(clean_server):
     before = len(clean_server.requests)
-    judge = make_judge(endpoint_settings(clean_server).model_copy(update={"chain_of_thought": True, "rationale_tokens": 8}), 8)
+    judge = make_judge(endpoint_settings(clean_server).model_copy(update={"chain_of_thought": True,
+                                                                          "rationale_tokens": 8}), 8)
     p = judge.prefer_first(PROMPTS[:2], FIRST[:2], SECOND[:2], PRINCIPLES[:2])
     sent = clean_server.requests[before:]
     rationale_asks = [r["body"] for r in sent if r["body"]["max_tokens"] == 8]

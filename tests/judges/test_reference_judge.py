@@ -94,7 +94,8 @@ def test_all_principles_average_the_preferences(tmp_path):
     path.write_text("- {name: a, text: A, contrast: not A}\n- {name: b, text: B}\n")
     principles = load_constitution(str(path))
     # Each order's value is the mean over the two principles (0.9 and 0.6); the debiased p is 0.5 for this judge
-    _, p_ab, _, _, names = compare(PrincipleJudge(), principles, "all", 0, ["k1", "k2"], ["q"] * 2, ["x"] * 2, ["y"] * 2)
+    _, p_ab, _, _, names = compare(PrincipleJudge(), principles, "all", 0, ["k1", "k2"], ["q"] * 2, ["x"] * 2,
+                                   ["y"] * 2)
     torch.testing.assert_close(p_ab, torch.tensor([0.75, 0.75]))
     assert names == ["all", "all"]
     sampled = compare(PrincipleJudge(), principles, "sample", 0, [f"k{i}" for i in range(40)], ["q"] * 40, ["x"] * 40,

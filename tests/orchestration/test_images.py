@@ -2,10 +2,10 @@
 versions they pin agree with the Makefile and pyproject.toml, they install the project and its entrypoint, run as
 a non-root user, and the cluster settings' default images are the ones the README says to build."""
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 from packaging.requirements import Requirement
 
 from rlaif.orchestration.cluster import ClusterSpec

@@ -27,7 +27,8 @@ def test_trainjob_spec(cfg):
     assert trainer["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == "8"
     env = {e["name"]: e for e in trainer["env"]}
     assert env["AWS_ENDPOINT_URL"]["value"] == "http://minio:9000"
-    assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "rlaif-storage", "key": "secret_key", "optional": False}
+    assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "rlaif-storage", "key": "secret_key",
+                                                                         "optional": False}
     assert "value" not in env["AWS_SECRET_ACCESS_KEY"]
 
 
@@ -81,7 +82,8 @@ class FakeCustomObjects:
 
 
 @pytest.mark.parametrize("api,final,expected", [("trainjob", "Complete", "succeeded"), ("trainjob", "Failed", "failed"),
-                                                 ("pytorchjob", "Succeeded", "succeeded"), ("pytorchjob", "Failed", "failed")])
+                                                 ("pytorchjob", "Succeeded", "succeeded"),
+                                                 ("pytorchjob", "Failed", "failed")])
 def test_wait_reads_the_terminal_condition(api, final, expected):
     client = FakeCustomObjects(final, polls=3)
     state, message = jobs.wait(client, api, "ns", "job", poll_s=0)

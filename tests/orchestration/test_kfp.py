@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlaif.graph import STAGES, STAGE_BY_NAME
+from rlaif.graph import STAGE_BY_NAME, STAGES
 from rlaif.orchestration import kfp_pipeline
 from rlaif.orchestration.cluster import ClusterSpec, SecretEnv, from_dict
 
@@ -122,7 +122,8 @@ def test_submit_sends_the_config_inline_and_validates_it_first(tmp_path):
     from rlaif.errors import UserError
 
     with pytest.raises(UserError, match="ppo.iterationz"):
-        kfp_pipeline.submit("http://kfp.invalid", "configs/tiny.yaml", ["ppo.iterationz=3"], "", "", None, "x", client=client)
+        kfp_pipeline.submit("http://kfp.invalid", "configs/tiny.yaml", ["ppo.iterationz=3"], "", "", None, "x",
+                            client=client)
     assert len(client.calls) == 1
 
 

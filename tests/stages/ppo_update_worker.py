@@ -11,8 +11,8 @@ import torch
 
 from rlaif import distributed as dist
 from rlaif.config import load_config
-from rlaif.stages import ppo
 from rlaif.models.generation import token_logprobs
+from rlaif.stages import ppo
 
 
 def synthetic_batch(cfg, policy, reference_logits, vocab: int, rows: int = 8, prompt_len: int = 6) -> dict:
@@ -28,14 +28,17 @@ def synthetic_batch(cfg, policy, reference_logits, vocab: int, rows: int = 8, pr
     with torch.no_grad():
         logits, values = policy(prompt_ids, prompt_mask, responses, mask)
         old_logprobs = token_logprobs(logits, responses, cfg.ppo.temperature)
-        ref_logprobs = token_logprobs(reference_logits(policy, prompt_ids, prompt_mask, responses, mask), responses, cfg.ppo.temperature)
-    return dict(prompt_ids=prompt_ids, prompt_mask=prompt_mask, responses=responses, mask=mask, old_logprobs=old_logprobs,
-                ref_logprobs=ref_logprobs, old_values=values.float(), advantages=torch.randn(rows, width, generator=g) * mask,
+        ref_logprobs = token_logprobs(reference_logits(policy, prompt_ids, prompt_mask, responses, mask), responses,
+                                      cfg.ppo.temperature)
+    return dict(prompt_ids=prompt_ids, prompt_mask=prompt_mask, responses=responses, mask=mask,
+                old_logprobs=old_logprobs, ref_logprobs=ref_logprobs, old_values=values.float(),
+                advantages=torch.randn(rows, width, generator=g) * mask,
                 returns=torch.randn(rows, width, generator=g) * mask)
 
 
 def one_update(out: str, overrides: list[str], rank: int, world: int, device) -> None:
-    cfg = load_config("configs/tiny.yaml", ["ppo.rollout_batch_size=8", "ppo.minibatch_size=4", "ppo.ppo_epochs=2", *overrides])
+    cfg = load_config("configs/tiny.yaml", ["ppo.rollout_batch_size=8", "ppo.minibatch_size=4", "ppo.ppo_epochs=2",
+                                            *overrides])
     tokenizer, policy, reference_logits = ppo.build_policy(cfg, device)
     batch = synthetic_batch(cfg, policy, reference_logits, len(tokenizer))
     local = batch["responses"].shape[0] // world
@@ -53,7 +56,8 @@ def main(out_dir: str) -> None:
     for algorithm in ("ppo", "grpo"):
         for accum in (1, 2):
             one_update(f"{out_dir}/{algorithm}-accum{accum}.pt",
-                       [f"ppo.algorithm={algorithm}", "ppo.group_size=2", f"ppo.grad_accum_steps={accum}"], rank, world, device)
+                       [f"ppo.algorithm={algorithm}", "ppo.group_size=2", f"ppo.grad_accum_steps={accum}"], rank, world,
+                       device)
     dist.teardown()
 
 

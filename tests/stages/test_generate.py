@@ -64,8 +64,8 @@ def test_torchrun_ranks_split_the_prompts_and_rank0_merges(tmp_path, unsharded):
     _, expected = unsharded
     root = f"file://{tmp_path}"
     proc = subprocess.run([sys.executable, "-m", "rlaif", "launch", "generate", "--config", "configs/tiny.yaml",
-                           "--storage-root", root, "--set", "generate.nproc=2"], cwd=REPO, capture_output=True, text=True,
-                          timeout=600, env=dict(os.environ))
+                           "--storage-root", root, "--set", "generate.nproc=2"], cwd=REPO, capture_output=True,
+                          text=True, timeout=600, env=dict(os.environ))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "part 0/2" in proc.stdout and "part 1/2" in proc.stdout
     cfg = tiny(tmp_path)

@@ -47,7 +47,8 @@ def test_update_is_the_same_for_one_and_two_processes_and_with_accumulation(upda
     # step; a wrongly split or normalised minibatch moves weights by a whole step.
     for name in ("two", "one-accum", "two-accum"):
         for key in weights["one"]:
-            torch.testing.assert_close(weights[name][key], weights["one"][key], atol=1e-5, rtol=1e-5, msg=f"{name}: {key}")
+            torch.testing.assert_close(weights[name][key], weights["one"][key], atol=1e-5, rtol=1e-5,
+                                       msg=f"{name}: {key}")
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +57,8 @@ def upstream(tmp_path_factory):
     root = tmp_path_factory.mktemp("ppo-upstream")
     for stage in ("generate", "label", "train_rm"):
         proc = subprocess.run([sys.executable, "-m", "rlaif", "launch", stage, "--config", "configs/tiny.yaml",
-                               "--storage-root", f"file://{root}"], cwd=REPO, capture_output=True, text=True, timeout=600)
+                               "--storage-root", f"file://{root}"], cwd=REPO, capture_output=True, text=True,
+                              timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
     return root / "tiny"
 
@@ -66,7 +68,8 @@ def launch_ppo(run_dir: Path, *overrides, env=None):
             "--storage-root", f"file://{run_dir.parent}", "--run-id", run_dir.name]
     for item in overrides:
         args += ["--set", item]
-    return subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=900, env=dict(os.environ, **(env or {})))
+    return subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=900,
+                          env=dict(os.environ, **(env or {})))
 
 
 def copy_run(upstream: Path, tmp_path: Path, name: str) -> Path:

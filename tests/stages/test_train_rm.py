@@ -56,7 +56,8 @@ def train(root: Path, run_id: str, backbone: Path, nproc: int, *extra: str, env=
     sets = [f"storage.root={root}", f"run_id={run_id}", f"train_rm.backbone={backbone}", "train_rm.batch_size=8",
             "train_rm.epochs=2", "train_rm.lr=1e-3", "train_rm.max_length=32", "train_rm.checkpoint_every=5",
             "train_rm.shuffle_buffer=64", *extra]
-    stage = ["-m", "rlaif", "stage", "train_rm", "--config", "configs/tiny.yaml"] + [a for s in sets for a in ("--set", s)]
+    stage = (["-m", "rlaif", "stage", "train_rm", "--config", "configs/tiny.yaml"]
+             + [a for s in sets for a in ("--set", s)])
     launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if nproc > 1 else []
     proc = subprocess.run([sys.executable, *launcher, *stage], cwd=REPO, capture_output=True, text=True, timeout=600,
                           env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})))
@@ -93,7 +94,8 @@ def test_two_processes_match_one_process(reference_runs, backbone):
     assert s2["world_size"] == 2 and s1["steps"] == s2["steps"] > 20
     assert s2["replica_param_spread"] == 0.0  # both ranks hold identical parameters
     assert s1["held_out_accuracy"] >= 0.9  # it learned the rule
-    assert (reference_runs / "two/train_rm/tensorboard").is_dir() and (reference_runs / "two/train_rm/metrics.jsonl").exists()
+    assert ((reference_runs / "two/train_rm/tensorboard").is_dir()
+            and (reference_runs / "two/train_rm/metrics.jsonl").exists())
 
 
 def test_kill_minus_nine_of_a_rank_then_resume_matches_uninterrupted(reference_runs, backbone):

@@ -51,7 +51,8 @@ def test_gae_ignores_garbage_in_padding():
     rewards, values, mask = _right_padded(seed=3)
     noisy_r = torch.where(mask.bool(), rewards, torch.full_like(rewards, 1e6))
     noisy_v = torch.where(mask.bool(), values, torch.full_like(values, -1e6))
-    torch.testing.assert_close(ppo.gae(noisy_r, noisy_v, mask, 1.0, 0.95)[0], ppo.gae(rewards, values, mask, 1.0, 0.95)[0])
+    torch.testing.assert_close(ppo.gae(noisy_r, noisy_v, mask, 1.0, 0.95)[0],
+                               ppo.gae(rewards, values, mask, 1.0, 0.95)[0])
 
 
 def test_masked_whiten_matches_manual():
@@ -168,7 +169,8 @@ def test_split_minibatch_losses_sum_to_the_whole_minibatch_loss():
     adv, mask = torch.randn(b, t), (torch.rand(b, t) > 0.4).float()
     mask[:, 0] = 1
     whole, _ = ppo.policy_loss(logp, old, adv, mask, 0.2)
-    parts = [ppo.policy_loss(logp[i : i + 2], old[i : i + 2], adv[i : i + 2], mask[i : i + 2], 0.2, normalizer=mask.sum().item())[0]
+    parts = [ppo.policy_loss(logp[i : i + 2], old[i : i + 2], adv[i : i + 2], mask[i : i + 2], 0.2,
+                             normalizer=mask.sum().item())[0]
              for i in range(0, b, 2)]
     assert sum(parts).item() == pytest.approx(whole.item(), abs=1e-6)
     values, old_values, returns = torch.randn(b, t), torch.randn(b, t), torch.randn(b, t)

@@ -11,8 +11,10 @@ def test_demo_and_tiny_configs_validate():
 
 
 def test_overrides_are_typed_and_nested():
-    cfg = load_config("configs/tiny.yaml", ["ppo.lr=1e-5", "generate.max_prompts=null", "run_id=abc", "evaluate.n_prompts=3"])
-    assert cfg.ppo.lr == 1e-5 and cfg.generate.max_prompts is None and cfg.run_id == "abc" and cfg.evaluate.n_prompts == 3
+    cfg = load_config("configs/tiny.yaml", ["ppo.lr=1e-5", "generate.max_prompts=null", "run_id=abc",
+                                            "evaluate.n_prompts=3"])
+    assert (cfg.ppo.lr == 1e-5 and cfg.generate.max_prompts is None and cfg.run_id == "abc"
+            and cfg.evaluate.n_prompts == 3)
 
 
 @pytest.mark.parametrize("override,needle", [
@@ -53,9 +55,10 @@ def test_graph_order_and_wiring():
     for stage in STAGES:
         assert all(order.index(dep) < order.index(stage.name) for dep in stage.inputs)
         assert set(stage.config_sections) <= set(PipelineConfig.model_fields)
-        assert stage.argv("cfg.yaml", ("a=1",)) == ["rlaif", "stage", stage.name, "--config", "cfg.yaml", "--set", "a=1"]
+        assert stage.argv("cfg.yaml", ("a=1",)) == ["rlaif", "stage", stage.name, "--config", "cfg.yaml", "--set",
+                                                    "a=1"]
     assert {s.name for s in STAGES if s.resources.torchrun} == {"generate", "train_rm", "ppo"}
-    assert "torchrun x2" in render()
+    assert "[torchrun; cpu=8 mem=32Gi gpu=1]" in render()
 
 
 def test_graph_rejects_cycles_and_unknown_inputs():

@@ -29,10 +29,12 @@ def test_roundtrip_decodes_fields(stage_dir):
     assert samples[5]["prompt.txt"] == "prompt é 5" and samples[5]["gen.json"] == {"i": 5}
 
 
-@pytest.mark.parametrize("n,shard_size,world,workers", [(10, 3, 2, 1), (10, 3, 2, 2), (10, 5, 3, 1), (10, 10, 2, 2), (9, 2, 1, 3)])
+@pytest.mark.parametrize("n,shard_size,world,workers",
+                         [(10, 3, 2, 1), (10, 3, 2, 2), (10, 5, 3, 1), (10, 10, 2, 2), (9, 2, 1, 3)])
 def test_split_over_ranks_and_workers_has_no_duplicates_or_losses(stage_dir, n, shard_size, world, workers):
     m = _write(stage_dir, n, shard_size)
-    seen = [s["__key__"] for r in range(world) for w in range(workers) for s in shards.read_samples(stage_dir, m, r, world, w, workers)]
+    seen = [s["__key__"] for r in range(world) for w in range(workers)
+            for s in shards.read_samples(stage_dir, m, r, world, w, workers)]
     assert sorted(seen) == [f"k{i:04d}" for i in range(n)]
 
 
@@ -91,7 +93,8 @@ def test_bad_prompt_files(tmp_path, content, needle):
 def test_plain_text_prompts(tmp_path):
     path = tmp_path / "p.txt"
     path.write_text("first prompt\n\nsecond prompt\n")
-    assert [r["prompt"] for r in prompts.load_prompts(DataConfig(prompts=str(path)))] == ["first prompt", "second prompt"]
+    assert ([r["prompt"] for r in prompts.load_prompts(DataConfig(prompts=str(path)))]
+            == ["first prompt", "second prompt"])
 
 
 def test_unwritable_storage_root(tmp_path):

@@ -24,4 +24,5 @@ def test_interval_postfix_and_disabled(capsys):
 
 
 def capsys_line_of(bar) -> str:
-    return f"train_rm: 100/100 step ({bar.n / (bar.last - bar.start):.2f} step/s, {bar.last - bar.start:.0f} s, loss=0.350)"
+    return (f"train_rm: 100/100 step ({bar.n / (bar.last - bar.start):.2f} step/s, "
+            f"{bar.last - bar.start:.0f} s, loss=0.350)")

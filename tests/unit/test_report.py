@@ -10,18 +10,23 @@ def _fake_run(root, name="r1", gates=None):
     run = root / name
     (run / "evaluate").mkdir(parents=True)
     (run / "ppo").mkdir()
-    judges = {n: {"judge": "embedding", "win_rate": w, "win_rate_ci95": [w - 0.05, w + 0.05], "win_rate_length_controlled": w - 0.02,
-                  "wins": 60, "ties": 10, "losses": 30, "position_consistency": 1.0} for n, w in (("training", 0.65), ("heldout", 0.58))}
-    metrics = {"n_prompts": 100, "win_rate": 0.65, "win_rate_ci95": [0.6, 0.7], "win_rate_length_controlled": 0.63, "wins": 60,
-               "ties": 10, "losses": 30, "judges": judges, "reward_policy_mean": 0.8, "reward_reference_mean": 0.1,
-               "kl_to_reference": 2.5, "kl_to_reference_per_token": 0.05, "length_policy_mean": 30.0, "length_reference_mean": 25.0,
-               "gates": gates or {"checked": False}}
+    judges = {n: {"judge": "embedding", "win_rate": w, "win_rate_ci95": [w - 0.05, w + 0.05],
+                  "win_rate_length_controlled": w - 0.02, "wins": 60, "ties": 10, "losses": 30,
+                  "position_consistency": 1.0}
+              for n, w in (("training", 0.65), ("heldout", 0.58))}
+    metrics = {"n_prompts": 100, "win_rate": 0.65, "win_rate_ci95": [0.6, 0.7], "win_rate_length_controlled": 0.63,
+               "wins": 60, "ties": 10, "losses": 30, "judges": judges, "reward_policy_mean": 0.8,
+               "reward_reference_mean": 0.1, "kl_to_reference": 2.5, "kl_to_reference_per_token": 0.05,
+               "length_policy_mean": 30.0, "length_reference_mean": 25.0, "gates": gates or {"checked": False}}
     (run / "evaluate" / "metrics.json").write_text(json.dumps(metrics))
-    examples = [{"id": f"p{i}", "prompt": f"question <{i}>", "tuned": "good & kind", "reference": "meh", "reward_tuned": rng.gauss(1, 1),
-                 "reward_reference": rng.gauss(0, 1), "length_tuned": rng.randint(20, 40), "length_reference": rng.randint(10, 40),
-                 "p_tuned_better": {"training": 0.7, "heldout": 0.6}} for i in range(50)]
+    examples = [{"id": f"p{i}", "prompt": f"question <{i}>", "tuned": "good & kind", "reference": "meh",
+                 "reward_tuned": rng.gauss(1, 1), "reward_reference": rng.gauss(0, 1),
+                 "length_tuned": rng.randint(20, 40), "length_reference": rng.randint(10, 40),
+                 "p_tuned_better": {"training": 0.7, "heldout": 0.6}}
+                for i in range(50)]
     (run / "evaluate" / "examples.jsonl").write_text("".join(json.dumps(x) + "\n" for x in examples))
-    (run / "ppo" / "metrics.jsonl").write_text("".join(json.dumps({"iteration": i, "reward_raw": i * 0.1, "kl": i * 0.05}) + "\n" for i in range(1, 11)))
+    (run / "ppo" / "metrics.jsonl").write_text(
+        "".join(json.dumps({"iteration": i, "reward_raw": i * 0.1, "kl": i * 0.05}) + "\n" for i in range(1, 11)))
     return run
 
 
@@ -33,14 +38,16 @@ def test_report_embeds_plots_judges_and_escaped_examples(tmp_path):
     assert page.count("data:image/png;base64,") == 3
     assert "judge &#x27;heldout&#x27;" in page or "judge 'heldout'" in page
     assert "question &lt;3&gt;" in page and "good &amp; kind" in page  # user text is escaped
-    assert sorted(p.name for p in (run / "evaluate" / "plots").iterdir()) == ["distributions.png", "ppo_reward_kl.png", "win_rate.png"]
+    assert sorted(p.name for p in (run / "evaluate" / "plots").iterdir()) == ["distributions.png", "ppo_reward_kl.png",
+                                                                              "win_rate.png"]
     md = (run / "evaluate" / "report.md").read_text()
     assert "length-controlled 0.630" in md and "| prompts (held out) | 100 |" in md
 
 
 def test_failed_gate_is_shown(tmp_path):
     storage.configure(None)
-    run = _fake_run(tmp_path, gates={"checked": True, "passed": False, "failures": ["win rate 0.650 < evaluate.min_win_rate 0.9"]})
+    run = _fake_run(tmp_path, gates={"checked": True, "passed": False,
+                                     "failures": ["win rate 0.650 < evaluate.min_win_rate 0.9"]})
     page = storage.local_path(report.write(storage.normalize(str(run)))).read_text()
     assert 'class="fail"' in page and "min_win_rate 0.9" in page
 

@@ -47,4 +47,5 @@ def test_weights_load_safely():
             assert "weights_only=True" in line, f"{path}:{number}: torch.load without weights_only=True"
         if re.search(r"AutoModel\w*\.from_pretrained\(", line):
             assert "use_safetensors=True" in line, f"{path}:{number}: model loaded without use_safetensors=True"
-        assert not re.search(r"trust_remote_code\s*=\s*True", line), f"{path}:{number}: remote code trusted unconditionally"
+        assert not re.search(r"trust_remote_code\s*=\s*True", line), (
+            f"{path}:{number}: remote code trusted unconditionally")

@@ -1,0 +1,1 @@
+"""Kubeflow Pipelines components, one folder per stage (installed as the `rlaif_components` package)."""

@@ -1,0 +1,3 @@
+from rlaif_components.evaluate.component import evaluate
+
+__all__ = ["evaluate"]

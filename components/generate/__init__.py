@@ -1,0 +1,3 @@
+from rlaif_components.generate.component import generate
+
+__all__ = ["generate"]

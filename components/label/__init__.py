@@ -1,0 +1,3 @@
+from rlaif_components.label.component import label
+
+__all__ = ["label"]

@@ -1,0 +1,3 @@
+from rlaif_components.ppo.component import ppo
+
+__all__ = ["ppo"]

@@ -1,0 +1,55 @@
+"""The runtime side of the Kubeflow components (components/<stage>/component.py): what runs inside a component's
+container. Each component's body calls `run_component`, which checks its upstream artifacts against storage and
+launches the stage exactly as the local runner does; evaluate also publishes its metrics and report to the KFP UI.
+No kfp import: the artifacts are duck-typed (`.path`, `.metadata`, `.log_metric`)."""
+from __future__ import annotations
+
+import json
+import os
+
+from rlaif.config import safe_run_id
+from rlaif.errors import UserError
+from rlaif.io import manifest, storage
+from rlaif.orchestration.launch import launch, load_config_source, prepare
+from rlaif.stages import common
+
+
+def run_component(name: str, config: str, overrides: list[str], run_id: str, storage_root: str,
+                  default_run_id: str, upstream: dict, output) -> dict:
+    """The body of every KFP component: check that the upstream artifacts are the manifests in storage (a stale or
+    foreign run directory is refused), launch the stage, and publish its manifest as this step's artifact."""
+    from rlaif.models.loading import quiet_transformers
+
+    quiet_transformers()
+    # A retry of this step takes its lock back.
+    os.environ.setdefault("RLAIF_LOCK_OWNER", f"kfp:{default_run_id}:{name}")
+    cfg = load_config_source(config, overrides, run_id or safe_run_id(default_run_id), storage_root)
+    config_url = prepare(cfg)
+    for dep, artifact in upstream.items():
+        with open(artifact.path, encoding="utf-8") as f:
+            passed = json.load(f)
+        stored = manifest.require(common.stage_url(cfg, dep), dep)
+        if passed["digest"] != stored["digest"]:
+            raise UserError(f"upstream '{dep}' in storage ({stored['digest'][:12]}) is not the one this pipeline run "
+                            f"produced ({passed['digest'][:12]}): another run wrote to run_id '{cfg.run_id}'")
+    result = launch(cfg, name, config_url)
+    with open(output.path, "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=2)
+    output.metadata.update(url=common.stage_url(cfg, name), digest=result["digest"], run_id=cfg.run_id)
+    return result
+
+
+def publish_evaluation(result: dict, stage_url: str, metrics, report_html, report_md) -> None:
+    """Evaluation in the KFP UI: scalar metrics, and the report as HTML and Markdown visualizations."""
+    summary = result["summary"]
+    for key in ("win_rate", "win_rate_length_controlled", "kl_to_reference", "reward_policy_mean",
+                "reward_reference_mean", "n_prompts"):
+        metrics.log_metric(key, float(summary[key]))
+    metrics.log_metric("win_rate_ci95_low", float(summary["win_rate_ci95"][0]))
+    metrics.log_metric("win_rate_ci95_high", float(summary["win_rate_ci95"][1]))
+    for judge, j in summary["judges"].items():
+        if judge != "training":
+            metrics.log_metric(f"win_rate_{judge}", float(j["win_rate"]))
+    for artifact, name in ((report_html, "report.html"), (report_md, "report.md")):
+        with open(artifact.path, "wb") as f:
+            f.write(storage.read_bytes(storage.join(stage_url, name)))

@@ -1,0 +1,122 @@
+"""One stage's pod, specified once: image, CPU/memory/GPUs, node selectors, tolerations, /dev/shm, security context,
+secrets and environment. The KFP pipeline, the Airflow DAG and the TrainJob/PyTorchJob builder translate a `PodPlan`
+into their own API and add only their command; `tests/orchestration/test_pod_plan.py` and the Airflow suite check
+that all three render the same pod.
+
+Standard library only: the Airflow DAG file imports it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlaif.graph import Stage
+from rlaif.orchestration.cluster import ClusterSpec, Toleration
+
+SHM_VOLUME = "dshm"
+# Judges that run no model inside the pod: rules and reference are programs, openai calls an HTTP endpoint.
+JUDGES_WITHOUT_MODEL = ("openai", "rules", "reference")
+
+
+@dataclass(frozen=True)
+class SecretRef:
+    """One environment variable filled from a key of a Kubernetes secret."""
+
+    env: str
+    secret: str
+    key: str
+    optional: bool
+
+
+@dataclass(frozen=True)
+class PodPlan:
+    stage: str
+    image: str
+    cpu: int
+    memory_gib: int
+    gpus: int
+    gpu_resource: str
+    node_selector: dict[str, str]
+    tolerations: tuple[Toleration, ...]
+    shm_gib: int
+    run_as_user: int
+    env: dict[str, str]
+    secret_env: tuple[SecretRef, ...]
+    service_account: str
+    namespace: str
+    retries: int
+
+    @property
+    def pod_name(self) -> str:
+        return f"rlaif-{self.stage.replace('_', '-')}"
+
+    def resources(self) -> dict:
+        """Kubernetes ResourceRequirements: CPU and memory requested, memory and GPUs limited."""
+        limits = {"memory": f"{self.memory_gib}Gi", **({self.gpu_resource: str(self.gpus)} if self.gpus else {})}
+        return {"requests": {"cpu": str(self.cpu), "memory": f"{self.memory_gib}Gi"}, "limits": limits}
+
+    def env_list(self) -> list[dict]:
+        """Kubernetes EnvVar list: plain values first, then secret references."""
+        env = [{"name": name, "value": value} for name, value in sorted(self.env.items())]
+        for ref in self.secret_env:
+            key_ref = {"name": ref.secret, "key": ref.key, "optional": ref.optional}
+            env.append({"name": ref.env, "valueFrom": {"secretKeyRef": key_ref}})
+        return env
+
+    def toleration_list(self) -> list[dict]:
+        return [{k: v for k, v in vars(t).items() if v is not None} for t in self.tolerations]
+
+    def shm_volume(self) -> dict:
+        return {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": f"{self.shm_gib}Gi"}}
+
+    def security_context(self) -> dict:
+        return {"runAsUser": self.run_as_user, "runAsNonRoot": True}
+
+    def pod_spec(self, container_name: str, command: list[str]) -> dict:
+        """A plain Kubernetes PodSpec running `command` in the plan's container."""
+        container = {"name": container_name, "image": self.image, "command": command, "env": self.env_list(),
+                     "resources": self.resources(), "volumeMounts": [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]}
+        spec = {"containers": [container], "nodeSelector": dict(self.node_selector),
+                "tolerations": self.toleration_list(), "securityContext": self.security_context(),
+                "volumes": [self.shm_volume()]}
+        if self.service_account:
+            spec["serviceAccountName"] = self.service_account
+        return spec
+
+
+def stage_gpus(stage: Stage, cluster: ClusterSpec, judge: str | None = None) -> int:
+    """GPUs for a stage's pod. cluster.yaml's `stages.<name>.gpus` wins; a stage whose only model is its judge gets
+    none when that judge runs no model in the pod (rules, reference, an HTTP endpoint)."""
+    if not cluster.use_gpus:
+        return 0
+    override = cluster.stages.get(stage.name)
+    if override and override.gpus is not None:
+        return override.gpus
+    if stage.resources.gpus == 0 or (stage.resources.gpu_for_judge_only and judge in JUDGES_WITHOUT_MODEL):
+        return 0
+    return cluster.gpus_per_node or stage.resources.gpus
+
+
+def pod_plan(stage: Stage, cluster: ClusterSpec, judge: str | None = None) -> PodPlan:
+    """The pod of `stage` on `cluster`; `judge` is the config's label judge when the config is known when the pipeline
+    is compiled (None: assume a judge that runs a model)."""
+    override = cluster.stages.get(stage.name)
+    gpus = stage_gpus(stage, cluster, judge)
+    secrets = tuple(SecretRef(env, secret.name, key, secret.optional)
+                    for secret in cluster.secrets for env, key in sorted(secret.env.items()))
+    return PodPlan(
+        stage=stage.name,
+        image=cluster.gpu_image if gpus else cluster.image,
+        cpu=(override and override.cpu) or stage.resources.cpu,
+        memory_gib=(override and override.memory_gib) or stage.resources.memory_gib,
+        gpus=gpus,
+        gpu_resource=cluster.gpu_resource,
+        node_selector={**cluster.node_selector, **(cluster.gpu_node_selector if gpus else {})},
+        tolerations=cluster.gpu_tolerations if gpus else (),
+        shm_gib=cluster.shm_gib,
+        run_as_user=cluster.run_as_user,
+        # RLAIF_CLUSTER_JSON: a stage with nodes > 1 builds its TrainJob from the same settings.
+        env={"RLAIF_CLUSTER_JSON": cluster.to_json(), **cluster.env},
+        secret_env=secrets,
+        service_account=cluster.service_account,
+        namespace=cluster.namespace,
+        retries=cluster.retries,
+    )

@@ -1,0 +1,158 @@
+"""One pod plan, three translations: the KFP task, the TrainJob and the PyTorchJob render the same pod as
+`pod.pod_plan` (tests/airflow/test_dags.py checks the Airflow pod against the same plan). Also: GPUs follow the judge
+and cluster.yaml's per-stage sizes; bad cluster settings are one-line errors."""
+import json
+
+import pytest
+import yaml
+
+from rlaif.config import LabelConfig, load_config
+from rlaif.errors import UserError
+from rlaif.graph import STAGE_BY_NAME, STAGES
+from rlaif.orchestration import cluster, jobs, kfp_pipeline
+from rlaif.orchestration.cluster import ClusterSpec, StageResources, Toleration
+from rlaif.orchestration.pod import JUDGES_WITHOUT_MODEL, pod_plan
+
+# A cluster with every knob away from its default, so a translator that drops one is caught.
+SPEC = ClusterSpec(
+    gpus_per_node=4, gpu_node_selector={"nvidia.com/gpu.product": "H100"}, node_selector={"pool": "ml"},
+    gpu_tolerations=(Toleration(key="nvidia.com/gpu"), Toleration(key="team", operator="Equal", value="a")),
+    env={"AWS_ENDPOINT_URL": "http://minio.minio:9000"}, shm_gib=16, run_as_user=1234,
+    service_account="rlaif-runner", stages={"evaluate": StageResources(cpu=6, memory_gib=24, gpus=2)},
+)
+
+
+def comparable(pod_spec: dict) -> dict:
+    """The parts of a PodSpec that the plan decides, in one canonical form."""
+    (container,) = pod_spec["containers"]
+    env = sorted((e["name"], json.dumps(e.get("value") or e["valueFrom"], sort_keys=True)) for e in container["env"])
+    return {
+        "image": container["image"], "resources": container["resources"], "env": env,
+        "mounts": sorted((m["name"], m["mountPath"]) for m in container.get("volumeMounts", [])),
+        "nodeSelector": pod_spec.get("nodeSelector") or {},
+        "tolerations": sorted(json.dumps(t, sort_keys=True) for t in pod_spec.get("tolerations") or []),
+        "volumes": pod_spec.get("volumes") or [],
+    }
+
+
+def kfp_pod(compiled: dict, platform: dict, stage: str) -> dict:
+    """A KFP task's container and kubernetes platform spec, read back as a PodSpec."""
+    executor = f"exec-{stage.replace('_', '-')}"
+    container = compiled["deploymentSpec"]["executors"][executor]["container"]
+    extras = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"][executor]
+    res = container["resources"]
+    resources = {"requests": {"cpu": res["resourceCpuRequest"], "memory": res["resourceMemoryRequest"]},
+                 "limits": {"memory": res["resourceMemoryLimit"]}}
+    if "accelerator" in res:
+        resources["limits"][res["accelerator"]["resourceType"]] = res["accelerator"]["resourceCount"]
+    env = [{"name": e["name"], "value": e["value"]} for e in container.get("env", [])]
+    for secret in extras.get("secretAsEnv", []):
+        for pair in secret["keyToEnv"]:
+            ref = {"name": secret["secretName"], "key": pair["secretKey"], "optional": secret["optional"]}
+            env.append({"name": pair["envVar"], "valueFrom": {"secretKeyRef": ref}})
+    shm = extras["emptyDirMounts"]
+    assert extras["securityContext"] == {"runAsNonRoot": True, "runAsUser": str(SPEC.run_as_user)}
+    return {
+        "containers": [{"image": container["image"], "resources": resources, "env": env,
+                        "volumeMounts": [{"name": m["volumeName"], "mountPath": m["mountPath"]} for m in shm]}],
+        "nodeSelector": extras.get("nodeSelector", {}).get("labels", {}),
+        "tolerations": extras.get("tolerations", []),
+        "volumes": [{"name": m["volumeName"], "emptyDir": {"medium": m["medium"], "sizeLimit": m["sizeLimit"]}}
+                    for m in shm],
+    }
+
+
+def expected(stage, judge=None, spec=SPEC) -> dict:
+    return comparable(pod_plan(STAGE_BY_NAME[stage], spec, judge).pod_spec("main", ["rlaif"]))
+
+
+@pytest.mark.parametrize("judge", [None, "rules"])
+def test_kfp_tasks_render_the_plan(tmp_path, judge):
+    from kfp import compiler
+
+    out = tmp_path / "p.yaml"
+    compiler.Compiler().compile(kfp_pipeline.build_pipeline(SPEC, judge), str(out))
+    compiled, platform = yaml.safe_load_all(out.read_text())
+    for stage in STAGES:
+        assert comparable(kfp_pod(compiled, platform, stage.name)) == expected(stage.name, judge), stage.name
+
+
+@pytest.mark.parametrize("api", ["trainjob", "pytorchjob"])
+@pytest.mark.parametrize("stage", ["train_rm", "ppo"])
+def test_multinode_jobs_render_the_plan(api, stage):
+    from dataclasses import replace
+
+    cfg = load_config("configs/tiny.yaml", ["run_id=exp"])
+    spec = replace(SPEC, multinode_api=api)
+    body = jobs.job_manifest(STAGE_BY_NAME[stage], cfg, "s3://b/c.yaml", 2, spec, "ns")
+    if api == "pytorchjob":
+        pod = body["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+        assert pod["serviceAccountName"] == "rlaif-runner"
+        assert pod["securityContext"] == {"runAsUser": 1234, "runAsNonRoot": True}
+    else:
+        trainer = body["spec"]["trainer"]
+        (override,) = body["spec"]["podTemplateOverrides"]
+        assert override["targetJobs"] == [{"name": "node"}]
+        assert override["spec"]["serviceAccountName"] == "rlaif-runner"
+        (node,) = override["spec"]["containers"]
+        container = {"image": trainer["image"], "resources": trainer["resourcesPerNode"], "env": trainer["env"],
+                     "volumeMounts": node["volumeMounts"]}
+        pod = {**override["spec"], "containers": [container]}
+    assert comparable(pod) == expected(stage, spec=spec)
+    assert body["metadata"]["labels"]["rlaif/stage"] == stage
+
+
+def test_gpus_follow_the_judge_and_the_cluster_settings():
+    label, evaluate, ppo = STAGE_BY_NAME["label"], STAGE_BY_NAME["evaluate"], STAGE_BY_NAME["ppo"]
+    default = ClusterSpec()
+    for judge in JUDGES_WITHOUT_MODEL:
+        plan = pod_plan(label, default, judge)
+        assert plan.gpus == 0 and plan.image == default.image and plan.tolerations == ()
+        assert "nvidia.com/gpu" not in plan.resources()["limits"]
+    for judge in ("embedding", "hf", None):
+        assert pod_plan(label, default, judge).gpus == 1
+    assert pod_plan(evaluate, default, "rules").gpus == 1  # evaluate generates with the policies: it keeps its GPU
+    assert pod_plan(ppo, SPEC).gpus == 4 and pod_plan(evaluate, SPEC).gpus == 2
+    assert pod_plan(evaluate, SPEC).resources()["requests"] == {"cpu": "6", "memory": "24Gi"}
+    sized = ClusterSpec(stages={"label": StageResources(gpus=1)})
+    assert pod_plan(label, sized, "rules").gpus == 1  # an explicit size wins over the judge
+    no_gpus = ClusterSpec(use_gpus=False, stages={"ppo": StageResources(gpus=8)})
+    assert all(pod_plan(s, no_gpus).gpus == 0 and pod_plan(s, no_gpus).image == no_gpus.image for s in STAGES)
+
+
+def test_every_judge_is_classified():
+    judges = set(LabelConfig.model_fields["judge"].annotation.__args__)
+    assert set(JUDGES_WITHOUT_MODEL) < judges  # a renamed judge must not silently get a GPU again
+
+
+def test_compile_sizes_label_from_the_config(tmp_path):
+    config = tmp_path / "rules.yaml"
+    config.write_text("label:\n  judge: rules\n")
+    out = tmp_path / "p.yaml"
+    kfp_pipeline.compile_pipeline(str(out), None, None, str(config))
+    compiled, _ = yaml.safe_load_all(out.read_text())
+    executors = compiled["deploymentSpec"]["executors"]
+    assert "accelerator" not in executors["exec-label"]["container"]["resources"]
+    assert "accelerator" in executors["exec-generate"]["container"]["resources"]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("stages: {labl: {gpus: 0}}", "unknown stage(s) labl"),
+    ("stages: {label: {gpu: 0}}", "stages.label: give a mapping with keys among cpu, memory_gib, gpus"),
+    ("stages: {ppo: {cpu: -1}}", "cpu must be a whole number >= 0"),
+    ("stages: {ppo: {memory_gib: 0}}", "cpu and memory_gib must be at least 1"),
+    ("use_gpu: true", "unknown cluster setting(s) use_gpu"),
+    ("image: [a", "cluster settings"),
+    ("- a\n- b", "expected a mapping"),
+])
+def test_bad_cluster_settings_are_one_line_errors(tmp_path, text, message):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(text)
+    with pytest.raises(UserError) as err:
+        cluster.load(str(path))
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_missing_cluster_file_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match="cannot read it"):
+        cluster.load(str(tmp_path / "nope.yaml"))
