@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # DeepSpeed JIT-compiles ops on first use; keep them with the environment that built them.
 export TORCH_EXTENSIONS_DIR := $(abspath $(VENV))/torch-extensions
 
-.PHONY: demo demo-seeds test test-fast test-airflow pipeline bench clean-runs
+.PHONY: demo demo-seeds test test-fast test-airflow lint pipeline bench clean-runs
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,7 +36,8 @@ $(AIRFLOW_VENV)/.installed: dags/requirements-airflow.txt pyproject.toml
 	touch $@
 
 test: $(VENV)/.installed $(AIRFLOW_VENV)/.installed
-	$(BIN)/python -m pytest -q --durations=25 tests --ignore=tests/airflow
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q --durations=25 tests components --ignore=tests/airflow
 	RLAIF_BIN=$(abspath $(BIN))/rlaif $(AIRFLOW_VENV)/bin/python -m pytest -q tests/airflow
 
 test-airflow: $(VENV)/.installed $(AIRFLOW_VENV)/.installed
@@ -47,7 +48,11 @@ pipeline: $(VENV)/.installed
 	$(BIN)/python pipelines/rlaif_pipeline.py --output pipelines/rlaif_pipeline.yaml --components-dir components
 
 test-fast: $(VENV)/.installed
-	$(BIN)/python -m pytest -q -m "not slow" tests --ignore=tests/airflow
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q -m "not slow" tests components --ignore=tests/airflow
+
+lint: $(VENV)/.installed
+	$(BIN)/ruff check .
 
 # Peers (TRL) live only in the benchmark environments: TRL 1.16 for RewardTrainer, TRL 1.12.0 (the last release with
 # PPOTrainer) for PPO. The reward-model benchmark reads the labels of a finished demo run.

@@ -13,13 +13,15 @@ from rlaif.graph import STAGE_BY_NAME
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rlaif", description="RLAIF pipeline: generate -> label -> train_rm -> ppo -> evaluate")
+    p = argparse.ArgumentParser(prog="rlaif",
+                                description="RLAIF pipeline: generate -> label -> train_rm -> ppo -> evaluate")
     p.add_argument("--version", action="version", version=f"rlaif {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("config", help="list every config setting with its type, default and meaning")
 
     def config_args(sp):
-        sp.add_argument("--config", help="YAML config file (local path or s3:// URL); defaults apply where it is silent")
+        sp.add_argument("--config",
+                        help="YAML config file (local path or s3:// URL); defaults apply where it is silent")
         sp.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config value, e.g. --set ppo.lr=1e-5 (repeatable)")
 
@@ -28,7 +30,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--run-id", help="shorthand for --set run_id=...")
     run.add_argument("--storage-root", help="shorthand for --set storage.root=...")
 
-    launch = sub.add_parser("launch", help="run one stage as an orchestrator does: cache check, torchrun, multi-node job")
+    launch = sub.add_parser("launch",
+                            help="run one stage as an orchestrator does: cache check, torchrun, multi-node job")
     launch.add_argument("name", choices=list(STAGE_BY_NAME))
     config_args(launch)
     launch.add_argument("--set-json", default="[]", metavar="JSON",
@@ -48,6 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     comp.add_argument("-o", "--output", required=True, help="pipeline YAML to write")
     comp.add_argument("--cluster", help="cluster settings YAML (images, GPUs, secrets); see configs/cluster.yaml")
     comp.add_argument("--components-dir", help="also write <dir>/<stage>/component.yaml")
+    comp.add_argument("--config", help="size the pods for this config: label gets no GPU when its judge runs no model")
 
     submit = sub.add_parser("submit", help="submit a run to a Kubeflow Pipelines endpoint")
     submit.add_argument("target", choices=["kfp"])
@@ -71,7 +75,8 @@ def _report(runs: list[str], output: str | None) -> int:
     from rlaif.io import storage
 
     urls = [storage.normalize(r) for r in runs]
-    if output and (not output.endswith((".html", ".htm")) or (storage.is_local(output) and storage.local_path(output).is_dir())):
+    is_dir = output and storage.is_local(output) and storage.local_path(output).is_dir()
+    if output and (not output.endswith((".html", ".htm")) or is_dir):
         raise UserError(f"--output {output}: name the comparison HTML file to write, e.g. compare.html")
     if len(urls) == 1:
         print(f"report: {report.write(urls[0])}")
@@ -84,64 +89,83 @@ def _report(runs: list[str], output: str | None) -> int:
     return 0
 
 
+def _graph(args) -> int:
+    from rlaif.graph import render
+
+    print(render())
+    return 0
+
+
+def _config(args) -> int:
+    from rlaif.config import config_fields
+
+    for key, kind, default, doc in config_fields():
+        print(f"{key} ({kind}, default {default!r}): {doc}")
+    return 0
+
+
+def _compile(args) -> int:
+    from rlaif.orchestration import kfp_pipeline
+
+    path = kfp_pipeline.compile_pipeline(args.output, args.cluster, args.components_dir, args.config)
+    print(f"pipeline: {path}")
+    return 0
+
+
+def _submit(args) -> int:
+    from rlaif.orchestration import kfp_pipeline
+
+    run = kfp_pipeline.submit(args.endpoint, args.config, args.overrides, args.run_id, args.storage_root,
+                              args.cluster, args.experiment)
+    print(f"submitted: {run}")
+    return 0
+
+
+def _launch(args) -> int:
+    import json
+
+    from rlaif.orchestration import launch
+
+    try:
+        extra = json.loads(args.set_json)
+    except json.JSONDecodeError:
+        extra = None
+    if not isinstance(extra, list) or not all(isinstance(x, str) for x in extra):
+        raise UserError(f"--set-json must be a JSON list of KEY=VALUE strings, got {args.set_json!r}")
+    run_id = safe_run_id(args.run_id) if args.run_id else ""
+    cfg = launch.load_config_source(args.config, [*args.overrides, *extra], run_id, args.storage_root)
+    launch.launch(cfg, args.name, launch.prepare(cfg))
+    return 0
+
+
+def _run(args) -> int:
+    from rlaif.orchestration.launch import load_config_source
+    from rlaif.runner import run
+
+    run(load_config_source(args.config, args.overrides, args.run_id or "", args.storage_root or ""))
+    return 0
+
+
+def _stage(args) -> int:
+    from rlaif.config import load_config
+    from rlaif.runner import run_stage
+
+    run_stage(load_config(args.config, args.overrides), args.name, args.shard_index, args.num_shards)
+    return 0
+
+
+COMMANDS = {"graph": _graph, "config": _config, "compile": _compile, "submit": _submit, "launch": _launch,
+            "report": lambda args: _report(args.runs, args.output), "run": _run, "stage": _stage}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        if args.command == "graph":
-            from rlaif.graph import render
+        if args.command not in ("graph", "config"):
+            from rlaif.io import storage
 
-            print(render())
-            return 0
-        if args.command == "config":
-            from rlaif.config import config_fields
-
-            for key, kind, default, doc in config_fields():
-                print(f"{key} ({kind}, default {default!r}): {doc}")
-            return 0
-        from rlaif.config import load_config
-        from rlaif.io import storage
-
-        storage.configure(None)
-        if args.command == "compile":
-            from rlaif.orchestration import kfp_pipeline
-
-            print(f"pipeline: {kfp_pipeline.compile_pipeline(args.output, args.cluster, args.components_dir)}")
-            return 0
-        if args.command == "submit":
-            from rlaif.orchestration import kfp_pipeline
-
-            run = kfp_pipeline.submit(args.endpoint, args.config, args.overrides, args.run_id, args.storage_root,
-                                      args.cluster, args.experiment)
-            print(f"submitted: {run}")
-            return 0
-        if args.command == "launch":
-            import json
-
-            from rlaif.orchestration import launch
-
-            try:
-                extra = json.loads(args.set_json)
-            except json.JSONDecodeError:
-                extra = None
-            if not isinstance(extra, list) or not all(isinstance(x, str) for x in extra):
-                raise UserError(f"--set-json must be a JSON list of KEY=VALUE strings, got {args.set_json!r}")
-            overrides = [*args.overrides, *extra]
-            cfg = launch.load_config_source(args.config, overrides, safe_run_id(args.run_id) if args.run_id else "",
-                                            args.storage_root)
-            launch.launch(cfg, args.name, launch.prepare(cfg))
-            return 0
-        if args.command == "report":
-            return _report(args.runs, args.output)  # a config given as s3:// URL needs the endpoint from the environment
-        if args.command == "run":
-            from rlaif.orchestration.launch import load_config_source
-            from rlaif.runner import run
-
-            run(load_config_source(args.config, args.overrides, args.run_id or "", args.storage_root or ""))
-        else:
-            from rlaif.runner import run_stage
-
-            run_stage(load_config(args.config, args.overrides), args.name, args.shard_index, args.num_shards)
-        return 0
+            storage.configure(None)  # a config or run given as an s3:// URL needs the endpoint from the environment
+        return COMMANDS[args.command](args)
     except UserError as exc:
         if error_file := os.environ.get("RLAIF_ERROR_FILE"):  # a stage under launch: launch prints it, once
             with open(error_file, "a", encoding="utf-8") as f:

@@ -4,14 +4,16 @@ Both policies answer each held-out prompt (same sampling settings and seeds). Th
 both orders (position-debiased); a comparison within `tie_margin` of 0.5 is a tie and counts half. Also: reward-model
 scores of both, KL of the tuned policy to the reference on its own samples, response lengths, and how varied the
 answers are (mode collapse). Several judges are reported side by side, with a length-controlled win rate; where the
-held-out prompts carry references, the `reference` judge (key-point coverage, no model) is added as ground truth. Writes metrics.json and examples.jsonl (the manifest's
-files) and the report built from them (report.md, report.html, plots/). Quality gates in config end the stage with
+held-out prompts carry references, the `reference` judge (key-point coverage, no model) is added as ground truth.
+Writes metrics.json and examples.jsonl (the manifest's files) and the report built from them (report.md,
+report.html, plots/). Quality gates in config end the stage with
 exit code 2 and no manifest, so an orchestrator marks the run failed and does not promote the model.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 
 import torch
 
@@ -39,18 +41,34 @@ from rlaif.models.reward import normalised_scorer
 from rlaif.stages.common import StageContext, model_dir, run_url, stage_url
 
 
+@dataclass
+class Answers:
+    """One policy's answers to the held-out prompts: per batch (encoding, response ids, mask, text), and flat."""
+
+    batches: list
+    text: list[str]
+    lengths: torch.Tensor
+    eos_rate: float
+    rewards: torch.Tensor | None = None
+
+
 @torch.no_grad()
-def answer(model, tokenizer, cfg, prompts, seed_base):
-    """Responses (text), response token ids and masks, batch by batch with fixed seeds."""
-    e = cfg.evaluate
-    out = []
-    for b in range(0, len(prompts), e.batch_size):
-        rows = prompts[b : b + e.batch_size]
-        enc = encode_prompts(tokenizer, format_prompts(tokenizer, cfg.policy, [p["prompt"] for p in rows]), model.device)
-        resp = sample(model, tokenizer, enc, max_new_tokens=e.max_new_tokens, temperature=e.temperature, seed=seed_base + b)
+def answer(model, tokenizer, cfg, prompts, seed_base) -> Answers:
+    """Responses batch by batch with fixed seeds."""
+    settings = cfg.evaluate
+    batches = []
+    for b in range(0, len(prompts), settings.batch_size):
+        rows = prompts[b : b + settings.batch_size]
+        texts = format_prompts(tokenizer, cfg.policy, [p["prompt"] for p in rows])
+        enc = encode_prompts(tokenizer, texts, model.device)
+        resp = sample(model, tokenizer, enc, max_new_tokens=settings.max_new_tokens,
+                      temperature=settings.temperature, seed=seed_base + b)
         mask = response_mask(resp, tokenizer.eos_token_id)
-        out.append((enc, resp, mask, decode(tokenizer, resp, mask)))
-    return out
+        batches.append((enc, resp, mask, decode(tokenizer, resp, mask)))
+    # Share of answers that ended with EOS rather than running into max_new_tokens.
+    ended = torch.cat([(resp == tokenizer.eos_token_id).any(1) for _, resp, _, _ in batches])
+    return Answers(batches, [t for batch in batches for t in batch[3]],
+                   torch.cat([b[2].sum(1) for b in batches]).float().cpu(), ended.float().mean().item())
 
 
 @torch.no_grad()
@@ -76,10 +94,10 @@ def judge_specs(cfg, references: dict) -> list[JudgeSpec]:
     return specs
 
 
-def judge_all(cfg, prompts, tuned_text, ref_text, tuned_len, ref_len) -> tuple[dict, dict]:
+def judge_all(cfg, prompts, tuned: Answers, start: Answers) -> tuple[dict, dict]:
     """Every judge compares tuned vs start on every prompt, both orders; returns (per-judge metrics, per-judge
     P(tuned better) lists)."""
-    e = cfg.evaluate
+    settings = cfg.evaluate
     references = reference_points(prompts)
     references = references if len(references) == len({p["prompt"] for p in prompts}) else {}
     results, p_by_judge = {}, {}
@@ -87,15 +105,18 @@ def judge_all(cfg, prompts, tuned_text, ref_text, tuned_len, ref_len) -> tuple[d
         judge = make_judge(spec, cfg.label.batch_size, references)
         principles = ([{"name": "reference", "text": ""}] if spec.judge == "reference"
                       else load_constitution(spec.constitution))
-        p_tuned, _, _, consistent, _ = compare(judge, principles, spec.principles, cfg.seed + 1, [p["id"] for p in prompts],
-                                               [p["prompt"] for p in prompts], tuned_text, ref_text)
-        outcome = torch.where(p_tuned > 0.5 + e.tie_margin, 1.0, torch.where(p_tuned < 0.5 - e.tie_margin, 0.0, 0.5))
+        p_tuned, _, _, consistent, _ = compare(judge, principles, spec.principles, cfg.seed + 1,
+                                               [p["id"] for p in prompts], [p["prompt"] for p in prompts],
+                                               tuned.text, start.text)
+        margin = settings.tie_margin
+        outcome = torch.where(p_tuned > 0.5 + margin, 1.0, torch.where(p_tuned < 0.5 - margin, 0.0, 0.5))
         wins, losses = int((outcome == 1).sum()), int((outcome == 0).sum())
         ties = len(prompts) - wins - losses
         results[spec.name] = {
             "judge": judge.name, "win_rate": outcome.mean().item(),
             "win_rate_ci95": list(wilson_interval(outcome.sum().item(), len(prompts))),
-            "win_rate_length_controlled": length_controlled_win_rate(outcome.tolist(), tuned_len.tolist(), ref_len.tolist()),
+            "win_rate_length_controlled": length_controlled_win_rate(outcome.tolist(), tuned.lengths.tolist(),
+                                                                     start.lengths.tolist()),
             "wins": wins, "ties": ties, "losses": losses,
             "position_consistency": consistent.float().mean().item(),
         }
@@ -103,84 +124,92 @@ def judge_all(cfg, prompts, tuned_text, ref_text, tuned_len, ref_len) -> tuple[d
     return results, p_by_judge
 
 
-def eos_rate(batches, eos_id: int) -> float:
-    """Share of answers that ended with EOS rather than running into max_new_tokens."""
-    ended = torch.cat([(resp == eos_id).any(1) for _, resp, _, _ in batches])
-    return ended.float().mean().item()
-
-
-def check_gates(e, metrics: dict) -> dict:
+def check_gates(settings, metrics: dict) -> dict:
     failures = []
-    if e.min_win_rate is not None and metrics["win_rate"] < e.min_win_rate:
-        failures.append(f"win rate {metrics['win_rate']:.3f} < evaluate.min_win_rate {e.min_win_rate}")
-    if e.max_kl is not None and metrics["kl_to_reference"] > e.max_kl:
-        failures.append(f"KL to reference {metrics['kl_to_reference']:.3f} > evaluate.max_kl {e.max_kl}")
-    return {"checked": e.min_win_rate is not None or e.max_kl is not None, "passed": not failures, "failures": failures,
-            "min_win_rate": e.min_win_rate, "max_kl": e.max_kl}
+    if settings.min_win_rate is not None and metrics["win_rate"] < settings.min_win_rate:
+        failures.append(f"win rate {metrics['win_rate']:.3f} < evaluate.min_win_rate {settings.min_win_rate}")
+    if settings.max_kl is not None and metrics["kl_to_reference"] > settings.max_kl:
+        failures.append(f"KL to reference {metrics['kl_to_reference']:.3f} > evaluate.max_kl {settings.max_kl}")
+    return {"checked": settings.min_win_rate is not None or settings.max_kl is not None, "passed": not failures,
+            "failures": failures, "min_win_rate": settings.min_win_rate, "max_kl": settings.max_kl}
 
 
 def run(ctx: StageContext) -> dict:
-    cfg, e = ctx.cfg, ctx.cfg.evaluate
-    prompts = split(cfg.data, "eval")[: e.n_prompts]
+    cfg, settings = ctx.cfg, ctx.cfg.evaluate
+    prompts = split(cfg.data, "eval")[: settings.n_prompts]
     device = local_device()
     tokenizer, reference = load_policy(cfg.policy)
     reference.to(device)
-    tuned = load_causal_lm(model_dir(ctx, "ppo", "policy")).eval().to(device)
+    tuned_model = load_causal_lm(model_dir(ctx, "ppo", "policy")).eval().to(device)
 
     seed = cfg.seed * 7919 + 17
-    tuned_out = answer(tuned, tokenizer, cfg, prompts, seed)
-    ref_out = answer(reference, tokenizer, cfg, prompts, seed)
-    tuned_text = [t for batch in tuned_out for t in batch[3]]
-    ref_text = [t for batch in ref_out for t in batch[3]]
-    tuned_len = torch.cat([b[2].sum(1) for b in tuned_out]).float().cpu()
-    ref_len = torch.cat([b[2].sum(1) for b in ref_out]).float().cpu()
-    judges, p_by_judge = judge_all(cfg, prompts, tuned_text, ref_text, tuned_len, ref_len)
-
+    tuned, start = (answer(model, tokenizer, cfg, prompts, seed) for model in (tuned_model, reference))
+    judges, p_by_judge = judge_all(cfg, prompts, tuned, start)
     score = normalised_scorer(model_dir(ctx, "train_rm", "model"), device)
-    r_tuned, r_ref = (score([p["prompt"] for p in prompts], text) for text in (tuned_text, ref_text))
-    kl_seq, kl_token = kl_to_reference(tuned, reference, tuned_out, e.temperature)
+    tuned.rewards, start.rewards = (score([p["prompt"] for p in prompts], a.text) for a in (tuned, start))
+    kl = kl_to_reference(tuned_model, reference, tuned.batches, settings.temperature)
 
-    primary = judges["training"]
-    metrics = {
-        "n_prompts": len(prompts),
-        **{k: primary[k] for k in ("win_rate", "win_rate_ci95", "win_rate_length_controlled", "wins", "ties", "losses")},
-        "judge": primary["judge"], "judge_position_consistency": primary["position_consistency"],
-        "judges": judges,
-        "reward_policy_mean": r_tuned.mean().item(), "reward_reference_mean": r_ref.mean().item(),
-        "reward_policy_std": r_tuned.std().item(), "reward_reference_std": r_ref.std().item(),
-        "kl_to_reference": kl_seq, "kl_to_reference_per_token": kl_token,
-        "length_policy_mean": tuned_len.mean().item(), "length_reference_mean": ref_len.mean().item(),
-        "eos_rate_policy": eos_rate(tuned_out, tokenizer.eos_token_id), "eos_rate_reference": eos_rate(ref_out, tokenizer.eos_token_id),
-        "diversity": diversity(tuned_text), "diversity_reference": diversity(ref_text),
-    }
-    label = manifest.read(stage_url(cfg, "label")) or {"summary": {}}  # for the report: the labels behind the RM
-    metrics["upstream"] = {"label_reference_agreement": label["summary"].get("reference_agreement"),
-                           "rm_held_out_accuracy": ctx.inputs["train_rm"]["summary"].get("held_out_accuracy"),
-                           "rm_held_out_reference_accuracy": ctx.inputs["train_rm"]["summary"].get("held_out_reference_accuracy")}
-    metrics["gates"] = check_gates(e, metrics)
-    examples = [{"id": p["id"], "prompt": p["prompt"], "tuned": t, "reference": r,
-                 "reward_tuned": rt, "reward_reference": rr, "length_tuned": lt, "length_reference": lr,
-                 "p_tuned_better": {name: ps[i] for name, ps in p_by_judge.items()}}
-                for i, (p, t, r, rt, rr, lt, lr) in enumerate(zip(prompts, tuned_text, ref_text, r_tuned.tolist(), r_ref.tolist(),
-                                                                  tuned_len.tolist(), ref_len.tolist()))]
-    files = [ctx.write_json("metrics.json", metrics)]
-    data = "".join(json.dumps(x) + "\n" for x in examples).encode()
-    storage.write_bytes_atomic(storage.join(ctx.url, "examples.jsonl"), data)
-    files.append({"path": "examples.jsonl", "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()})
-    report_url = report.write(run_url(cfg), e.n_examples)  # a view of the files above: rebuilt by `rlaif report`
-
-    lo, hi = metrics["win_rate_ci95"]
-    print(f"evaluate: win rate {metrics['win_rate']:.3f} [{lo:.3f}, {hi:.3f}] (length-controlled "
-          f"{metrics['win_rate_length_controlled']:.3f}) over {len(prompts)} held-out prompts, "
-          f"reward {metrics['reward_policy_mean']:.2f} vs {metrics['reward_reference_mean']:.2f}, KL {kl_seq:.3f}")
-    for name, j in judges.items():
-        if name != "training":
-            print(f"evaluate: judge '{name}': win rate {j['win_rate']:.3f} [{j['win_rate_ci95'][0]:.3f}, {j['win_rate_ci95'][1]:.3f}]")
-    print(f"evaluate: most common tuned answer {metrics['diversity']['top_response_share']:.3f} of all, distinct-2 "
-          f"{metrics['diversity']['distinct_2']:.3f}")
-    for line in report.verdicts(metrics):
-        print(f"evaluate: {line}")
+    metrics = summarize(ctx, len(prompts), judges, tuned, start, kl)
+    files = [ctx.write_json("metrics.json", metrics), write_examples(ctx, prompts, tuned, start, p_by_judge)]
+    report_url = report.write(run_url(cfg), settings.n_examples)  # a view of the files above (`rlaif report`)
+    log_summary(metrics)
     if not metrics["gates"]["passed"]:
         raise UserError(f"quality gate failed: {'; '.join(metrics['gates']['failures'])} (report: {report_url}); the "
                         "model is not promoted")
     return ctx.commit(files=files, num_samples=len(prompts), summary=metrics)
+
+
+def summarize(ctx: StageContext, n_prompts: int, judges: dict, tuned: Answers, start: Answers,
+              kl: tuple[float, float]) -> dict:
+    """metrics.json: the training judge's verdict first, every judge, rewards, KL, lengths, diversity, upstream
+    numbers (the labels and the reward model behind this policy) and the quality gates."""
+    primary = judges["training"]
+    metrics = {
+        "n_prompts": n_prompts,
+        **{key: primary[key]
+           for key in ("win_rate", "win_rate_ci95", "win_rate_length_controlled", "wins", "ties", "losses")},
+        "judge": primary["judge"], "judge_position_consistency": primary["position_consistency"],
+        "judges": judges,
+        "reward_policy_mean": tuned.rewards.mean().item(), "reward_reference_mean": start.rewards.mean().item(),
+        "reward_policy_std": tuned.rewards.std().item(), "reward_reference_std": start.rewards.std().item(),
+        "kl_to_reference": kl[0], "kl_to_reference_per_token": kl[1],
+        "length_policy_mean": tuned.lengths.mean().item(), "length_reference_mean": start.lengths.mean().item(),
+        "eos_rate_policy": tuned.eos_rate, "eos_rate_reference": start.eos_rate,
+        "diversity": diversity(tuned.text), "diversity_reference": diversity(start.text),
+    }
+    label = manifest.read(stage_url(ctx.cfg, "label")) or {"summary": {}}
+    reward_model = ctx.inputs["train_rm"]["summary"]
+    metrics["upstream"] = {"label_reference_agreement": label["summary"].get("reference_agreement"),
+                           "rm_held_out_accuracy": reward_model.get("held_out_accuracy"),
+                           "rm_held_out_reference_accuracy": reward_model.get("held_out_reference_accuracy")}
+    metrics["gates"] = check_gates(ctx.cfg.evaluate, metrics)
+    return metrics
+
+
+def write_examples(ctx: StageContext, prompts: list[dict], tuned: Answers, start: Answers, p_by_judge: dict) -> dict:
+    """examples.jsonl: every held-out prompt with both answers, their rewards and lengths, and each judge's verdict."""
+    columns = zip(prompts, tuned.text, start.text, tuned.rewards.tolist(), start.rewards.tolist(),
+                  tuned.lengths.tolist(), start.lengths.tolist())
+    examples = [{"id": p["id"], "prompt": p["prompt"], "tuned": t, "reference": r,
+                 "reward_tuned": rt, "reward_reference": rr, "length_tuned": lt, "length_reference": lr,
+                 "p_tuned_better": {name: ps[i] for name, ps in p_by_judge.items()}}
+                for i, (p, t, r, rt, rr, lt, lr) in enumerate(columns)]
+    data = "".join(json.dumps(x) + "\n" for x in examples).encode()
+    storage.write_bytes_atomic(storage.join(ctx.url, "examples.jsonl"), data)
+    return {"path": "examples.jsonl", "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def log_summary(metrics: dict) -> None:
+    lo, hi = metrics["win_rate_ci95"]
+    print(f"evaluate: win rate {metrics['win_rate']:.3f} [{lo:.3f}, {hi:.3f}] (length-controlled "
+          f"{metrics['win_rate_length_controlled']:.3f}) over {metrics['n_prompts']} held-out prompts, "
+          f"reward {metrics['reward_policy_mean']:.2f} vs {metrics['reward_reference_mean']:.2f}, "
+          f"KL {metrics['kl_to_reference']:.3f}")
+    for name, judge in metrics["judges"].items():
+        if name != "training":
+            lo, hi = judge["win_rate_ci95"]
+            print(f"evaluate: judge '{name}': win rate {judge['win_rate']:.3f} [{lo:.3f}, {hi:.3f}]")
+    print(f"evaluate: most common tuned answer {metrics['diversity']['top_response_share']:.3f} of all, distinct-2 "
+          f"{metrics['diversity']['distinct_2']:.3f}")
+    for line in report.verdicts(metrics):
+        print(f"evaluate: {line}")

@@ -56,21 +56,23 @@ class PolicyWithValue(nn.Module):
         nn.init.zeros_(self.value_head.bias)
 
     def forward(self, prompt_ids, prompt_mask, responses, resp_mask):
-        logits, hidden = response_logits_and_hidden(self.lm, prompt_ids, prompt_mask, responses, resp_mask, want_hidden=True)
+        logits, hidden = response_logits_and_hidden(self.lm, prompt_ids, prompt_mask, responses, resp_mask,
+                                                    want_hidden=True)
         return logits, self.value_head(hidden).squeeze(-1)
 
 
 def build_policy(cfg, device):
     """(tokenizer, trainable PolicyWithValue, reference_logits(policy, *inputs)). LoRA: the reference is the adapter
     disabled; all weights: a frozen copy."""
-    c = cfg.ppo
+    settings = cfg.ppo
     tokenizer, lm = load_policy(cfg.policy)
     torch.manual_seed(cfg.seed)  # the same adapter and value-head initialisation whether or not the policy was cached
-    if c.lora_rank > 0:
+    if settings.lora_rank > 0:
         from peft import LoraConfig, get_peft_model
 
         targets = [t for t in LORA_TARGETS if any(n.endswith(t) for n, _ in lm.named_modules())]
-        lm = get_peft_model(lm, LoraConfig(r=c.lora_rank, lora_alpha=c.lora_alpha, lora_dropout=0.0, target_modules=targets))
+        lm = get_peft_model(lm, LoraConfig(r=settings.lora_rank, lora_alpha=settings.lora_alpha, lora_dropout=0.0,
+                                           target_modules=targets))
 
         def reference_logits(policy, *args):
             with policy.lm.disable_adapter():  # of the policy given: the learner's or the async actor's copy
@@ -82,7 +84,7 @@ def build_policy(cfg, device):
             return response_logits_and_hidden(frozen, *args)[0]
 
     policy = PolicyWithValue(lm, lm.config.hidden_size).to(device)
-    if c.algorithm == "grpo":
+    if settings.algorithm == "grpo":
         policy.value_head.requires_grad_(False)  # no critic: advantages come from the group
     return tokenizer, policy, reference_logits
 
@@ -103,18 +105,18 @@ def pad_left(x: torch.Tensor, width: int, value: int) -> torch.Tensor:
 @torch.no_grad()
 def rollout(cfg, policy, reference_logits, tokenizer, reward_fn, prompts, seed, device, kl_coef, amp):
     """One rank's rollout: responses, scores, old/reference log-probs, values, advantages and returns."""
-    c, timings = cfg.ppo, {}
-    grpo = c.algorithm == "grpo"
-    samples = c.group_size if grpo else 1
+    settings, timings = cfg.ppo, {}
+    grpo = settings.algorithm == "grpo"
+    samples = settings.group_size if grpo else 1
     t0 = clock()
     policy.eval()
     texts = format_prompts(tokenizer, cfg.policy, [p["prompt"] for p in prompts])
     enc = encode_prompts(tokenizer, texts, device)
     with amp():
-        responses = sample(policy.lm, tokenizer, enc, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
-                           num_return_sequences=samples, seed=seed)
+        responses = sample(policy.lm, tokenizer, enc, max_new_tokens=settings.max_new_tokens,
+                           temperature=settings.temperature, num_return_sequences=samples, seed=seed)
     # A fixed response width: every rank's tensors line up for the gather before the update.
-    responses = pad_right(responses, c.max_new_tokens, tokenizer.pad_token_id)
+    responses = pad_right(responses, settings.max_new_tokens, tokenizer.pad_token_id)
     mask = response_mask(responses, tokenizer.eos_token_id)
     prompt_ids = enc["input_ids"].repeat_interleave(samples, 0)  # generate() returns a prompt's samples together
     prompt_mask = enc["attention_mask"].repeat_interleave(samples, 0)
@@ -123,31 +125,33 @@ def rollout(cfg, policy, reference_logits, tokenizer, reward_fn, prompts, seed, 
     t0 = clock()
     decoded = decode(tokenizer, responses, mask)
     raw = reward_fn([p["prompt"] for p in prompts for _ in range(samples)], decoded).to(device)
-    score = raw.clamp(-c.reward_clip, c.reward_clip)
+    score = raw.clamp(-settings.reward_clip, settings.reward_clip)
     ended = ((responses == tokenizer.eos_token_id) & mask.bool()).any(1)
-    if c.missing_eos_penalty is not None:
-        score = score - c.missing_eos_penalty * (~ended).float()
+    if settings.missing_eos_penalty is not None:
+        score = score - settings.missing_eos_penalty * (~ended).float()
     timings["score_s"] = clock() - t0
 
     t0 = clock()
     args = (prompt_ids, prompt_mask, responses, mask)
     with amp():
         logits, values = policy(*args)
-        old_logprobs = token_logprobs(logits, responses, c.temperature)
-        ref_logprobs = token_logprobs(reference_logits(policy, *args), responses, c.temperature)
+        old_logprobs = token_logprobs(logits, responses, settings.temperature)
+        ref_logprobs = token_logprobs(reference_logits(policy, *args), responses, settings.temperature)
     values = values.float()
     timings["reference_s"] = clock() - t0
 
     maskf = mask.float()
-    kl = algo.kl_penalty(old_logprobs, ref_logprobs, c.kl_estimator) * maskf
+    kl = algo.kl_penalty(old_logprobs, ref_logprobs, settings.kl_estimator) * maskf
     if grpo:
         advantages = algo.group_advantages(score, samples, maskf)
         values = returns = torch.zeros_like(maskf)
     else:
         rewards = algo.token_rewards(score, kl, maskf, kl_coef)
-        advantages, returns = algo.gae(rewards, values * maskf, maskf, c.gamma, c.lam)  # whitened after the gather
-    batch = dict(prompt_ids=prompt_ids, prompt_mask=prompt_mask, responses=responses, mask=mask, old_logprobs=old_logprobs,
-                 ref_logprobs=ref_logprobs, old_values=values, advantages=advantages, returns=returns)
+        # whitened after the gather
+        advantages, returns = algo.gae(rewards, values * maskf, maskf, settings.gamma, settings.lam)
+    batch = dict(prompt_ids=prompt_ids, prompt_mask=prompt_mask, responses=responses, mask=mask,
+                 old_logprobs=old_logprobs, ref_logprobs=ref_logprobs, old_values=values, advantages=advantages,
+                 returns=returns)
     stats = {"reward_raw": raw.mean().item(), "reward_std": raw.std().item() if raw.numel() > 1 else 0.0,
              "score": score.mean().item(), "kl": kl.sum(1).mean().item(), "response_length": maskf.sum(1).mean().item(),
              "eos_rate": ended.float().mean().item()}
@@ -162,7 +166,8 @@ def gather_batch(batch: dict, pad_id: int) -> dict:
     if world == 1:
         return batch
     width = int(-dist.all_reduce_min(-torch.tensor([float(batch["prompt_ids"].shape[1])])).item())
-    batch = dict(batch, prompt_ids=pad_left(batch["prompt_ids"], width, pad_id), prompt_mask=pad_left(batch["prompt_mask"], width, 0))
+    batch = dict(batch, prompt_ids=pad_left(batch["prompt_ids"], width, pad_id),
+                 prompt_mask=pad_left(batch["prompt_mask"], width, 0))
     gathered = {}
     for key, tensor in batch.items():
         parts = [torch.empty_like(tensor) for _ in range(world)]
@@ -180,57 +185,62 @@ def whiten_advantages(cfg, batch: dict) -> dict:
 
 def update(cfg, engine: Engine, batch: dict, seed: int, kl_coef: float, amp) -> dict:
     """PPO epochs over seeded minibatches of the global batch; each rank takes its slice of every minibatch."""
-    c, world, rank = cfg.ppo, dist.world_size(), dist.rank()
+    settings, world, rank = cfg.ppo, dist.world_size(), dist.rank()
     total = batch["responses"].shape[0]
-    per_rank = c.minibatch_size // world
-    micro = per_rank // c.grad_accum_steps
-    grpo = c.algorithm == "grpo"
+    per_rank = settings.minibatch_size // world
+    micro = per_rank // settings.grad_accum_steps
+    grpo = settings.algorithm == "grpo"
     engine.model.train()
     sums: dict[str, float] = {}
     minibatches, epochs_run = 0, 0
-    for epoch in range(c.ppo_epochs):
+    for epoch in range(settings.ppo_epochs):
         order = torch.randperm(total, generator=torch.Generator().manual_seed(seed * 31 + epoch))
         epoch_kl = []
-        for start in range(0, total, c.minibatch_size):
-            chosen = order[start : start + c.minibatch_size]
+        for start in range(0, total, settings.minibatch_size):
+            chosen = order[start : start + settings.minibatch_size]
             # Gradient = sum over the minibatch's tokens / their count, whatever the split (DDP averages over ranks
             # and the engine over micro-batches, hence the factor).
-            normalizer = batch["mask"][chosen].sum().item() / (world * c.grad_accum_steps)
+            normalizer = batch["mask"][chosen].sum().item() / (world * settings.grad_accum_steps)
             mine = chosen[rank * per_rank : (rank + 1) * per_rank]
-            step = {"policy_loss": 0.0, "value_loss": 0.0, "kl_loss": 0.0, "entropy": 0.0, "clip_frac": 0.0, "approx_kl": 0.0}
-            for j in range(c.grad_accum_steps):
+            step = {"policy_loss": 0.0, "value_loss": 0.0, "kl_loss": 0.0, "entropy": 0.0, "clip_frac": 0.0,
+                    "approx_kl": 0.0}
+            for j in range(settings.grad_accum_steps):
                 idx = mine[j * micro : (j + 1) * micro]
                 mask = batch["mask"][idx].float()
                 with engine.accumulating(), amp():
-                    logits, values = engine(batch["prompt_ids"][idx], batch["prompt_mask"][idx], batch["responses"][idx], batch["mask"][idx])
-                    logprobs = token_logprobs(logits, batch["responses"][idx], c.temperature)
+                    logits, values = engine(batch["prompt_ids"][idx], batch["prompt_mask"][idx],
+                                            batch["responses"][idx], batch["mask"][idx])
+                    logprobs = token_logprobs(logits, batch["responses"][idx], settings.temperature)
                     pg_loss, pg_stats = algo.policy_loss(logprobs, batch["old_logprobs"][idx], batch["advantages"][idx],
-                                                         mask, c.clip_eps, normalizer)
+                                                         mask, settings.clip_eps, normalizer)
                     if grpo:
-                        kl = algo.kl_penalty(logprobs, batch["ref_logprobs"][idx], c.kl_estimator)
+                        kl = algo.kl_penalty(logprobs, batch["ref_logprobs"][idx], settings.kl_estimator)
                         aux = algo.token_average(kl, mask, normalizer)
                         loss = pg_loss + kl_coef * aux
                     else:
                         aux = algo.value_loss(values.float(), batch["old_values"][idx], batch["returns"][idx], mask,
-                                              c.value_clip, normalizer)
-                        loss = pg_loss + c.vf_coef * aux
+                                              settings.value_clip, normalizer)
+                        loss = pg_loss + settings.vf_coef * aux
                     engine.backward(loss)
                 with torch.no_grad():
-                    entropy = algo.masked_mean(algo.entropy_from_logits(logits.float() / c.temperature), mask).item()
-                step["policy_loss"] += pg_loss.item() / c.grad_accum_steps
-                step["kl_loss" if grpo else "value_loss"] += aux.item() / c.grad_accum_steps
-                step["entropy"] += entropy / c.grad_accum_steps
+                    entropy = algo.masked_mean(algo.entropy_from_logits(logits.float() / settings.temperature),
+                                               mask).item()
+                step["policy_loss"] += pg_loss.item() / settings.grad_accum_steps
+                step["kl_loss" if grpo else "value_loss"] += aux.item() / settings.grad_accum_steps
+                step["entropy"] += entropy / settings.grad_accum_steps
                 for k in ("clip_frac", "approx_kl"):
-                    step[k] += pg_stats[k] / c.grad_accum_steps
+                    step[k] += pg_stats[k] / settings.grad_accum_steps
             step["grad_norm"] = engine.step()
             epoch_kl.append(step["approx_kl"])
             for k, v in step.items():
                 sums[k] = sums.get(k, 0.0) + v
             minibatches += 1
         epochs_run += 1
-        if c.target_kl is not None and dist.all_reduce_mean({"kl": sum(epoch_kl) / len(epoch_kl)})["kl"] > c.target_kl:
+        if (settings.target_kl is not None
+                and dist.all_reduce_mean({"kl": sum(epoch_kl) / len(epoch_kl)})["kl"] > settings.target_kl):
             break  # the policy moved far enough from the rollout policy for this batch (every rank agrees)
-    out = {k: v / minibatches for k, v in sums.items() if not (k == "kl_loss" and not grpo) and not (k == "value_loss" and grpo)}
+    out = {k: v / minibatches for k, v in sums.items()
+           if not (k == "kl_loss" and not grpo) and not (k == "value_loss" and grpo)}
     return {**out, "ppo_epochs_run": epochs_run}
 
 
@@ -244,22 +254,23 @@ def sync_actor(actor: nn.Module, learner: nn.Module) -> None:
 
 def make_engine(cfg, policy: PolicyWithValue, device) -> Engine:
     """The policy's optimizer engine as ppo.* configures it (DDP or ZeRO, accumulation, constant or annealed LR)."""
-    c = cfg.ppo
-    steps_per_iteration = c.ppo_epochs * (c.rollout_batch_size // c.minibatch_size)
-    return Engine(policy, strategy=c.strategy, zero_stage=c.zero_stage, lr=c.lr, weight_decay=0.0, grad_clip=c.grad_clip,
-                  accum_steps=c.grad_accum_steps, micro_batch=c.minibatch_size // dist.world_size() // c.grad_accum_steps,
-                  warmup_steps=0, total_steps=c.iterations * steps_per_iteration if c.anneal_lr else None, device=device)
+    settings = cfg.ppo
+    steps_per_iteration = settings.ppo_epochs * (settings.rollout_batch_size // settings.minibatch_size)
+    return Engine(policy, strategy=settings.strategy, zero_stage=settings.zero_stage, lr=settings.lr, weight_decay=0.0,
+                  grad_clip=settings.grad_clip, accum_steps=settings.grad_accum_steps,
+                  micro_batch=settings.minibatch_size // dist.world_size() // settings.grad_accum_steps, warmup_steps=0,
+                  total_steps=settings.iterations * steps_per_iteration if settings.anneal_lr else None, device=device)
 
 
-def check_sizes(c, world: int) -> None:
-    samples = c.group_size if c.algorithm == "grpo" else 1
-    if c.rollout_batch_size % (world * samples):
-        raise UserError(f"ppo.rollout_batch_size={c.rollout_batch_size} must be divisible by {world} processes"
+def check_sizes(settings, world: int) -> None:
+    samples = settings.group_size if settings.algorithm == "grpo" else 1
+    if settings.rollout_batch_size % (world * samples):
+        raise UserError(f"ppo.rollout_batch_size={settings.rollout_batch_size} must be divisible by {world} processes"
                         + (f" x group_size {samples}" if samples > 1 else ""))
-    if c.minibatch_size % (world * c.grad_accum_steps):
-        raise UserError(f"ppo.minibatch_size={c.minibatch_size} must be divisible by {world} processes x "
-                        f"grad_accum_steps {c.grad_accum_steps}")
-    if c.async_rollout and c.strategy != "ddp":
+    if settings.minibatch_size % (world * settings.grad_accum_steps):
+        raise UserError(f"ppo.minibatch_size={settings.minibatch_size} must be divisible by {world} processes x "
+                        f"grad_accum_steps {settings.grad_accum_steps}")
+    if settings.async_rollout and settings.strategy != "ddp":
         raise UserError("ppo.async_rollout needs strategy ddp (an actor copy of sharded ZeRO weights is not supported)")
 
 
@@ -281,81 +292,103 @@ def judge_scorer(cfg):
     return score
 
 
+class Rollouts:
+    """Iteration `it`'s rollout on this rank: its slice of a seeded global batch of prompts. Asynchronous
+    (`ppo.async_rollout`): an actor copy generates iteration it+1 with the weights from before update it, in a thread,
+    while the learner trains on iteration it; PPO's ratio to the rollout log-probs corrects the one step."""
+
+    def __init__(self, cfg, engine: Engine, tokenizer, reference_logits, reward_fn, prompts: list[dict], amp):
+        settings = cfg.ppo
+        self.cfg, self.engine, self.prompts, self.amp = cfg, engine, prompts, amp
+        self.tokenizer, self.reference_logits, self.reward_fn = tokenizer, reference_logits, reward_fn
+        self.order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
+        self.per_iteration = settings.rollout_batch_size // (settings.group_size if settings.algorithm == "grpo" else 1)
+        self.actor = self.stream = self.pool = self.pending = None
+        if settings.async_rollout:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self.actor = copy.deepcopy(engine.model).eval().requires_grad_(False)
+            self.stream = torch.cuda.Stream() if engine.device.type == "cuda" else None
+            self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout")
+
+    def _collect(self, it: int, model, kl_coef: float):
+        rank, local = dist.rank(), self.per_iteration // dist.world_size()
+        start = (it * self.per_iteration) % len(self.prompts)
+        global_ids = [self.order[(start + k) % len(self.prompts)] for k in range(self.per_iteration)]
+        mine = [self.prompts[i] for i in global_ids[rank * local : (rank + 1) * local]]
+        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+            return rollout(self.cfg, model, self.reference_logits, self.tokenizer, self.reward_fn, mine,
+                           seed=self.cfg.seed * 1_000_003 + it * 1009 + rank, device=self.engine.device,
+                           kl_coef=kl_coef, amp=self.amp)
+
+    def get(self, it: int, kl_coef: float):
+        if self.actor is None:
+            return self._collect(it, self.engine.model, kl_coef)
+        if self.pending is None:  # the first iteration (or the first after a resume): nothing generated ahead yet
+            sync_actor(self.actor, self.engine.model)
+            self.pending = self.pool.submit(self._collect, it, self.actor, kl_coef)
+        result = self.pending.result()
+        sync_actor(self.actor, self.engine.model)  # the weights before this update generate the next batch
+        more = it + 1 < self.cfg.ppo.iterations
+        self.pending = self.pool.submit(self._collect, it + 1, self.actor, kl_coef) if more else None
+        return result
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+
+
+def iteration(cfg, engine: Engine, rollouts: Rollouts, controller, it: int, amp) -> dict:
+    """One iteration: rollout, gather over ranks, whiten, update, adapt the KL coefficient; returns its metrics row."""
+    settings = cfg.ppo
+    t_iter = clock()
+    batch, stats, timings = rollouts.get(it, controller.value)
+    t0 = clock()
+    batch = whiten_advantages(cfg, gather_batch(batch, rollouts.tokenizer.pad_token_id))
+    train_stats = update(cfg, engine, batch, seed=cfg.seed + it, kl_coef=controller.value, amp=amp)
+    timings["update_s"] = clock() - t0
+    timings["iteration_s"] = clock() - t_iter
+    row = {"iteration": it + 1, **dist.all_reduce_mean({**stats, **train_stats}), "kl_coef": controller.value,
+           "samples_per_s": settings.rollout_batch_size / timings["iteration_s"], **timings}
+    controller.update(row["kl"], settings.rollout_batch_size)
+    return row
+
+
 def run(ctx: StageContext) -> dict:
-    cfg, c = ctx.cfg, ctx.cfg.ppo
+    cfg, settings = ctx.cfg, ctx.cfg.ppo
     rank, world, device = dist.setup()
-    check_sizes(c, world)
+    check_sizes(settings, world)
     torch.manual_seed(cfg.seed)
-    prompts = split(cfg.data, "train")
-    amp = autocast(device.type == "cuda" and c.strategy == "ddp")  # DeepSpeed runs bf16 itself
+    amp = autocast(device.type == "cuda" and settings.strategy == "ddp")  # DeepSpeed runs bf16 itself
 
     tokenizer, policy, reference_logits = build_policy(cfg, device)
-    reward_fn = (normalised_scorer(model_dir(ctx, "train_rm", "model"), device) if c.reward == "reward_model"
+    reward_fn = (normalised_scorer(model_dir(ctx, "train_rm", "model"), device) if settings.reward == "reward_model"
                  else judge_scorer(cfg))
-    samples = c.group_size if c.algorithm == "grpo" else 1
     engine = make_engine(cfg, policy, device)
-    controller = (algo.AdaptiveKLController(c.kl_coef, c.adaptive_kl_target, c.adaptive_kl_horizon)
-                  if c.adaptive_kl_target is not None and c.algorithm == "ppo" else algo.FixedKLController(c.kl_coef))
-    checkpoints = Checkpoints(ctx.url, ctx.config_hash, keep=c.keep_checkpoints)
-    state = checkpoints.restore(engine) or {"iteration": 0, "rows": [], "kl_coef": c.kl_coef}
-    controller.value = state["kl_coef"]
-    rows = state["rows"]
+    adaptive = settings.adaptive_kl_target is not None and settings.algorithm == "ppo"
+    controller = (algo.AdaptiveKLController(settings.kl_coef, settings.adaptive_kl_target,
+                                            settings.adaptive_kl_horizon)
+                  if adaptive else algo.FixedKLController(settings.kl_coef))
+    checkpoints = Checkpoints(ctx.url, ctx.config_hash, keep=settings.keep_checkpoints)
+    state = checkpoints.restore(engine) or {"iteration": 0, "rows": [], "kl_coef": settings.kl_coef}
+    controller.value, rows = state["kl_coef"], state["rows"]
     metrics = MetricsLog(enabled=rank == 0)
     for row in rows:  # a resumed run's earlier iterations, so the logs are whole
         metrics.log(row["iteration"], row)
 
-    order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
-    prompts_per_iteration = c.rollout_batch_size // samples
-    local = prompts_per_iteration // world
-
-    def collect(it: int, model, kl_coef: float):
-        """Iteration `it`'s rollout on this rank: its slice of a seeded global batch of prompts."""
-        start = (it * prompts_per_iteration) % len(prompts)
-        global_ids = [order[(start + k) % len(prompts)] for k in range(prompts_per_iteration)]
-        my_prompts = [prompts[i] for i in global_ids[rank * local : (rank + 1) * local]]
-        with torch.cuda.stream(actor_stream) if actor_stream is not None else contextlib.nullcontext():
-            return rollout(cfg, model, reference_logits, tokenizer, reward_fn, my_prompts,
-                           seed=cfg.seed * 1_000_003 + it * 1009 + rank, device=device, kl_coef=kl_coef, amp=amp)
-
-    # Asynchronous rollout: an actor copy generates iteration it+1 with the weights from before update it, in a
-    # thread, while the learner trains on iteration it. PPO's ratio to the rollout log-probs corrects the one step.
-    actor = actor_stream = pool = pending = None
-    if c.async_rollout:
-        from concurrent.futures import ThreadPoolExecutor
-
-        actor = copy.deepcopy(engine.model).eval().requires_grad_(False)
-        actor_stream = torch.cuda.Stream() if device.type == "cuda" else None
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout")
-    bar = progress(range(state["iteration"], c.iterations), desc=c.algorithm, unit="iter", disable=rank != 0,
-                   initial=state["iteration"], total=c.iterations)
+    rollouts = Rollouts(cfg, engine, tokenizer, reference_logits, reward_fn, split(cfg.data, "train"), amp)
+    bar = progress(range(state["iteration"], settings.iterations), desc=settings.algorithm, unit="iter",
+                   disable=rank != 0, initial=state["iteration"], total=settings.iterations)
     for it in bar:
-        t_iter = clock()
-        if actor is None:
-            batch, stats, timings = collect(it, engine.model, controller.value)
-        else:
-            if pending is None:  # the first iteration (or the first after a resume): nothing generated ahead yet
-                sync_actor(actor, engine.model)
-                pending = pool.submit(collect, it, actor, controller.value)
-            batch, stats, timings = pending.result()
-            sync_actor(actor, engine.model)  # the weights before this update generate the next batch
-            pending = pool.submit(collect, it + 1, actor, controller.value) if it + 1 < c.iterations else None
-        t0 = clock()
-        batch = whiten_advantages(cfg, gather_batch(batch, tokenizer.pad_token_id))
-        train_stats = update(cfg, engine, batch, seed=cfg.seed + it, kl_coef=controller.value, amp=amp)
-        timings["update_s"] = clock() - t0
-        timings["iteration_s"] = clock() - t_iter
-        row = {"iteration": it + 1, **dist.all_reduce_mean({**stats, **train_stats}), "kl_coef": controller.value,
-               "samples_per_s": c.rollout_batch_size / timings["iteration_s"], **timings}
-        controller.update(row["kl"], c.rollout_batch_size)
+        row = iteration(cfg, engine, rollouts, controller, it, amp)
         rows.append(row)
         metrics.log(it + 1, row)
         bar.set_postfix(reward=f"{row['reward_raw']:.2f}", kl=f"{row['kl']:.2f}")
-        if c.checkpoint_every and (it + 1) % c.checkpoint_every == 0 and it + 1 < c.iterations:
+        if settings.checkpoint_every and (it + 1) % settings.checkpoint_every == 0 and it + 1 < settings.iterations:
             checkpoints.save(engine, it + 1, {"iteration": it + 1, "rows": rows, "kl_coef": controller.value})
             faults.maybe_kill("ppo", it + 1, rank)
+    rollouts.close()
 
-    if pool is not None:
-        pool.shutdown()
     result = None
     with engine.full_parameters():  # ZeRO-3: every rank takes part in gathering the weights
         if rank == 0:
@@ -367,23 +400,25 @@ def run(ctx: StageContext) -> dict:
 
 def export(ctx: StageContext, policy: PolicyWithValue, tokenizer, rows: list[dict], metrics: MetricsLog) -> dict:
     """The LoRA adapter, the merged Hugging Face policy, metrics, TensorBoard logs and the reward/KL plot."""
-    c = ctx.cfg.ppo
+    settings = ctx.cfg.ppo
     out = Path(tempfile.mkdtemp(prefix="rlaif-ppo-"))
     (out / "reward_kl.png").write_bytes(report.ppo_curves(rows))
     lm = policy.lm
-    if c.lora_rank > 0:
+    if settings.lora_rank > 0:
         lm.save_pretrained(out / "adapter", safe_serialization=True)
         lm = lm.merge_and_unload()
     lm.save_pretrained(out / "policy", safe_serialization=True)
     tokenizer.save_pretrained(out / "policy")
     files = storage.upload_dir(out, ctx.url) + metrics.publish(ctx.url)
     first, last = rows[0], rows[-1]
-    summary = {"algorithm": c.algorithm, "reward": c.reward, "iterations": c.iterations, "reward_first": first["reward_raw"],
-               "reward_last": last["reward_raw"], "kl_last": last["kl"], "world_size": dist.world_size(),
+    summary = {"algorithm": settings.algorithm, "reward": settings.reward, "iterations": settings.iterations,
+               "reward_first": first["reward_raw"], "reward_last": last["reward_raw"], "kl_last": last["kl"],
+               "world_size": dist.world_size(),
                "seconds_per_iteration": sum(r["iteration_s"] for r in rows) / len(rows),
-               "phase_seconds": {k: sum(r[k] for r in rows) for k in ("generate_s", "score_s", "reference_s", "update_s")}}
-    print(f"{c.algorithm}: reward {first['reward_raw']:.3f} -> {last['reward_raw']:.3f}, KL {last['kl']:.3f}, "
+               "phase_seconds": {k: sum(r[k] for r in rows)
+                                 for k in ("generate_s", "score_s", "reference_s", "update_s")}}
+    print(f"{settings.algorithm}: reward {first['reward_raw']:.3f} -> {last['reward_raw']:.3f}, KL {last['kl']:.3f}, "
           f"{summary['seconds_per_iteration']:.2f}s/iteration")
-    result = ctx.commit(files=files, num_samples=c.iterations * c.rollout_batch_size, summary=summary)
+    result = ctx.commit(files=files, num_samples=settings.iterations * settings.rollout_batch_size, summary=summary)
     shutil.rmtree(out, ignore_errors=True)
     return result

@@ -66,111 +66,141 @@ class _ShardSplitStream(torch.utils.data.IterableDataset):
 
 def micro_batches(ctx: StageContext, epoch: int, rank: int, world: int, micro_local: int):
     """This rank's micro-batches for one epoch of training pairs."""
-    c, url, m = ctx.cfg.train_rm, ctx.input_url("label"), ctx.inputs["label"]
-    keep = lambda s: not held_out(s["__key__"], c.held_out_fraction)  # noqa: E731
-    if c.data_split == "shard":
-        data = _ShardSplitStream(url, m, rank, world, (ctx.cfg.seed, epoch), c.shuffle_buffer, keep)
-        yield from torch.utils.data.DataLoader(data, batch_size=micro_local, num_workers=c.data_workers, collate_fn=list, drop_last=True)
+    settings, url, label_manifest = ctx.cfg.train_rm, ctx.input_url("label"), ctx.inputs["label"]
+    keep = lambda s: not held_out(s["__key__"], settings.held_out_fraction)  # noqa: E731
+    if settings.data_split == "shard":
+        data = _ShardSplitStream(url, label_manifest, rank, world, (ctx.cfg.seed, epoch), settings.shuffle_buffer, keep)
+        yield from torch.utils.data.DataLoader(data, batch_size=micro_local, num_workers=settings.data_workers,
+                                               collate_fn=list, drop_last=True)
         return
-    stream = (checked(s) for s in shuffled_stream(url, m, (ctx.cfg.seed, epoch), c.shuffle_buffer) if keep(s))
+    stream = (checked(s) for s in shuffled_stream(url, label_manifest, (ctx.cfg.seed, epoch), settings.shuffle_buffer)
+              if keep(s))
     micro_global = micro_local * world
     while len(batch := list(islice(stream, micro_global))) == micro_global:
         yield batch[rank * micro_local : (rank + 1) * micro_local]
 
 
+def step_windows(ctx: StageContext, epoch: int, rank: int, world: int, micro_local: int, skip: int):
+    """One optimizer step's micro-batches at a time. A resumed epoch reads the same order and skips the `skip` steps
+    it already took; in `shard` mode ranks may run out at different times, so all stop together."""
+    settings = ctx.cfg.train_rm
+    batches = micro_batches(ctx, epoch, rank, world, micro_local)
+    for _ in range(skip * settings.grad_accum_steps):
+        next(batches, None)
+    while True:
+        window = list(islice(batches, settings.grad_accum_steps))
+        have = torch.tensor([float(len(window) == settings.grad_accum_steps)])
+        if settings.data_split == "shard":
+            have = dist.all_reduce_min(have)
+        if have.item() < 1:
+            return
+        yield window
+
+
+def plan_steps(ctx: StageContext, world: int) -> tuple[int, int]:
+    """(pairs per micro-batch on this rank, estimated total optimizer steps: the schedule's and the bar's length;
+    the data decides the real end)."""
+    settings = ctx.cfg.train_rm
+    if settings.batch_size % (world * settings.grad_accum_steps):
+        raise UserError(f"train_rm.batch_size={settings.batch_size} must be divisible by processes x "
+                        f"grad_accum_steps ({world} x {settings.grad_accum_steps})")
+    train_pairs = int(ctx.inputs["label"]["num_samples"] * (1 - settings.held_out_fraction))
+    if train_pairs // settings.batch_size == 0:
+        raise UserError(f"only about {train_pairs} training pairs for train_rm.batch_size={settings.batch_size}: "
+                        "lower the batch size")
+    total_steps = train_pairs // settings.batch_size * settings.epochs
+    return settings.batch_size // (world * settings.grad_accum_steps), total_steps
+
+
 def run(ctx: StageContext) -> dict:
-    cfg, c = ctx.cfg, ctx.cfg.train_rm
+    settings = ctx.cfg.train_rm
     rank, world, device = dist.setup()
-    if c.batch_size % (world * c.grad_accum_steps):
-        raise UserError(f"train_rm.batch_size={c.batch_size} must be divisible by processes x grad_accum_steps "
-                        f"({world} x {c.grad_accum_steps})")
-    micro_local = c.batch_size // (world * c.grad_accum_steps)
-    n_label = ctx.inputs["label"]["num_samples"]
-    est_steps_per_epoch = int(n_label * (1 - c.held_out_fraction)) // c.batch_size
-    if est_steps_per_epoch == 0:
-        raise UserError(f"only about {int(n_label * (1 - c.held_out_fraction))} training pairs for train_rm.batch_size="
-                        f"{c.batch_size}: lower the batch size")
-    total_steps = est_steps_per_epoch * c.epochs  # for the schedule and the progress bar; the data decides the end
+    micro_local, total_steps = plan_steps(ctx, world)
 
-    torch.manual_seed(cfg.seed)
-    tokenizer, model = load_reward_model(resolve(c.backbone, "reward-model backbone"), c.lora_rank, c.lora_alpha)
+    torch.manual_seed(ctx.cfg.seed)
+    tokenizer, model = load_reward_model(resolve(settings.backbone, "reward-model backbone"), settings.lora_rank,
+                                         settings.lora_alpha)
     model.to(device).train()
-    engine = Engine(model, strategy=c.strategy, zero_stage=c.zero_stage, lr=c.lr, weight_decay=c.weight_decay,
-                    grad_clip=c.grad_clip, accum_steps=c.grad_accum_steps, micro_batch=micro_local,
-                    warmup_steps=int(c.warmup_fraction * total_steps), total_steps=total_steps, device=device)
-    checkpoints = Checkpoints(ctx.url, ctx.config_hash, keep=c.keep_checkpoints)
+    engine = Engine(model, strategy=settings.strategy, zero_stage=settings.zero_stage, lr=settings.lr,
+                    weight_decay=settings.weight_decay, grad_clip=settings.grad_clip,
+                    accum_steps=settings.grad_accum_steps, micro_batch=micro_local,
+                    warmup_steps=int(settings.warmup_fraction * total_steps), total_steps=total_steps, device=device)
+    checkpoints = Checkpoints(ctx.url, ctx.config_hash, keep=settings.keep_checkpoints)
     position = checkpoints.restore(engine) or {"epoch": 0, "step_in_epoch": 0, "step": 0, "seconds": 0.0}
-    metrics = MetricsLog(enabled=rank == 0)
-    use_amp = device.type == "cuda" and c.strategy == "ddp"  # DeepSpeed runs bf16 itself on GPUs
 
-    bar = progress(total=total_steps, initial=position["step"], desc="train_rm", unit="step", disable=rank != 0)
-    step, start = position["step"], time.time() - position["seconds"]
-    for epoch in range(position["epoch"], c.epochs):
-        batches = micro_batches(ctx, epoch, rank, world, micro_local)
-        skip = position["step_in_epoch"] if epoch == position["epoch"] else 0
-        for _ in range(skip * c.grad_accum_steps):  # the data position of a resumed run: same order, consumed part skipped
-            next(batches, None)
-        step_in_epoch = skip
-        while True:
-            window = list(islice(batches, c.grad_accum_steps))
-            have = torch.tensor([float(len(window) == c.grad_accum_steps)])
-            if c.data_split == "shard":  # ranks may run out at different times: all stop together
-                have = dist.all_reduce_min(have)
-            if have.item() < 1:
-                break
-            model.train()
-            loss_sum, correct = accumulate_gradients(engine, tokenizer, window, c, device, use_amp)
-            grad_norm = engine.step()
-            step, step_in_epoch = step + 1, step_in_epoch + 1
-            stats = dist.all_reduce_mean({"loss": loss_sum, "accuracy": correct})
-            metrics.log(step, {**stats, "epoch": epoch, "lr": engine.lr(), "grad_norm": grad_norm,
-                               "samples_per_s": (step - position["step"]) * c.batch_size / max(time.time() - start - position["seconds"], 1e-9)})
-            bar.set_postfix(loss=f"{stats['loss']:.3f}", acc=f"{stats['accuracy']:.2f}")
-            bar.update()
-            if c.checkpoint_every and step % c.checkpoint_every == 0:
-                checkpoints.save(engine, step, {"epoch": epoch, "step_in_epoch": step_in_epoch, "step": step,
-                                                "seconds": time.time() - start})
-                faults.maybe_kill("train_rm", step, rank)
-    bar.close()
-    seconds = time.time() - start
+    metrics, step, seconds = train(ctx, engine, tokenizer, checkpoints, position, micro_local, total_steps)
     replica_spread = engine.replica_spread()
 
     export_root = Path(tempfile.mkdtemp(prefix="rlaif-rm-"))
-    export_dir = export_root / "model"
-    plain = export(ctx, engine, model, tokenizer, export_dir, rank, device)
+    plain = export(ctx, engine, model, tokenizer, export_root / "model", rank, device)
     summary = evaluate_reward_model(ctx, plain.eval(), tokenizer, rank, world, device)
-    summary.update(steps=step, seconds=seconds, samples_per_s=step * c.batch_size / max(seconds, 1e-9), world_size=world,
-                   replica_param_spread=replica_spread)
-
-    result = None
-    if rank == 0:
-        stats_file = export_dir / "reward_stats.json"
-        stats_file.write_text(json.dumps({"mean": summary["reward_mean"], "std": summary["reward_std"], "max_length": c.max_length}))
-        storage.upload_file(stats_file, storage.join(ctx.url, "model", "reward_stats.json"))
-        files = [dict(f, path="model/" + f["path"]) for f in storage.upload_dir(export_dir, storage.join(ctx.url, "model"))]
-        files += metrics.publish(ctx.url)
-        fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
-        print(f"train_rm: {step} steps, held-out accuracy {fmt(summary['held_out_accuracy'])} "
-              f"({fmt(summary['held_out_accuracy_confident'])} on confident pairs, "
-              f"{fmt(summary['held_out_reference_accuracy'])} against the reference judge), "
-              f"{summary['samples_per_s']:.1f} pairs/s")
-        result = ctx.commit(files=files, num_samples=summary["train_pairs"], summary=summary)
+    summary.update(steps=step, seconds=seconds, samples_per_s=step * settings.batch_size / max(seconds, 1e-9),
+                   world_size=world, replica_param_spread=replica_spread)
+    result = publish(ctx, export_root / "model", metrics, summary) if rank == 0 else None
     shutil.rmtree(export_root, ignore_errors=True)
     dist.barrier()
     dist.teardown()
     return result
 
 
-def accumulate_gradients(engine, tokenizer, window: list[list[dict]], c, device, use_amp: bool) -> tuple[float, float]:
+def train(ctx: StageContext, engine, tokenizer, checkpoints: Checkpoints, position: dict, micro_local: int,
+          total_steps: int) -> tuple[MetricsLog, int, float]:
+    """The training loop from `position` (a fresh start or a checkpoint); returns (metrics, steps, seconds)."""
+    settings = ctx.cfg.train_rm
+    rank, world, device = dist.rank(), dist.world_size(), engine.device
+    metrics = MetricsLog(enabled=rank == 0)
+    use_amp = device.type == "cuda" and settings.strategy == "ddp"  # DeepSpeed runs bf16 itself on GPUs
+    bar = progress(total=total_steps, initial=position["step"], desc="train_rm", unit="step", disable=rank != 0)
+    step, start = position["step"], time.time() - position["seconds"]
+    for epoch in range(position["epoch"], settings.epochs):
+        skip = position["step_in_epoch"] if epoch == position["epoch"] else 0
+        windows = step_windows(ctx, epoch, rank, world, micro_local, skip)
+        for step_in_epoch, window in enumerate(windows, start=skip + 1):
+            loss_sum, correct = accumulate_gradients(engine, tokenizer, window, settings, device, use_amp)
+            grad_norm = engine.step()
+            step += 1
+            stats = dist.all_reduce_mean({"loss": loss_sum, "accuracy": correct})
+            pairs_per_s = (step - position["step"]) * settings.batch_size / max(time.time() - start
+                                                                                 - position["seconds"], 1e-9)
+            metrics.log(step, {**stats, "epoch": epoch, "lr": engine.lr(), "grad_norm": grad_norm,
+                               "samples_per_s": pairs_per_s})
+            bar.set_postfix(loss=f"{stats['loss']:.3f}", acc=f"{stats['accuracy']:.2f}")
+            bar.update()
+            if settings.checkpoint_every and step % settings.checkpoint_every == 0:
+                checkpoints.save(engine, step, {"epoch": epoch, "step_in_epoch": step_in_epoch, "step": step,
+                                                "seconds": time.time() - start})
+                faults.maybe_kill("train_rm", step, rank)
+    bar.close()
+    return metrics, step, time.time() - start
+
+
+def publish(ctx: StageContext, export_dir: Path, metrics: MetricsLog, summary: dict) -> dict:
+    """Rank 0: reward_stats.json beside the model (PPO normalises with it), the upload, the log line, the commit."""
+    stats_file = export_dir / "reward_stats.json"
+    stats_file.write_text(json.dumps({"mean": summary["reward_mean"], "std": summary["reward_std"],
+                                      "max_length": ctx.cfg.train_rm.max_length}))
+    files = [dict(f, path="model/" + f["path"])
+             for f in storage.upload_dir(export_dir, storage.join(ctx.url, "model"))]
+    files += metrics.publish(ctx.url)
+    fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
+    print(f"train_rm: {summary['steps']} steps, held-out accuracy {fmt(summary['held_out_accuracy'])} "
+          f"({fmt(summary['held_out_accuracy_confident'])} on confident pairs, "
+          f"{fmt(summary['held_out_reference_accuracy'])} against the reference judge), "
+          f"{summary['samples_per_s']:.1f} pairs/s")
+    return ctx.commit(files=files, num_samples=summary["train_pairs"], summary=summary)
+
+
+def accumulate_gradients(engine, tokenizer, window: list[list[dict]], settings, device,
+                         use_amp: bool) -> tuple[float, float]:
     """Bradley-Terry backward passes over one optimizer step's micro-batches; returns (mean loss, mean accuracy)."""
     loss_sum, correct = 0.0, 0.0
     for batch in window:
         prompts = [s["prompt.txt"] for s in batch]
         target = torch.tensor([s["label.json"]["p_a"] for s in batch], device=device)
         with engine.accumulating(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_amp):
-            r = reward(engine, tokenizer, prompts + prompts,
-                       [s["response_a.txt"] for s in batch] + [s["response_b.txt"] for s in batch], c.max_length, device).float()
-            loss = bradley_terry_loss(r[: len(batch)], r[len(batch):], target, c.margin)
+            responses = [s["response_a.txt"] for s in batch] + [s["response_b.txt"] for s in batch]
+            r = reward(engine, tokenizer, prompts + prompts, responses, settings.max_length, device).float()
+            loss = bradley_terry_loss(r[: len(batch)], r[len(batch):], target, settings.margin)
             engine.backward(loss)
         loss_sum += loss.item() / len(window)
         correct += ((r[: len(batch)] > r[len(batch):]) == (target > 0.5)).float().mean().item() / len(window)
@@ -181,26 +211,27 @@ def export(ctx: StageContext, engine, model, tokenizer, export_dir: Path, rank: 
     """Whole weights as a Hugging Face directory (ZeRO-3 gathers its partitions; LoRA is merged), written by rank 0;
     returns the model to evaluate: the live one, or under DeepSpeed (which owns and may partition the live
     parameters) the export read back."""
-    c = ctx.cfg.train_rm
+    settings = ctx.cfg.train_rm
     with engine.full_parameters():
-        plain = model.merge_and_unload() if c.lora_rank > 0 else model
+        plain = model.merge_and_unload() if settings.lora_rank > 0 else model
         if rank == 0:
             plain.save_pretrained(export_dir, safe_serialization=True)
             tokenizer.save_pretrained(export_dir)
-            if c.strategy == "deepspeed":  # the other ranks read the export back from storage
+            if settings.strategy == "deepspeed":  # the other ranks read the export back from storage
                 storage.upload_dir(export_dir, storage.join(ctx.url, "model"))
     dist.barrier()
-    if c.strategy != "deepspeed":
+    if settings.strategy != "deepspeed":
         engine.optimizer.state.clear()  # the Adam moments are done with: free them before evaluating
         return plain
-    files = [{"path": u.rsplit("/model/", 1)[1], "sha256": None} for u in storage.glob(storage.join(ctx.url, "model", "*"))]
+    files = [{"path": url.rsplit("/model/", 1)[1], "sha256": None}
+             for url in storage.glob(storage.join(ctx.url, "model", "*"))]
     return load_reward_model(storage.download_dir(storage.join(ctx.url, "model"), files))[1].to(device)
 
 
 @torch.no_grad()
 def evaluate_reward_model(ctx: StageContext, model, tokenizer, rank: int, world: int, device) -> dict:
     """Reward mean/std on the training pairs, held-out accuracy and calibration; the pairs are split across ranks."""
-    c = ctx.cfg.train_rm
+    settings = ctx.cfg.train_rm
     grader = reference_grader(load_prompts(ctx.cfg.data), ctx.cfg.label.reference)
     # n_train, r_sum, r_sq, n_held, correct, n_conf, correct_conf, ce, mae, n_reference_clear, correct_reference
     sums = torch.zeros(11, dtype=torch.float64)
@@ -209,17 +240,17 @@ def evaluate_reward_model(ctx: StageContext, model, tokenizer, rank: int, world:
 
     def flush():
         prompts = [s["prompt.txt"] for s in batch]
-        r_a = batched_rewards(model, tokenizer, prompts, [s["response_a.txt"] for s in batch], c.max_length, device).double()
-        r_b = batched_rewards(model, tokenizer, prompts, [s["response_b.txt"] for s in batch], c.max_length, device).double()
-        held = torch.tensor([held_out(s["__key__"], c.held_out_fraction) for s in batch])
+        responses_a, responses_b = [s["response_a.txt"] for s in batch], [s["response_b.txt"] for s in batch]
+        r_a = batched_rewards(model, tokenizer, prompts, responses_a, settings.max_length, device).double()
+        r_b = batched_rewards(model, tokenizer, prompts, responses_b, settings.max_length, device).double()
+        held = torch.tensor([held_out(s["__key__"], settings.held_out_fraction) for s in batch])
         train_r = torch.cat([r_a[~held], r_b[~held]])
         sums[0] += len(train_r)
         sums[1] += train_r.sum()
         sums[2] += train_r.square().sum()
         held_pred.extend(torch.sigmoid(r_a - r_b)[held].tolist())
         held_p.extend(s["label.json"]["p_a"] for s, h in zip(batch, held.tolist()) if h)
-        graded = grader.prefer_first_where_graded(prompts, [s["response_a.txt"] for s in batch],
-                                                  [s["response_b.txt"] for s in batch]) if grader else {}
+        graded = grader.prefer_first_where_graded(prompts, responses_a, responses_b) if grader else {}
         for k, p_ref in graded.items():
             if held[k] and abs(p_ref - 0.5) >= CLEAR:
                 sums[9] += 1

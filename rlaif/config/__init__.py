@@ -1,0 +1,45 @@
+"""Pipeline configuration: one pydantic model per stage (`stages.py`), the judges' settings (`judges.py`), and loading
+YAML with overrides (`loading.py`). Import from here: `from rlaif.config import PipelineConfig, load_config`."""
+from rlaif.config.base import Strict, no_credentials
+from rlaif.config.judges import (
+    DEFAULT_PREAMBLE,
+    DEFAULT_RUDE_TERMS,
+    HFJudgeConfig,
+    JudgeSettings,
+    JudgeSpec,
+    OpenAIJudgeConfig,
+    ReferenceJudgeConfig,
+    RulesJudgeConfig,
+)
+from rlaif.config.loading import (
+    UniqueKeyLoader,
+    apply_overrides,
+    config_fields,
+    dump_config,
+    load_config,
+    load_yaml,
+    parse_config,
+    safe_run_id,
+    sha256_json,
+    stage_config_hash,
+)
+from rlaif.config.stages import (
+    DataConfig,
+    EvaluateConfig,
+    GenerateConfig,
+    LabelConfig,
+    PipelineConfig,
+    PolicyConfig,
+    PPOConfig,
+    StorageConfig,
+    TinyPolicyConfig,
+    TrainRMConfig,
+)
+
+__all__ = [
+    "DEFAULT_PREAMBLE", "DEFAULT_RUDE_TERMS", "DataConfig", "EvaluateConfig", "GenerateConfig", "HFJudgeConfig",
+    "JudgeSettings", "JudgeSpec", "LabelConfig", "OpenAIJudgeConfig", "PPOConfig", "PipelineConfig", "PolicyConfig",
+    "ReferenceJudgeConfig", "RulesJudgeConfig", "StorageConfig", "Strict", "TinyPolicyConfig", "TrainRMConfig",
+    "UniqueKeyLoader", "apply_overrides", "config_fields", "dump_config", "load_config", "load_yaml", "no_credentials",
+    "parse_config", "safe_run_id", "sha256_json", "stage_config_hash",
+]

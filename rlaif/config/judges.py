@@ -1,0 +1,138 @@
+"""Judge settings, shared by the label stage (its judge) and the evaluation's further judges."""
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from rlaif.config.base import Strict, no_credentials
+
+DEFAULT_PREAMBLE = ("You compare two responses to a request. A better response follows the principle below more "
+                    "closely, and answers the request.")
+
+
+class HFJudgeConfig(Strict):
+    model: str = ""
+    """The judge: a Hugging Face causal-LM directory (local path or s3:// URL). Required for judge `hf`."""
+    max_length: int = Field(1024, ge=16)
+    """Longest judge input in tokens; longer inputs lose their beginning (the question at the end is kept)."""
+    trust_remote_code: bool = False
+    """Allow the judge directory's own Python code to run."""
+
+
+class OpenAIJudgeConfig(Strict):
+    base_url: str = ""
+    """An OpenAI-compatible API root, e.g. `http://vllm:8000/v1` (vLLM, TGI, llama.cpp server, a hosted API)."""
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        return no_credentials(v)
+    model: str = ""
+    """Model name sent with each request."""
+    api: Literal["completions", "chat"] = "completions"
+    """`completions` (/completions with a prompt; log-probs of the answer token) or `chat` (/chat/completions)."""
+    api_key_env: str = "RLAIF_JUDGE_API_KEY"
+    """Name of the environment variable holding the API key (never the key itself: keys do not go in configs); the
+    cluster's `rlaif-judge` secret fills RLAIF_JUDGE_API_KEY. A launch refuses when it is set and the variable is
+    not; empty: send no key (a server without authentication, e.g. your own vLLM)."""
+    concurrency: int = Field(16, ge=1)
+    """Requests in flight at once."""
+    timeout_s: float = Field(60.0, gt=0)
+    """Seconds before a request is abandoned and retried."""
+    max_retries: int = Field(5, ge=0)
+    """Retries of a request after a timeout, a connection error, 429 or 5xx (exponential backoff, Retry-After)."""
+    backoff_s: float = Field(1.0, ge=0)
+    """First retry delay; doubles per retry, with jitter."""
+    top_logprobs: int = Field(5, ge=1, le=20)
+    """Log-probs asked for per token; the answer's probabilities come from these when the server returns them."""
+
+
+class RulesJudgeConfig(Strict):
+    """Deterministic checks; a response's score is the fraction of checks it passes."""
+
+    min_words: int = Field(1, ge=0)
+    """A response shorter than this fails the length check."""
+    max_words: int | None = Field(None, ge=1)
+    """A response longer than this fails the length check (None: no upper bound)."""
+    required: list[str] = []
+    """Keywords (case-insensitive) of which each present passes one check."""
+    forbidden: list[str] = []
+    """Keywords (case-insensitive) of which each absent passes one check."""
+    pattern: str | None = None
+    """Regular expression the response must contain (re.search) to pass the format check."""
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as exc:
+                raise ValueError(f"is not a valid regular expression: {exc}") from None
+        return v
+
+
+DEFAULT_RUDE_TERMS = ["stupid", "idiot", "dumb", "shut up", "figure it out yourself", "look it up", "ask someone else",
+                      "stop asking", "whatever", "obvious", "don't know", "not my problem", "go away", "waste of time"]
+
+
+class ReferenceJudgeConfig(Strict):
+    """The `reference` judge: key-point coverage minus penalties for rules a program can check."""
+
+    min_point_overlap: float = Field(0.5, gt=0.0, le=1.0)
+    """A key point counts as covered when the response holds at least this fraction of its content words."""
+    rude_terms: list[str] = DEFAULT_RUDE_TERMS
+    """Phrases (case-insensitive, whole words) that make a response rude."""
+    rude_penalty: float = Field(1.0, ge=0.0, le=2.0)
+    """Subtracted from the score of a rude response."""
+    off_topic_penalty: float = Field(1.0, ge=0.0, le=2.0)
+    """Subtracted from the score of a response sharing no content word with the prompt or its key points."""
+
+
+class JudgeSettings(Strict):
+    judge: Literal["embedding", "hf", "openai", "rules", "reference"] = "embedding"
+    """The AI labeler. `embedding`: the pretrained MiniLM scores each response by its similarity to the principle
+    (minus its similarity to the principle's contrast) and to the prompt. `hf`: a causal LM judge (RLAIF, Lee et al.
+    2023): the preference is read from the log-probabilities of the answer tokens "1" and "2". `openai`: the same
+    prompt sent to an OpenAI-compatible endpoint. `rules`: deterministic checks (see `rules`). `reference`: not an AI
+    judge but a verifiable grader of key-point coverage against references in the prompts file (see `reference`);
+    the evaluation adds it by itself wherever the held-out prompts carry references."""
+    constitution: str = "data/constitution.yaml"
+    """YAML list of principles {name, text, contrast?} (Constitutional AI); `contrast` describes the response the
+    principle argues against."""
+    principles: Literal["sample", "all"] = "sample"
+    """`sample`: one principle per comparison, seeded by the pair (Constitutional AI). `all`: every principle judges
+    every comparison and the preferences are averaged (an ensemble: k times the judge calls, less label noise)."""
+    temperature: float = Field(0.05, gt=0)
+    """Soft-label temperature of the score-based judges (embedding, rules):
+    p(a) = sigmoid((s_a - s_b) / temperature)."""
+    relevance_weight: float = Field(0.5, ge=0, le=10)
+    """Weight of response-prompt similarity in the embedding judge's score."""
+    preamble: str = DEFAULT_PREAMBLE
+    """LLM judges (hf, openai): the instruction at the top of every judge prompt."""
+    chain_of_thought: bool = False
+    """LLM judges: the judge writes a rationale first (greedy), then the answer is read after it."""
+    rationale_tokens: int = Field(64, ge=1)
+    """LLM judges: longest rationale with chain_of_thought."""
+    few_shot: str | None = None
+    """LLM judges: JSONL of worked examples {prompt, response_1, response_2, preferred: 1 or 2, rationale?} shown
+    before each comparison."""
+    hf: HFJudgeConfig = HFJudgeConfig()
+    """Settings of the `hf` judge."""
+    openai: OpenAIJudgeConfig = OpenAIJudgeConfig()
+    """Settings of the `openai` judge."""
+    rules: RulesJudgeConfig = RulesJudgeConfig()
+    """Settings of the `rules` judge."""
+    reference: ReferenceJudgeConfig = ReferenceJudgeConfig()
+    """Settings of the `reference` judge."""
+
+
+class JudgeSpec(JudgeSettings):
+    """A further judge used by the evaluation (the training judge, `label`'s, is always first, named `training`)."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    """Name shown in the report, e.g. `heldout` (letters, digits, '-', '_')."""
+
+

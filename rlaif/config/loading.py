@@ -1,0 +1,147 @@
+"""Configs from YAML plus dotted overrides (`--set ppo.lr=1e-5`): duplicate keys, unknown keys and bad values are
+errors that name the key (with the nearest real key), the settings reference (`rlaif config`), and cache keys."""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from rlaif.config.stages import PipelineConfig
+from rlaif.errors import UserError
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a mapping with the same key twice (PyYAML silently keeps the last one)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: merged by the base class
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                duplicate = key in seen
+            except TypeError:  # an unhashable key: the base class reports it
+                break
+            if duplicate:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(text: str, source: str) -> Any:
+    """YAML text as Python objects, or a one-line UserError naming `source` (syntax, duplicate keys, deep nesting)."""
+    try:
+        return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        raise UserError(f"{source} is not valid YAML: {' '.join(str(exc).split())[:200]}") from None
+    except RecursionError:
+        raise UserError(f"{source} is nested too deeply to be a config") from None
+
+
+def safe_run_id(text: str) -> str:
+    """An orchestrator's run name (e.g. Airflow's `manual__2026-11-22T08:00:00+00:00`) as a storage path segment."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")[:128].rstrip("-.") or "run"
+
+
+def _parse_value(text: str) -> Any:
+    """`--set` values are YAML scalars: 3, 0.5, true, null, "text"."""
+    try:
+        return yaml.safe_load(text)
+    except (yaml.YAMLError, RecursionError):
+        return text
+
+
+def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
+    for item in overrides:
+        if "=" not in item:
+            raise UserError(f"--set {item!r}: expected KEY=VALUE, e.g. --set ppo.lr=1e-5")
+        key, value = item.split("=", 1)
+        node = raw
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise UserError(f"--set {key}: {part!r} is not a section")
+            node = child
+        node[parts[-1]] = _parse_value(value)
+    return raw
+
+
+def config_fields(model: type[BaseModel] = PipelineConfig, prefix: str = "") -> list[tuple[str, str, Any, str]]:
+    """(dotted key, type, default, doc) of every setting, nested sections flattened: `rlaif config` prints these."""
+    rows = []
+    for name, field in model.model_fields.items():
+        key, kind = f"{prefix}{name}", field.annotation
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            rows += config_fields(kind, f"{key}.")
+            continue
+        default = field.get_default(call_default_factory=True)
+        type_name = getattr(kind, "__name__", None) if isinstance(kind, type) else None
+        rows.append((key, type_name or str(kind).replace("typing.", ""), default,
+                     " ".join((field.description or "").split())))
+    return rows
+
+
+def _suggest(key: str) -> str:
+    import difflib
+
+    keys = [k for k, *_ in config_fields()]
+    sections = {k.rsplit(".", 1)[0] for k in keys if "." in k}
+    close = difflib.get_close_matches(key, keys + sorted(sections), n=1, cutoff=0.8)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _describe(err: ValidationError) -> str:
+    first = err.errors()[0]
+    key = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    if first["type"] == "extra_forbidden":
+        return f"unknown config key '{key}'{_suggest(key)}: remove it or check its spelling (`rlaif config` lists them)"
+    return f"bad value for config key '{key}': {first['msg']}"
+
+
+def load_config(path: str | None, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:
+    """The config from a YAML file (local path or URL), or the defaults when there is none, plus `--set` overrides."""
+    if not path:
+        return parse_config("", "defaults", overrides)
+    from rlaif.io.storage import (
+        read_user_file,  # local import: storage imports this module's types
+    )
+
+    text = read_user_file(path, "config file", "give a YAML config file, e.g. configs/demo.yaml")
+    return parse_config(text, f"config file {path}", overrides)
+
+
+def parse_config(text: str, source: str, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:
+    """The config from YAML text (`source` names it in errors), plus `--set` overrides."""
+    raw = load_yaml(text, source) or {}
+    if not isinstance(raw, dict):
+        raise UserError(f"{source} must hold a mapping of sections")
+    raw = apply_overrides(raw, overrides)
+    try:
+        return PipelineConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise UserError(_describe(exc)) from None
+
+
+def dump_config(cfg: PipelineConfig) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+def sha256_json(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def stage_config_hash(cfg: PipelineConfig, sections: tuple[str, ...], input_digests: dict[str, str]) -> str:
+    """Cache key of a stage: its config sections, its inputs' digests and the digest of the code it runs."""
+    from rlaif.io.digest import (
+        code_digest,  # local import: rlaif.io imports this module
+    )
+
+    dumped = cfg.model_dump(mode="json")
+    payload = {name: dumped[name] for name in sections}
+    return sha256_json({"config": payload, "inputs": input_digests, "code": code_digest()})
