@@ -4,6 +4,8 @@ VENV ?= .venv
 # torch first, pinned: on this project's CPU machines it resolves to the local CPU build; elsewhere to PyPI's build.
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
+# The demo and the tests never download models: hub ids resolve only from the Hugging Face cache.
+export HF_HUB_OFFLINE ?= 1
 # DeepSpeed JIT-compiles ops on first use; keep them with the environment that built them.
 export TORCH_EXTENSIONS_DIR := $(abspath $(VENV))/torch-extensions
 

@@ -228,36 +228,3 @@ class Checkpoints:
         if dist.rank() == 0:
             print(f"resumed from checkpoint {marker['name']} (step {marker['step']})", flush=True)
         return state
-
-
-class MetricsLog:
-    """Per-step metrics to metrics.jsonl and TensorBoard, written on rank 0 only."""
-
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
-        self.writer = None
-        if enabled:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.dir = Path(tempfile.mkdtemp(prefix="rlaif-metrics-"))
-
-            self.writer = SummaryWriter(str(self.dir / "tensorboard"))
-
-    def log(self, step: int, row: dict) -> None:
-        if not self.enabled:
-            return
-        with open(self.dir / "metrics.jsonl", "a") as f:
-            f.write(json.dumps({"step": step, **row}) + "\n")
-        for key, value in row.items():
-            if isinstance(value, (int, float)):
-                self.writer.add_scalar(key, value, step)
-
-    def publish(self, stage_url: str) -> list[dict]:
-        """Upload metrics.jsonl and the TensorBoard logs; returns manifest file entries."""
-        if not self.enabled:
-            return []
-        self.writer.close()
-        files = storage.upload_dir(self.dir, stage_url)
-        shutil.rmtree(self.dir, ignore_errors=True)
-        return files
-

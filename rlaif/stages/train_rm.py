@@ -32,11 +32,13 @@ from rlaif.io.prompts import is_held_out, load_prompts
 from rlaif.io.shards import read_samples, shuffled, shuffled_stream
 from rlaif.judges.reference import CLEAR_MARGIN as CLEAR
 from rlaif.judges.reference import grader as reference_grader
+from rlaif.models import card
 from rlaif.models.loading import resolve
 from rlaif.models.reward import batched_rewards, load_reward_model, reward
 from rlaif.progress import progress
 from rlaif.stages.common import StageContext
-from rlaif.training import Checkpoints, Engine, MetricsLog
+from rlaif.tracking import Tracker
+from rlaif.training import Checkpoints, Engine
 
 
 def held_out(key: str, fraction: float) -> bool:
@@ -144,11 +146,11 @@ def run(ctx: StageContext) -> dict:
 
 
 def train(ctx: StageContext, engine, tokenizer, checkpoints: Checkpoints, position: dict, micro_local: int,
-          total_steps: int) -> tuple[MetricsLog, int, float]:
+          total_steps: int) -> tuple[Tracker, int, float]:
     """The training loop from `position` (a fresh start or a checkpoint); returns (metrics, steps, seconds)."""
     settings = ctx.cfg.train_rm
     rank, world, device = dist.rank(), dist.world_size(), engine.device
-    metrics = MetricsLog(enabled=rank == 0)
+    metrics = Tracker(ctx, enabled=rank == 0)
     use_amp = device.type == "cuda" and settings.strategy == "ddp"  # DeepSpeed runs bf16 itself on GPUs
     bar = progress(total=total_steps, initial=position["step"], desc="train_rm", unit="step", disable=rank != 0)
     step, start = position["step"], time.time() - position["seconds"]
@@ -174,14 +176,15 @@ def train(ctx: StageContext, engine, tokenizer, checkpoints: Checkpoints, positi
     return metrics, step, time.time() - start
 
 
-def publish(ctx: StageContext, export_dir: Path, metrics: MetricsLog, summary: dict) -> dict:
+def publish(ctx: StageContext, export_dir: Path, metrics: Tracker, summary: dict) -> dict:
     """Rank 0: reward_stats.json beside the model (PPO normalises with it), the upload, the log line, the commit."""
+    card.write(export_dir, card.reward_model_card(ctx, summary))
     stats_file = export_dir / "reward_stats.json"
     stats_file.write_text(json.dumps({"mean": summary["reward_mean"], "std": summary["reward_std"],
                                       "max_length": ctx.cfg.train_rm.max_length}))
     files = [dict(f, path="model/" + f["path"])
              for f in storage.upload_dir(export_dir, storage.join(ctx.url, "model"))]
-    files += metrics.publish(ctx.url)
+    files += metrics.publish((export_dir / "README.md",))
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
     print(f"train_rm: {summary['steps']} steps, held-out accuracy {fmt(summary['held_out_accuracy'])} "
           f"({fmt(summary['held_out_accuracy_confident'])} on confident pairs, "

@@ -60,6 +60,34 @@ def check_metrics(metrics, cfg):
     assert metrics["upstream"]["label_reference_agreement"] == agreement["reference_agreement"]
 
 
+def front_matter(card: Path) -> dict:
+    import yaml
+
+    text = card.read_text()
+    assert text.startswith("---\n"), f"{card} has no Hugging Face front matter"
+    return yaml.safe_load(text.split("---\n")[1])
+
+
+def check_model_cards(run_dir: Path, cfg):
+    """Every exported model carries a Hugging Face model card naming its base model as the user did, its run and
+    config digest, and its metrics; the adapter points at the base model by that name, not a cache path."""
+    ppo = manifest.require(storage.join(run_url(cfg), "ppo"), "ppo")
+    rm = manifest.require(storage.join(run_url(cfg), "train_rm"), "train_rm")
+    for path, base, library, stage in (("ppo/policy", cfg.policy.model, "transformers", ppo),
+                                       ("ppo/adapter", cfg.policy.model, "peft", ppo),
+                                       ("train_rm/model", cfg.train_rm.backbone, "transformers", rm)):
+        card = run_dir / path / "README.md"
+        meta = front_matter(card)
+        assert meta["base_model"] == base and meta["library_name"] == library and "rlaif" in meta["tags"], path
+        text = card.read_text()
+        assert f"| run id | {cfg.run_id} |" in text and f"| config digest | {stage['config_hash'][:16]} |" in text
+        assert any(f["path"] == path.split("/", 1)[1] + "/README.md" for f in stage["files"]), path
+    held_out = rm["summary"]["held_out_accuracy"]
+    assert f"| held_out_accuracy | {held_out:.4g} |" in (run_dir / "train_rm/model/README.md").read_text()
+    adapter = json.loads((run_dir / "ppo/adapter/adapter_config.json").read_text())
+    assert adapter["base_model_name_or_path"] == cfg.policy.model
+
+
 def test_file_storage_run_then_cache_hits(tmp_path):
     root = f"file://{tmp_path}/runs"
     first = rlaif("run", "--config", "configs/tiny.yaml", "--storage-root", root, timeout=900)
@@ -72,6 +100,7 @@ def test_file_storage_run_then_cache_hits(tmp_path):
     assert (tmp_path / "runs/tiny/evaluate/report.html").read_text().startswith("<!doctype html>")
     assert (tmp_path / "runs/tiny/ppo/reward_kl.png").stat().st_size > 1000
     assert (tmp_path / "runs/tiny/ppo/policy/model.safetensors").exists()
+    check_model_cards(tmp_path / "runs/tiny", cfg)
 
     second = rlaif("run", "--config", "configs/tiny.yaml", "--storage-root", root, timeout=300)
     assert second.returncode == 0, second.stderr[-3000:]

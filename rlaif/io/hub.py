@@ -1,0 +1,60 @@
+"""Models named by Hugging Face Hub id (`org/name`, `org/name@revision`, or `hf://org/name`): fetched into the Hugging
+Face cache where a hub is reachable, read from that cache when the environment asks for offline mode
+(HF_HUB_OFFLINE=1, which `make demo`, `make test` and the images' CI set). A local directory of the same name wins."""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from rlaif.errors import UserError
+
+HUB_ID = re.compile(r"(?:hf://)?([A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96})(?:@([\w./-]{1,128}))?")
+# Only what loading needs: configs, safetensors weights, tokenizer files (never pickled weights or remote code).
+ALLOW = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jinja"]
+
+
+def offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+
+
+def parse(spec: str) -> tuple[str, str | None] | None:
+    """(repo id, revision or None) when `spec` names a hub model rather than a local directory or another URL."""
+    if spec.startswith("hf://"):
+        match = HUB_ID.fullmatch(spec)
+        if not match:
+            raise UserError(f"model {spec}: a hub model is hf://org/name or hf://org/name@revision")
+        return match.group(1), match.group(2)
+    if "://" in spec or spec.startswith(("builtin:", "/", ".", "~")) or Path(spec).expanduser().exists():
+        return None
+    match = HUB_ID.fullmatch(spec)
+    return (match.group(1), match.group(2)) if match else None
+
+
+def snapshot(spec: str, what: str) -> Path:
+    """The local snapshot directory of a hub model: downloaded once into the Hugging Face cache (HF_HOME), or found
+    there in offline mode."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    repo_id, revision = parse(spec)
+    try:
+        return Path(snapshot_download(repo_id, revision=revision, allow_patterns=ALLOW, local_files_only=offline()))
+    except LocalEntryNotFoundError:
+        mode = ("the hub is off (HF_HUB_OFFLINE=1) and it is not in the Hugging Face cache" if offline()
+                else "the hub could not be reached and it is not in the Hugging Face cache")
+        raise UserError(f"{what} {spec}: {mode}: unset HF_HUB_OFFLINE on a machine with hub access, or give a "
+                        "local directory or an s3:// URL") from None
+    except RepositoryNotFoundError:
+        raise UserError(f"{what} {spec}: no such model on the hub (or it is gated: set HF_TOKEN)") from None
+    except HfHubHTTPError as exc:
+        raise UserError(f"{what} {spec}: the hub answered {str(exc).splitlines()[0][:160]}") from None
+
+
+def revision_digest(spec: str) -> str:
+    """What a hub model enters a cache key as: its resolved commit (from the hub, or the cached ref offline)."""
+    repo_id, revision = parse(spec)
+    try:
+        return f"hub:{repo_id}@{snapshot(spec, 'model').name}"
+    except UserError:
+        return f"hub:{repo_id}@{revision or 'main'}:unresolved"

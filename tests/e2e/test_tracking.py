@@ -1,0 +1,139 @@
+"""Tracking while a run is going: the tiny pipeline against a real MLflow server on loopback (SQLite backend). The
+metrics of train_rm and ppo reach MLflow, and the TensorBoard logs reach storage, while those stages still run
+(before their manifests exist); the params and the model card arrive as run params and artifacts."""
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mlflow")
+    exe = shutil.which("mlflow", path=str(Path(sys.executable).parent))
+    if exe is None:
+        pytest.fail("mlflow not found: pip install 'rlaif[mlflow]' (part of the dev extra)")
+    port = free_port()
+    proc = subprocess.Popen([exe, "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+                             "--backend-store-uri", f"sqlite:///{root}/mlflow.db",
+                             "--default-artifact-root", f"file://{root}/artifacts"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    uri = f"http://127.0.0.1:{port}"
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    deadline = time.time() + 120
+    while True:
+        try:
+            client.search_experiments()
+            break
+        except Exception:
+            if time.time() > deadline or proc.poll() is not None:
+                proc.kill()
+                pytest.fail("mlflow server did not start")
+            time.sleep(0.5)
+    yield uri, client
+    os.killpg(proc.pid, 15)
+    proc.wait(timeout=30)
+
+
+def stage_run(client, stage: str):
+    experiment = client.get_experiment_by_name("rlaif-e2e")
+    if experiment is None:
+        return None
+    runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.`rlaif.stage` = '{stage}'")
+    return runs[0] if runs else None
+
+
+@pytest.mark.slow
+def test_metrics_arrive_while_the_stages_run(tmp_path, mlflow_server):
+    uri, client = mlflow_server
+    root = tmp_path / "runs"
+    argv = [sys.executable, "-m", "rlaif", "run", "--config", "configs/tiny.yaml", "--storage-root", f"file://{root}",
+            "--set", "tracking.report_to=[tensorboard,mlflow]", "--set", f"tracking.mlflow_tracking_uri={uri}",
+            "--set", "tracking.mlflow_experiment=rlaif-e2e", "--set", "tracking.flush_every_s=1",
+            "--set", "ppo.iterations=6", "--set", "ppo.checkpoint_every=0"]
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    live = {"train_rm": False, "ppo": False}
+    tensorboard_live = False
+    while proc.poll() is None:
+        for stage in live:
+            if not live[stage] and not (root / "tiny" / stage / "manifest.json").exists():
+                run = stage_run(client, stage)
+                live[stage] = bool(run and run.data.metrics)
+        ppo_dir = root / "tiny" / "ppo"
+        tensorboard_live |= (ppo_dir / "tensorboard").is_dir() and not (ppo_dir / "manifest.json").exists()
+        time.sleep(0.2)
+    output = proc.stdout.read()
+    assert proc.returncode == 0, output[-3000:]
+    assert live == {"train_rm": True, "ppo": True}, "metrics reached MLflow only after the stage ended"
+    assert tensorboard_live, "the TensorBoard logs reached storage only after ppo ended"
+
+    ppo = stage_run(client, "ppo")
+    assert ppo.info.run_name == "tiny/ppo" and ppo.info.status == "FINISHED"
+    assert ppo.data.params["ppo.iterations"] == "6" and ppo.data.params["policy.model"] == "builtin:tiny-llama"
+    history = client.get_metric_history(ppo.info.run_id, "reward_raw")
+    assert [m.step for m in history] == [1, 2, 3, 4, 5, 6]
+    assert [a.path for a in client.list_artifacts(ppo.info.run_id)] == ["README.md"]
+    card = Path(client.download_artifacts(ppo.info.run_id, "README.md", str(tmp_path)))
+    assert "base_model: builtin:tiny-llama" in card.read_text()
+    rm = stage_run(client, "train_rm")
+    assert "loss" in rm.data.metrics and rm.data.params["train_rm.batch_size"] == "8"
+
+    # A re-run with a changed tracking setting is a cache hit: tracking is not part of any cache key.
+    again = subprocess.run([*argv, "--set", "tracking.flush_every_s=5"], cwd=REPO, capture_output=True, text=True,
+                           timeout=300)
+    assert again.returncode == 0 and again.stdout.count("cache hit") == 5, again.stdout[-2000:]
+
+
+def tracker_context(tmp_path, overrides: list[str]):
+    from types import SimpleNamespace
+
+    from rlaif.config import load_config
+    from rlaif.graph import STAGE_BY_NAME
+
+    cfg = load_config("configs/tiny.yaml", overrides)
+    return SimpleNamespace(cfg=cfg, stage=STAGE_BY_NAME["ppo"], url=f"file://{tmp_path}/ppo", config_hash="0" * 64)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["tracking.report_to=[mlflow]"], "no server: set tracking.mlflow_tracking_uri or $MLFLOW_TRACKING_URI"),
+    (["tracking.report_to=[mlflow]", "tracking.mlflow_tracking_uri=http://127.0.0.1:9"], "did not answer"),
+])
+def test_mlflow_misconfigured_is_a_one_line_error_before_training(tmp_path, monkeypatch, overrides, message):
+    from rlaif.errors import UserError
+    from rlaif.tracking import Tracker
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    with pytest.raises(UserError) as err:
+        Tracker(tracker_context(tmp_path, overrides), enabled=True)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_tensorboard_flushes_to_storage_on_the_interval(tmp_path, monkeypatch):
+    from rlaif.tracking import Tracker
+
+    tracker = Tracker(tracker_context(tmp_path, ["tracking.flush_every_s=1"]), enabled=True)
+    tracker.log(1, {"loss": 1.0})
+    assert not (tmp_path / "ppo" / "metrics.jsonl").exists()  # not yet: the interval has not passed
+    tracker.last_flush -= 2
+    tracker.log(2, {"loss": 0.5})
+    assert (tmp_path / "ppo" / "metrics.jsonl").read_text().count("loss") == 2
+    assert any((tmp_path / "ppo" / "tensorboard").iterdir())
+    files = tracker.publish()
+    assert {f["path"] for f in files} >= {"metrics.jsonl"}
