@@ -12,7 +12,10 @@ from rlaif.orchestration.cluster import load
 from rlaif.orchestration.pod import pod_plan
 
 REPO = Path(__file__).resolve().parents[1]
-COMMON_PARAMETERS = {"config", "overrides", "run_id", "storage_root", "default_run_id"}
+BASE_PARAMETERS = {"config", "overrides", "run_id", "storage_root", "default_run_id"}
+# The settings runs are compared by in the KFP UI; optional (each has an "unset" default).
+TYPED_PARAMETERS = {"policy_model", "judge", "ppo_lr", "kl_coef", "iterations", "seed"}
+COMMON_PARAMETERS = BASE_PARAMETERS | TYPED_PARAMETERS
 
 
 def kfp_name(stage: str) -> str:
@@ -113,7 +116,7 @@ class ComponentContract:
                 assert src == {"outputArtifactKey": "manifest", "producerTask": kfp_name(dep)}, name
             params = task["inputs"]["parameters"]
             assert params["default_run_id"] == {"runtimeValue": {"constant": "{{$.pipeline_job_name}}"}}, name
-            passed = COMMON_PARAMETERS - {"default_run_id"}
+            passed = BASE_PARAMETERS - {"default_run_id"}
             assert all(params[p] == {"componentInputParameter": p} for p in passed), name
             # configure_task(task, pod_plan(...)) sized the pod as the full pipeline does
             plan = pod_plan(stage, cluster, namespace.get("JUDGE"))

@@ -27,6 +27,12 @@ def evaluate(
     metrics: Output[Metrics],
     report: Output[HTML],
     report_markdown: Output[Markdown],
+    policy_model: str = "",
+    judge: str = "",
+    ppo_lr: float = 0.0,
+    kl_coef: float = -1.0,
+    iterations: int = 0,
+    seed: int = -1,
 ):
     """Compares the tuned and starting policies on held-out prompts: win rates under each judge with confidence
     intervals, reward, KL, diversity; writes the report.
@@ -40,12 +46,20 @@ def evaluate(
         train_rm_manifest: The `train_rm` stage's manifest (from its component's `manifest` output).
         ppo_manifest: The `ppo` stage's manifest (from its component's `manifest` output).
         manifest: This stage's manifest (digest, files, metrics); its metadata holds the stage's storage URL.
+        policy_model: Starting policy (policy.model): a Hub id, s3:// or image path; empty: the config's.
+        judge: The label judge (label.judge): embedding, hf, openai, rules or reference; empty: the config's.
+        ppo_lr: PPO learning rate (ppo.lr); 0: the config's.
+        kl_coef: PPO KL coefficient (ppo.kl_coef); negative: the config's.
+        iterations: PPO iterations (ppo.iterations); 0: the config's.
+        seed: Seed of every random choice (seed); negative: the config's.
         metrics: Win rates (training judge, each further judge), KL, rewards: shown in the run's Metrics tab.
         report: The run report as HTML (Visualizations tab).
         report_markdown: The run report as Markdown.
     """
     from rlaif.orchestration.kfp_steps import publish_evaluation, run_component
 
+    typed = {"policy_model": policy_model, "judge": judge, "ppo_lr": ppo_lr, "kl_coef": kl_coef,
+             "iterations": iterations, "seed": seed}
     result = run_component("evaluate", config, overrides, run_id, storage_root, default_run_id,
-                           {"train_rm": train_rm_manifest, "ppo": ppo_manifest}, manifest)
+                           {"train_rm": train_rm_manifest, "ppo": ppo_manifest}, manifest, typed)
     publish_evaluation(result, manifest.metadata["url"], metrics, report, report_markdown)

@@ -23,6 +23,12 @@ def label(
     default_run_id: str,
     generate_manifest: Input[Artifact],
     manifest: Output[Artifact],
+    policy_model: str = "",
+    judge: str = "",
+    ppo_lr: float = 0.0,
+    kl_coef: float = -1.0,
+    iterations: int = 0,
+    seed: int = -1,
 ):
     """An AI judge labels each response pair with a position-debiased soft preference (both orders), and measures its
     agreement with the reference judge.
@@ -35,8 +41,16 @@ def label(
         default_run_id: The run id when `run_id` is empty; the pipeline passes the KFP run's name, so a retry resumes.
         generate_manifest: The `generate` stage's manifest (from its component's `manifest` output).
         manifest: This stage's manifest (digest, files, metrics); its metadata holds the stage's storage URL.
+        policy_model: Starting policy (policy.model): a Hub id, s3:// or image path; empty: the config's.
+        judge: The label judge (label.judge): embedding, hf, openai, rules or reference; empty: the config's.
+        ppo_lr: PPO learning rate (ppo.lr); 0: the config's.
+        kl_coef: PPO KL coefficient (ppo.kl_coef); negative: the config's.
+        iterations: PPO iterations (ppo.iterations); 0: the config's.
+        seed: Seed of every random choice (seed); negative: the config's.
     """
     from rlaif.orchestration.kfp_steps import run_component
 
+    typed = {"policy_model": policy_model, "judge": judge, "ppo_lr": ppo_lr, "kl_coef": kl_coef,
+             "iterations": iterations, "seed": seed}
     run_component("label", config, overrides, run_id, storage_root, default_run_id,
-                  {"generate": generate_manifest}, manifest)
+                  {"generate": generate_manifest}, manifest, typed)

@@ -9,7 +9,7 @@ passes the small manifest artifact. See README.md beside this file."""
 from typing import List
 
 from kfp import dsl
-from kfp.dsl import Artifact, Input, Output
+from kfp.dsl import Artifact, Input, Metrics, Model, Output
 
 from rlaif.orchestration.cluster import ClusterSpec
 
@@ -23,6 +23,14 @@ def ppo(
     default_run_id: str,
     train_rm_manifest: Input[Artifact],
     manifest: Output[Artifact],
+    policy: Output[Model],
+    metrics: Output[Metrics],
+    policy_model: str = "",
+    judge: str = "",
+    ppo_lr: float = 0.0,
+    kl_coef: float = -1.0,
+    iterations: int = 0,
+    seed: int = -1,
 ):
     """Fine-tunes the policy (LoRA) with PPO against the reward model, multi-process under torchrun, DDP or DeepSpeed
     ZeRO (or a TrainJob for nodes > 1).
@@ -35,8 +43,21 @@ def ppo(
         default_run_id: The run id when `run_id` is empty; the pipeline passes the KFP run's name, so a retry resumes.
         train_rm_manifest: The `train_rm` stage's manifest (from its component's `manifest` output).
         manifest: This stage's manifest (digest, files, metrics); its metadata holds the stage's storage URL.
+        policy: The tuned policy (merged weights): its model card, where its weights live (location.json),
+            key metrics as metadata.
+        metrics: Reward at the first and last iteration, KL to the start, seconds per iteration.
+        policy_model: Starting policy (policy.model): a Hub id, s3:// or image path; empty: the config's.
+        judge: The label judge (label.judge): embedding, hf, openai, rules or reference; empty: the config's.
+        ppo_lr: PPO learning rate (ppo.lr); 0: the config's.
+        kl_coef: PPO KL coefficient (ppo.kl_coef); negative: the config's.
+        iterations: PPO iterations (ppo.iterations); 0: the config's.
+        seed: Seed of every random choice (seed); negative: the config's.
     """
-    from rlaif.orchestration.kfp_steps import run_component
+    from rlaif.orchestration.kfp_steps import publish_model, run_component
 
-    run_component("ppo", config, overrides, run_id, storage_root, default_run_id,
-                  {"train_rm": train_rm_manifest}, manifest)
+    typed = {"policy_model": policy_model, "judge": judge, "ppo_lr": ppo_lr, "kl_coef": kl_coef,
+             "iterations": iterations, "seed": seed}
+    result = run_component("ppo", config, overrides, run_id, storage_root, default_run_id,
+                           {"train_rm": train_rm_manifest}, manifest, typed)
+    publish_model(result, manifest.metadata["url"], "policy", policy, metrics,
+                  ("reward_first", "reward_last", "kl_last", "seconds_per_iteration", "iterations"))

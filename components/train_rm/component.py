@@ -9,7 +9,7 @@ passes the small manifest artifact. See README.md beside this file."""
 from typing import List
 
 from kfp import dsl
-from kfp.dsl import Artifact, Input, Output
+from kfp.dsl import Artifact, Input, Metrics, Model, Output
 
 from rlaif.orchestration.cluster import ClusterSpec
 
@@ -23,6 +23,14 @@ def train_rm(
     default_run_id: str,
     label_manifest: Input[Artifact],
     manifest: Output[Artifact],
+    reward_model: Output[Model],
+    metrics: Output[Metrics],
+    policy_model: str = "",
+    judge: str = "",
+    ppo_lr: float = 0.0,
+    kl_coef: float = -1.0,
+    iterations: int = 0,
+    seed: int = -1,
 ):
     """Trains the preference (reward) model on the soft labels with a Bradley-Terry loss, DDP under torchrun (or a
     TrainJob for nodes > 1).
@@ -35,8 +43,21 @@ def train_rm(
         default_run_id: The run id when `run_id` is empty; the pipeline passes the KFP run's name, so a retry resumes.
         label_manifest: The `label` stage's manifest (from its component's `manifest` output).
         manifest: This stage's manifest (digest, files, metrics); its metadata holds the stage's storage URL.
+        reward_model: The reward model: its model card, where its weights live (location.json), key metrics as metadata.
+        metrics: Held-out accuracy (all, confident pairs, against the reference judge), calibration, throughput.
+        policy_model: Starting policy (policy.model): a Hub id, s3:// or image path; empty: the config's.
+        judge: The label judge (label.judge): embedding, hf, openai, rules or reference; empty: the config's.
+        ppo_lr: PPO learning rate (ppo.lr); 0: the config's.
+        kl_coef: PPO KL coefficient (ppo.kl_coef); negative: the config's.
+        iterations: PPO iterations (ppo.iterations); 0: the config's.
+        seed: Seed of every random choice (seed); negative: the config's.
     """
-    from rlaif.orchestration.kfp_steps import run_component
+    from rlaif.orchestration.kfp_steps import publish_model, run_component
 
-    run_component("train_rm", config, overrides, run_id, storage_root, default_run_id,
-                  {"label": label_manifest}, manifest)
+    typed = {"policy_model": policy_model, "judge": judge, "ppo_lr": ppo_lr, "kl_coef": kl_coef,
+             "iterations": iterations, "seed": seed}
+    result = run_component("train_rm", config, overrides, run_id, storage_root, default_run_id,
+                           {"label": label_manifest}, manifest, typed)
+    publish_model(result, manifest.metadata["url"], "model", reward_model, metrics,
+                  ("held_out_accuracy", "held_out_accuracy_confident", "held_out_reference_accuracy",
+                   "held_out_calibration_mae", "reward_mean", "reward_std", "steps", "samples_per_s"))

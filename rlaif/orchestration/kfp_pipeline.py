@@ -51,12 +51,14 @@ def build_pipeline(spec: "ClusterSpec | None" = None, judge: "str | None" = None
     """The pipeline function: tasks in graph order, each fed its upstream stages' manifest artifacts. `judge`, the
     label judge of the config the pipeline is compiled for, decides whether label's pod gets a GPU."""
     spec = spec or ClusterSpec()
+    judge_for_pods = judge  # the pipeline's `judge` parameter is a runtime value; pods are sized when compiling
 
     description = "RLAIF: generate -> label -> train_rm -> ppo -> evaluate (stages from rlaif/graph.py)"
 
     @dsl.pipeline(name="rlaif", description=description)
     def rlaif(config: str = "configs/demo.yaml", overrides: List[str] = [], run_id: str = "",
-              storage_root: str = ""):
+              storage_root: str = "", policy_model: str = "", judge: str = "", ppo_lr: float = 0.0,
+              kl_coef: float = -1.0, iterations: int = 0, seed: int = -1):
         """RLAIF run.
 
         Args:
@@ -64,13 +66,21 @@ def build_pipeline(spec: "ClusterSpec | None" = None, judge: "str | None" = None
             overrides: KEY=VALUE strings, as with `rlaif run --set`, e.g. ppo.iterations=100.
             run_id: Run directory name under the storage root; empty means the KFP run's name, so a retry resumes it.
             storage_root: Where outputs live, e.g. s3://bucket/rlaif; empty means the config's storage.root.
+            policy_model: Starting policy (policy.model): a Hub id, s3:// or image path; empty: the config's.
+            judge: The label judge (label.judge): embedding, hf, openai, rules or reference; empty: the config's.
+            ppo_lr: PPO learning rate (ppo.lr); 0: the config's.
+            kl_coef: PPO KL coefficient (ppo.kl_coef); negative: the config's.
+            iterations: PPO iterations (ppo.iterations); 0: the config's.
+            seed: Seed of every random choice; negative: the config's.
         """
+        typed = {"policy_model": policy_model, "judge": judge, "ppo_lr": ppo_lr, "kl_coef": kl_coef,
+                 "iterations": iterations, "seed": seed}
         tasks: dict[str, dsl.PipelineTask] = {}
         for stage in topological_order():
             upstream = {f"{dep}_manifest": tasks[dep].outputs["manifest"] for dep in stage.inputs}
             task = COMPONENTS[stage.name](config=config, overrides=overrides, run_id=run_id, storage_root=storage_root,
-                                          default_run_id=dsl.PIPELINE_JOB_NAME_PLACEHOLDER, **upstream)
-            configure_task(task, pod_plan(stage, spec, judge))
+                                          default_run_id=dsl.PIPELINE_JOB_NAME_PLACEHOLDER, **typed, **upstream)
+            configure_task(task, pod_plan(stage, spec, judge_for_pods))
             tasks[stage.name] = task
 
     return rlaif

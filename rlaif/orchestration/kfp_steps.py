@@ -14,15 +14,27 @@ from rlaif.orchestration.launch import launch, load_config_source, prepare
 from rlaif.stages import common
 
 
+def typed_overrides(policy_model: str = "", judge: str = "", ppo_lr: float = 0.0, kl_coef: float = -1.0,
+                    iterations: int = 0, seed: int = -1) -> list[str]:
+    """The pipeline's typed parameters (what runs are compared by in the KFP UI) as overrides. Their unset values
+    (empty, 0, or negative) keep the config's."""
+    chosen = {"policy.model": policy_model or None, "label.judge": judge or None,
+              "ppo.lr": ppo_lr if ppo_lr > 0 else None, "ppo.kl_coef": kl_coef if kl_coef >= 0 else None,
+              "ppo.iterations": iterations if iterations > 0 else None, "seed": seed if seed >= 0 else None}
+    return [f"{key}={json.dumps(value)}" for key, value in chosen.items() if value is not None]
+
+
 def run_component(name: str, config: str, overrides: list[str], run_id: str, storage_root: str,
-                  default_run_id: str, upstream: dict, output) -> dict:
+                  default_run_id: str, upstream: dict, output, typed: dict) -> dict:
     """The body of every KFP component: check that the upstream artifacts are the manifests in storage (a stale or
-    foreign run directory is refused), launch the stage, and publish its manifest as this step's artifact."""
+    foreign run directory is refused), launch the stage, and publish its manifest as this step's artifact. `typed`
+    (the typed pipeline parameters) win over `overrides`."""
     from rlaif.models.loading import quiet_transformers
 
     quiet_transformers()
     # A retry of this step takes its lock back.
     os.environ.setdefault("RLAIF_LOCK_OWNER", f"kfp:{default_run_id}:{name}")
+    overrides = [*overrides, *typed_overrides(**typed)]
     cfg = load_config_source(config, overrides, run_id or safe_run_id(default_run_id), storage_root)
     config_url = prepare(cfg)
     for dep, artifact in upstream.items():
@@ -53,3 +65,20 @@ def publish_evaluation(result: dict, stage_url: str, metrics, report_html, repor
     for artifact, name in ((report_html, "report.html"), (report_md, "report.md")):
         with open(artifact.path, "wb") as f:
             f.write(storage.read_bytes(storage.join(stage_url, name)))
+
+
+def publish_model(result: dict, stage_url: str, subdir: str, model, metrics, keys: tuple[str, ...]) -> None:
+    """A trained model in the KFP UI: a Model artifact (its model card and where the weights live; the weights stay
+    in object storage, where the next stage reads them) with the key metrics as metadata, and a Metrics artifact."""
+    summary = result["summary"]
+    values = {key: float(summary[key]) for key in keys if isinstance(summary.get(key), (int, float))}
+    for key, value in values.items():
+        metrics.log_metric(key, value)
+    weights_url = storage.join(stage_url, subdir)
+    os.makedirs(model.path, exist_ok=True)
+    with open(os.path.join(model.path, "README.md"), "w", encoding="utf-8") as f:
+        f.write(storage.read_text(storage.join(weights_url, "README.md")))
+    files = [f["path"] for f in result["files"] if f["path"].startswith(subdir + "/")]
+    with open(os.path.join(model.path, "location.json"), "w", encoding="utf-8") as f:
+        json.dump({"url": weights_url, "files": files, "manifest_digest": result["digest"]}, f, indent=2)
+    model.metadata.update(storage_url=weights_url, framework="transformers", **values)

@@ -5,3 +5,4 @@ from rlaif_components.checks import ComponentContract
 
 class TestPPOComponent(ComponentContract):
     NAME = "ppo"
+    OUTPUTS = {"manifest": "system.Artifact", "policy": "system.Model", "metrics": "system.Metrics"}

@@ -5,3 +5,4 @@ from rlaif_components.checks import ComponentContract
 
 class TestTrainRMComponent(ComponentContract):
     NAME = "train_rm"
+    OUTPUTS = {"manifest": "system.Artifact", "reward_model": "system.Model", "metrics": "system.Metrics"}
