@@ -31,6 +31,7 @@ from rlaif.config.stages import (
     PipelineConfig,
     PolicyConfig,
     PPOConfig,
+    PromptColumns,
     StorageConfig,
     TinyPolicyConfig,
     TrackingConfig,
@@ -40,7 +41,8 @@ from rlaif.config.stages import (
 __all__ = [
     "DEFAULT_PREAMBLE", "DEFAULT_RUDE_TERMS", "DataConfig", "EvaluateConfig", "GenerateConfig", "HFJudgeConfig",
     "JudgeSettings", "JudgeSpec", "LabelConfig", "OpenAIJudgeConfig", "PPOConfig", "PipelineConfig", "PolicyConfig",
-    "ReferenceJudgeConfig", "RulesJudgeConfig", "StorageConfig", "Strict", "TinyPolicyConfig", "TrackingConfig",
+    "PromptColumns", "ReferenceJudgeConfig", "RulesJudgeConfig", "StorageConfig", "Strict", "TinyPolicyConfig",
+    "TrackingConfig",
     "TrainRMConfig",
     "UniqueKeyLoader", "apply_overrides", "config_fields", "dump_config", "load_config", "load_yaml", "no_credentials",
     "parse_config", "safe_run_id", "sha256_json", "stage_config_hash",

@@ -1,78 +1,76 @@
-"""Reading the prompts file and the stable held-out split."""
+"""The prompts, from any source `rlaif.io.prompt_sources` reads, checked row by row into the same rows
+[{id, prompt, key_points?, reference?}]; and the stable held-out split."""
 from __future__ import annotations
 
 import hashlib
-import json
 import re
-from pathlib import Path
 
-from rlaif.config import DataConfig
+from rlaif.config import DataConfig, PromptColumns
 from rlaif.errors import UserError
-from rlaif.io.storage import read_user_file
+from rlaif.io.prompt_sources import RawRow, read_source, source_digest
+
+__all__ = ["is_held_out", "load_prompts", "source_digest", "split"]
 
 ID = re.compile(r"[A-Za-z0-9_:-]{1,128}")
 
 
-def _prompt_id(row: dict, lineno: int, where: str) -> str:
+def _prompt_id(record: dict, column: str, default_id: str, where: str) -> str:
     """The row's id, which becomes a shard key (a '.' would split it into file extensions, '/' into directories)."""
-    pid = row.get("id")
+    pid = record.get(column)
     if pid is None:
-        return f"line{lineno:07d}"
+        return default_id
     if isinstance(pid, bool) or not isinstance(pid, (str, int)) or not ID.fullmatch(str(pid)):
         raise UserError(f"{where}: id {str(pid)[:40]!r} is not usable: use 1-128 letters, digits, '-', '_' or ':' "
                         "(ids become shard keys)")
     return str(pid)
 
 
-def _references(row: dict, where: str) -> dict:
-    """A JSONL row's optional ground truth for the reference judge: `key_points` (list of strings),
-    `reference` (text)."""
+def _references(record: dict, columns: PromptColumns, where: str) -> dict:
+    """A row's optional ground truth for the reference judge: key points (a list of strings), a reference (text)."""
     out = {}
-    points = row.get("key_points")
+    points = record.get(columns.key_points)
     if points is not None:
         if not isinstance(points, list) or not all(isinstance(p, str) and p.strip() for p in points):
-            raise UserError(f"{where}: 'key_points' must be a list of non-empty strings")
+            raise UserError(f"{where}: {columns.key_points!r} must be a list of non-empty strings")
         out["key_points"] = [p.strip() for p in points]
-    if row.get("reference") is not None:
-        if not isinstance(row["reference"], str):
-            raise UserError(f"{where}: 'reference' must be a string")
-        out["reference"] = row["reference"]
+    reference = record.get(columns.reference)
+    if reference is not None:
+        if not isinstance(reference, str):
+            raise UserError(f"{where}: {columns.reference!r} must be a string")
+        out["reference"] = reference
     return out
 
 
+def _prompt_text(record: object, column: str, where: str) -> str:
+    if not isinstance(record, dict) or record.get(column) is None:
+        raise UserError(f"{where} has no string field {column!r} (data.columns.prompt names the field that holds "
+                        "the prompt)")
+    if not isinstance(record[column], str):
+        raise UserError(f"{where}: {column!r} must be a string, not {type(record[column]).__name__}")
+    if not record[column].strip():
+        raise UserError(f"{where} has an empty prompt: remove it or fill it in")
+    return record[column]
+
+
+def _checked(row: RawRow, data: DataConfig) -> dict:
+    prompt = _prompt_text(row.record, data.columns.prompt, row.where)
+    if len(prompt) > data.max_prompt_chars:
+        raise UserError(f"{row.where}: prompt of {len(prompt)} characters exceeds "
+                        f"data.max_prompt_chars={data.max_prompt_chars}")
+    pid = _prompt_id(row.record, data.columns.id, row.default_id, row.where)
+    return {"id": pid, "prompt": prompt.strip(), **_references(row.record, data.columns, row.where)}
+
+
 def load_prompts(data: DataConfig) -> list[dict]:
-    """[{id, prompt, key_points?, reference?}] from JSONL (`prompt`, optional `id`, `key_points`, `reference`) or
-    plain text (one prompt per line)."""
-    path = Path(data.prompts)
-    text = read_user_file(data.prompts, "prompts file", "set data.prompts to a JSONL or text file")
-    rows = []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        if path.suffix == ".jsonl":
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                raise UserError(f"prompts file {path} line {lineno} is not valid JSON") from None
-            if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
-                raise UserError(f"prompts file {path} line {lineno} has no string field 'prompt'")
-            where = f"prompts file {path} line {lineno}"
-            prompt, pid, extra = row["prompt"], _prompt_id(row, lineno, where), _references(row, where)
-        else:
-            prompt, pid, extra = line, f"line{lineno:07d}", {}
-        if not prompt.strip():
-            raise UserError(f"prompts file {path} line {lineno} has an empty prompt: remove the line or fill it in")
-        if len(prompt) > data.max_prompt_chars:
-            raise UserError(
-                f"prompts file {path} line {lineno}: prompt of {len(prompt)} characters exceeds "
-                f"data.max_prompt_chars={data.max_prompt_chars}"
-            )
-        rows.append({"id": pid, "prompt": prompt.strip(), **extra})
+    """[{id, prompt, key_points?, reference?}] from data.prompts in any format data.format names, with data.columns
+    naming the source's columns; every problem is a one-line UserError naming the source and the row."""
+    source = read_source(data)
+    rows = [_checked(row, data) for row in source.rows]
     if not rows:
-        raise UserError(f"prompts file {path} holds no prompts")
+        raise UserError(f"{source.name} holds no prompts")
     ids = [r["id"] for r in rows]
     if len(set(ids)) != len(ids):
-        raise UserError(f"prompts file {path} repeats prompt ids: ids must be unique")
+        raise UserError(f"{source.name} repeats prompt ids: ids must be unique")
     return rows
 
 

@@ -80,23 +80,56 @@ def read_text(url: str) -> str:
     return read_bytes(url).decode("utf-8")
 
 
-def read_user_file(url: str, what: str, fix: str) -> str:
-    """A file the user names (config, prompts, constitution, few-shot), as UTF-8 text, or a one-line UserError:
-    missing, not a regular file (a directory or a FIFO, which would block the read), unreadable or not UTF-8."""
+def read_user_bytes(url: str, what: str, fix: str) -> bytes:
+    """A file the user names (config, prompts, constitution, few-shot), local or s3://, as bytes, or a one-line
+    UserError: missing, not a regular file (a directory or a FIFO, which would block the read) or unreadable."""
     try:
         if is_local(url):
             mode = os.stat(local_path(url)).st_mode
             if not stat.S_ISREG(mode):
                 raise UserError(f"{what} {url} is not a regular file (a directory, FIFO or device): {fix}")
-        data = read_bytes(url)
+        return read_bytes(url)
     except FileNotFoundError:
         raise UserError(f"{what} not found: {url} ({fix})") from None
     except (PermissionError, IsADirectoryError, NotADirectoryError) as exc:
         raise UserError(f"{what} {url} cannot be read ({type(exc).__name__}): {fix}") from None
+    except OSError as exc:  # s3://: no such bucket, endpoint unreachable, access denied (s3fs raises OSError kinds)
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UserError(f"{what} {url} cannot be read ({reason[:200]}): {fix}") from None
+
+
+def read_user_file(url: str, what: str, fix: str) -> str:
+    """A file the user names, as UTF-8 text (read_user_bytes' errors, and one for text that is not UTF-8)."""
+    data = read_user_bytes(url, what, fix)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise UserError(f"{what} {url} is not UTF-8 (byte {exc.start}): re-encode it as UTF-8") from None
+
+
+def is_dir(url: str) -> bool:
+    """True for a local directory or an s3:// prefix that holds objects."""
+    if is_local(url):
+        return local_path(url).is_dir()
+    try:
+        return filesystem(url).isdir(_path(url))
+    except OSError:  # no such bucket, endpoint down: reading it later reports why
+        return False
+
+
+def list_files(url: str) -> list[str]:
+    """The files under a local directory or an s3:// prefix, as paths relative to it, sorted."""
+    fs, root = filesystem(url), _path(url).rstrip("/")
+    return sorted(name[len(root) + 1:] for name in fs.find(root) if name.startswith(root + "/"))
+
+
+def copy_to_local(url: str, relative_paths: list[str], dest: Path) -> None:
+    """Copy these files under `url` (local or s3://) into `dest`, keeping their relative paths."""
+    fs = filesystem(url)
+    for rel in relative_paths:
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fs.get_file(_path(join(url, rel)), str(target))
 
 
 def write_bytes_atomic(url: str, data: bytes) -> None:

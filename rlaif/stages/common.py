@@ -10,6 +10,7 @@ from rlaif.config import PipelineConfig, stage_config_hash
 from rlaif.graph import STAGE_BY_NAME, Stage
 from rlaif.io import manifest, storage
 from rlaif.io.digest import spec_digest
+from rlaif.io.prompts import source_digest
 
 
 def run_url(cfg: PipelineConfig) -> str:
@@ -76,8 +77,9 @@ def config_files(cfg: PipelineConfig, name: str) -> dict[str, str]:
 
 
 def file_digests(cfg: PipelineConfig, name: str) -> dict[str, str]:
-    """Content digests of the prompts (where the stage reads them) and of every file its config names."""
-    digests = {"prompts": spec_digest(cfg.data.prompts)} if STAGE_BY_NAME[name].uses_prompts else {}
+    """Content digests of the prompts (where the stage reads them; s3:// objects, dataset directories, globs and hub
+    datasets included) and of every file its config names (local or s3://)."""
+    digests = {"prompts": source_digest(cfg.data)} if STAGE_BY_NAME[name].uses_prompts else {}
     return {**digests, **{f"file:{role}": spec_digest(spec) for role, spec in config_files(cfg, name).items()}}
 
 

@@ -224,3 +224,20 @@ def test_unwritable_model_cache(cli, tmp_path, monkeypatch):
     blocker.write_text("")
     monkeypatch.setenv("RLAIF_CACHE", str(blocker))
     cli("run", "--config", TINY, "--storage-root", f"file://{tmp_path}/root", needle="is not writable")
+
+
+def test_prompt_datasets(cli, tmp_path):
+    """Parquet prompts and datasets' data files through the CLI: a missing column or an unknown data.columns key is one
+    line (no datasets progress bar) before any work; mapped columns get through the launch checks."""
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    pq.write_table(pa.table({"question": ["How do I bake bread?", "How do I cook rice?"]}), tmp_path / "p.parquet")
+    root = ("--storage-root", f"file://{tmp_path}/root")
+    cli("run", "--config", TINY, *root, "--set", f"data.prompts={tmp_path}/p.parquet",
+        needle="has no column 'prompt' (it has 'question'): set data.columns.prompt")
+    cli("run", "--config", TINY, *root, "--set", f"data.prompts={tmp_path}/*.parquet", "--set", "data.format=hf",
+        needle="set data.columns.prompt")
+    cli("run", "--config", TINY, *root, "--set", f"data.prompts={tmp_path}/p.parquet", "--set",
+        "data.columns.promt=question", needle="did you mean 'data.columns.prompt'")
+    assert nothing_written(tmp_path / "root")
+    cli("launch", "label", "--config", TINY, *root, "--set", f"data.prompts={tmp_path}/p.parquet", "--set",
+        "data.columns.prompt=question", needle="generate/manifest.json does not exist")

@@ -55,7 +55,8 @@ def test_versions_agree_with_the_project(name):
 def test_installs_the_project_and_runs_as_non_root(name):
     steps = instructions(IMAGES[name])
     runs = " ".join(rest for op, rest in steps if op == "RUN")
-    assert 'pip install ".[kfp]"' in runs  # the project, its console script and the KFP executor
+    # the project, its console script, the KFP executor, and parquet / Hugging Face dataset prompts
+    assert 'pip install ".[kfp,datasets]"' in runs
     assert "torch==${TORCH_VERSION}" in runs and "deepspeed==${DEEPSPEED_VERSION}" in runs
     users = [rest for op, rest in steps if op == "USER"]
     assert users and users[-1] not in ("0", "root")

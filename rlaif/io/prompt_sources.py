@@ -1,0 +1,311 @@
+"""Where prompts come from: JSONL, plain text, parquet or a Hugging Face dataset (a directory saved with
+save_to_disk, parquet/JSONL data files, or a hub dataset), from a local path or an s3:// URL.
+
+Each reader turns its source into the same raw rows, each with the place an error names and the id a row without
+one gets; `rlaif.io.prompts` validates them, so every format has the same checks and the same one-line messages.
+pyarrow and datasets (the `datasets` extra) are imported only when a source needs them."""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from rlaif.config import DataConfig, PromptColumns, sha256_json
+from rlaif.errors import UserError
+from rlaif.io import storage
+from rlaif.io.digest import spec_digest
+
+SUFFIX_FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".txt": "text", ".parquet": "parquet"}
+DATA_FILE_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json"}  # datasets' loader per suffix
+SAVED_DATASET_MARKERS = ("dataset_dict.json", "state.json")  # what save_to_disk writes (DatasetDict, Dataset)
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+FIX = "set data.prompts to a JSONL, text or parquet file, or a dataset directory saved with datasets' save_to_disk"
+
+
+@dataclass
+class RawRow:
+    where: str  # how errors name the row: "prompts file X line 3"
+    default_id: str  # a row without an id gets its line or row number: a JSONL file and its parquet twin agree
+    record: object  # the row's columns; a JSONL line may hold any JSON value, and the validator says what is wrong
+
+
+@dataclass
+class Source:
+    name: str  # how errors name the whole source: "prompts file X", "prompts dataset X (split train)"
+    rows: list[RawRow]
+
+
+def read_source(data: DataConfig) -> Source:
+    """The raw rows of data.prompts, read as data.format says (auto: see source_format)."""
+    fmt = source_format(data)
+    if fmt == "text":
+        return _read_text(data)
+    if fmt == "jsonl":
+        return _read_jsonl(data.prompts)
+    if fmt == "parquet":
+        return _read_parquet(data)
+    return _read_hf(data)
+
+
+def source_format(data: DataConfig) -> str:
+    """data.format, or for auto: by suffix, hf for an hf:// URL or a directory, and text for any other file (as
+    before formats existed: every file that was not .jsonl was one prompt per line)."""
+    if data.format != "auto":
+        return data.format
+    if data.prompts.startswith("hf://"):
+        return "hf"
+    if (fmt := SUFFIX_FORMATS.get(_suffix(data.prompts))) is not None:
+        return fmt
+    return "hf" if storage.is_dir(data.prompts) else "text"
+
+
+def source_digest(data: DataConfig) -> str:
+    """The prompts' content for the cache key: a file's or a saved dataset directory's (s3://: its objects' ETags and
+    sizes), every file a glob matches, or a hub dataset's resolved commit."""
+    if source_format(data) != "hf":
+        return spec_digest(data.prompts)
+    if _is_hub(data):
+        return _hub_digest(data)
+    if _has_glob(data.prompts):  # only hf reads globs: elsewhere '[' is part of a file's name
+        return sha256_json([[url, spec_digest(url)] for url in storage.glob(data.prompts)])
+    return spec_digest(data.prompts)
+
+
+def _suffix(url: str) -> str:
+    return PurePosixPath(url.split("://", 1)[-1]).suffix.lower()
+
+
+def _has_glob(url: str) -> bool:
+    return any(c in url for c in "*?[")
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:200]
+
+
+def _import(module: str, fmt: str):
+    """A module of the `datasets` extra, or a one-line UserError saying how to install it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise UserError(f"data.format {fmt} needs the {module.split('.')[0]} package: "
+                        'pip install "rlaif[datasets]"') from None
+
+
+def _numbered(name: str, unit: str, records: list) -> list[RawRow]:
+    return [RawRow(f"{name} {unit} {i}", f"line{i:07d}", record) for i, record in enumerate(records, 1)]
+
+
+def _read_text(data: DataConfig) -> Source:
+    if data.columns != PromptColumns():
+        raise UserError(f"data.columns is set but {data.prompts} is read as plain text (one prompt per line, no "
+                        "columns): name a .jsonl or .parquet file, or set data.format")
+    name = f"prompts file {data.prompts}"
+    lines = storage.read_user_file(data.prompts, "prompts file", FIX).splitlines()
+    return Source(name, [RawRow(f"{name} line {n}", f"line{n:07d}", {"prompt": line})
+                         for n, line in enumerate(lines, 1) if line.strip()])
+
+
+def _read_jsonl(url: str) -> Source:
+    """One JSON object per line; a .json file holding one JSON array is read as its items."""
+    name, text = f"prompts file {url}", storage.read_user_file(url, "prompts file", FIX)
+    if _suffix(url) == ".json" and text.lstrip().startswith("["):
+        try:
+            items = json.loads(text)
+        except (json.JSONDecodeError, RecursionError):
+            raise UserError(f"{name} is not valid JSON (an array of rows, or one JSON object per line)") from None
+        return Source(name, _numbered(name, "item", items))
+    rows = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except (json.JSONDecodeError, RecursionError):
+            raise UserError(f"{name} line {lineno} is not valid JSON") from None
+        rows.append(RawRow(f"{name} line {lineno}", f"line{lineno:07d}", record))
+    return Source(name, rows)
+
+
+def wanted_columns(name: str, available: list[str], columns: PromptColumns) -> list[str]:
+    """The mapped columns the source has. The prompt column must be there, and so must any column data.columns names
+    explicitly; the optional ones under their default names may be absent."""
+    defaults = PromptColumns()
+    for field, column in columns.model_dump().items():
+        if column not in available and (field == "prompt" or column != getattr(defaults, field)):
+            raise UserError(f"{name} has no column {column!r} (it has {', '.join(map(repr, available))[:200]}): set "
+                            f"data.columns.{field} to the column that holds the {field.replace('_', ' ')}")
+    return [column for column in columns.model_dump().values() if column in available]
+
+
+def _read_parquet(data: DataConfig) -> Source:
+    pyarrow, parquet = _import("pyarrow", "parquet"), _import("pyarrow.parquet", "parquet")
+    name = f"prompts file {data.prompts}"
+    raw = storage.read_user_bytes(data.prompts, "prompts file", FIX)  # bytes: the same for a path and s3://
+    try:
+        table = parquet.read_table(pyarrow.BufferReader(raw))
+    except (pyarrow.ArrowException, OSError) as exc:
+        raise UserError(f"{name} is not a parquet file ({_first_line(exc)}): {FIX}") from None
+    records = table.select(wanted_columns(name, table.column_names, data.columns)).to_pylist()
+    return Source(name, _numbered(name, "row", records))
+
+
+def _read_hf(data: DataConfig) -> Source:
+    """A hub dataset, parquet/JSONL data files (a file or a glob) through datasets' loaders, or a saved directory."""
+    if _is_hub(data):
+        return _read_hub(data)
+    if data.revision or data.data_files:
+        raise UserError(f"data.revision and data.data_files apply to Hugging Face Hub datasets, and {data.prompts} "
+                        "is not one: unset them, or write the hub dataset as hf://datasets/ORG/NAME")
+    if _has_glob(data.prompts) or _suffix(data.prompts) in DATA_FILE_BUILDERS:
+        return _read_data_files(data)
+    return _read_saved(data)
+
+
+def _is_hub(data: DataConfig) -> bool:
+    """hf:// URLs, and with data.format hf a bare ORG/NAME that is not a local path."""
+    url = data.prompts
+    if url.startswith("hf://"):
+        return True
+    return (data.format == "hf" and "://" not in url and HUB_ID.fullmatch(url) is not None
+            and _suffix(url) not in DATA_FILE_BUILDERS and not Path(url).exists())
+
+
+def hub_repo(url: str) -> str:
+    repo = url.removeprefix("hf://").removeprefix("datasets/").strip("/")
+    if not HUB_ID.fullmatch(repo):
+        raise UserError(f"prompts {url!r} is not a Hugging Face Hub dataset name: write hf://datasets/ORG/NAME")
+    return repo
+
+
+def hub_offline() -> bool:
+    """The project never downloads at run time unless told to (rlaif.models.loading sets HF_HUB_OFFLINE=1 by
+    default, and so do the cluster pods)."""
+    flags = (os.environ.get(name, "") for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+    return any(flag.strip().upper() in ("1", "ON", "YES", "TRUE") for flag in flags)
+
+
+def _datasets():
+    datasets = _import("datasets", "hf")
+    datasets.disable_progress_bars()  # a failed launch prints one line, not a progress bar per split
+    datasets.logging.set_verbosity_error()
+    return datasets
+
+
+def _loaded(name: str, load: Callable):
+    """datasets raises many kinds of error for a bad dataset (FileNotFoundError, ValueError, its own): one line each."""
+    try:
+        return load()
+    except UserError:
+        raise
+    except Exception as exc:
+        cause = exc
+        while cause.__cause__ is not None or cause.__context__ is not None:  # DatasetGenerationError wraps the reason
+            cause = cause.__cause__ or cause.__context__
+        reason = " ".join(str(cause).split())[:300] or type(cause).__name__
+        raise UserError(f"{name} cannot be loaded ({type(cause).__name__}: {reason})") from None
+
+
+def _dataset_source(name: str, dataset, columns: PromptColumns) -> Source:
+    records = dataset.select_columns(wanted_columns(name, dataset.column_names, columns)).to_list()
+    return Source(name, _numbered(name, "row", records))
+
+
+def _read_hub(data: DataConfig) -> Source:
+    repo, name = hub_repo(data.prompts), f"prompts dataset {data.prompts} (split {data.split})"
+    datasets = _datasets()
+    if hub_offline() or getattr(datasets.config, "HF_HUB_OFFLINE", False):
+        raise UserError(f"{name} is on the Hugging Face Hub, which is off here (HF_HUB_OFFLINE): save it with "
+                        "datasets' save_to_disk where the hub is reachable and set data.prompts to that directory "
+                        "(local or s3://), or set HF_HUB_OFFLINE=0")
+    dataset = _loaded(name, lambda: datasets.load_dataset(repo, split=data.split, revision=data.revision,
+                                                          data_files=data.data_files))
+    return _dataset_source(name, dataset, data.columns)
+
+
+def _hub_digest(data: DataConfig) -> str:
+    """The commit the revision resolves to (a moving branch re-runs the stages when it moves); where the hub cannot
+    be asked, the revision as written (loading then says why it cannot read the dataset)."""
+    pinned = f"hf-hub:{data.prompts}@{data.revision or 'main'}"
+    if hub_offline():
+        return pinned
+    try:
+        from huggingface_hub import HfApi
+
+        return f"hf-hub:{data.prompts}@{HfApi().dataset_info(hub_repo(data.prompts), revision=data.revision).sha}"
+    except Exception:  # unreachable, unknown repo, no huggingface_hub: loading reports it in one line
+        return pinned
+
+
+@contextmanager
+def _scratch() -> Iterator[Path]:
+    """A private directory per load under the rlaif cache, removed after: torchrun ranks load the same prompts at
+    once, and datasets' own cache would grow by a copy per load."""
+    storage.cache_dir().mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="prompts-", dir=storage.cache_dir()) as tmp:
+        yield Path(tmp)
+
+
+def _read_data_files(data: DataConfig) -> Source:
+    """Parquet or JSONL files (a glob may name several) through datasets' own loaders, in sorted order."""
+    url, name = data.prompts, f"prompts dataset {data.prompts} (split {data.split})"
+    builder = DATA_FILE_BUILDERS.get(_suffix(url))
+    if builder is None:
+        raise UserError(f"{name}: data.format hf reads .parquet, .jsonl or .json data files, a saved dataset "
+                        "directory or a hub dataset")
+    matches = storage.glob(url)
+    if not matches:
+        raise UserError(f"prompts not found: no file matches {url} ({FIX})")
+    datasets = _datasets()
+    with _scratch() as scratch:
+        files = _local_files(matches, scratch)
+        dataset = _loaded(name, lambda: datasets.load_dataset(builder, data_files=files, split=data.split,
+                                                              cache_dir=str(scratch / "cache"), keep_in_memory=True))
+        return _dataset_source(name, dataset, data.columns)
+
+
+def _local_files(matches: list[str], scratch: Path) -> list[str]:
+    """Local paths of the matched files, s3:// ones copied into `scratch` (a folder each: two prefixes may hold
+    files of the same name)."""
+    paths = []
+    for i, url in enumerate(matches):
+        if storage.is_local(url):
+            paths.append(str(storage.local_path(url)))
+            continue
+        parent, _, file = url.rpartition("/")
+        storage.copy_to_local(parent, [file], scratch / f"{i:05d}")
+        paths.append(str(scratch / f"{i:05d}" / file))
+    return paths
+
+
+def _read_saved(data: DataConfig) -> Source:
+    """A directory written by save_to_disk (a Dataset, or a DatasetDict whose data.split is read); an s3:// one is
+    copied to a private local directory first."""
+    url, name = data.prompts, f"prompts dataset {data.prompts}"
+    if not storage.is_dir(url):
+        if not storage.exists(url):
+            raise UserError(f"prompts not found: {url} ({FIX})")
+        raise UserError(f"prompts file {url} is read as a dataset directory (data.format hf) but is a file: {FIX}")
+    files = storage.list_files(url)
+    if not any(marker in files for marker in SAVED_DATASET_MARKERS):
+        raise UserError(f"prompts file {url} is not a regular file (a directory, FIFO or device), nor a dataset saved "
+                        f"with datasets' save_to_disk (no {' or '.join(SAVED_DATASET_MARKERS)} in it): {FIX}")
+    datasets = _datasets()
+    with _scratch() as scratch:
+        local = storage.local_path(url)
+        if not storage.is_local(url):
+            storage.copy_to_local(url, files, scratch)
+            local = scratch
+        dataset = _loaded(name, lambda: datasets.load_from_disk(str(local), keep_in_memory=True))
+        if isinstance(dataset, datasets.DatasetDict):
+            if data.split not in dataset:
+                raise UserError(f"{name} has splits {sorted(dataset)}, not {data.split!r}: set data.split")
+            dataset, name = dataset[data.split], f"{name} (split {data.split})"
+        return _dataset_source(name, dataset, data.columns)

@@ -1,0 +1,330 @@
+"""Prompts in every format data.format reads (JSONL, text, parquet, a directory saved with `datasets`, parquet/JSONL
+data files through `datasets`), locally and on s3:// (moto), become the same rows; data.columns renames a dataset's
+columns; every bad case is one line naming the source, the row and the fix; the cache key follows an s3:// prompts
+object's content. Constitutions and few-shot files are read from s3:// too. Offline: the hub is never asked."""
+import json
+import sys
+
+import pytest
+
+from rlaif.config import DataConfig, PromptColumns, load_config, parse_config, stage_config_hash
+from rlaif.errors import UserError
+from rlaif.graph import STAGE_BY_NAME
+from rlaif.io import storage
+from rlaif.io.prompts import load_prompts, source_digest
+from rlaif.stages.common import file_digests
+
+datasets = pytest.importorskip("datasets")
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+FIELDS = ("id", "prompt", "key_points", "reference")
+ROWS = [
+    {"id": "bread", "prompt": "How do I bake bread?", "key_points": ["mix flour and water", "let it rise"]},
+    {"id": "rice", "prompt": " How do I cook rice? ", "reference": "Rinse it. Simmer it covered."},
+    {"id": 7, "prompt": "Name a good houseplant."},
+]
+EXPECTED = [
+    {"id": "bread", "prompt": "How do I bake bread?", "key_points": ["mix flour and water", "let it rise"]},
+    {"id": "rice", "prompt": "How do I cook rice?", "reference": "Rinse it. Simmer it covered."},
+    {"id": "7", "prompt": "Name a good houseplant."},
+]
+RENAMED = {"id": "qid", "prompt": "question", "key_points": "points", "reference": "answer"}
+
+
+def columns_of(rows: list[dict], names: dict | None = None, like: list[dict] | None = None) -> dict[str, list]:
+    """Every row under every column that `like` (default: rows) has, None where a row has no value: no writer
+    guesses the schema from row one."""
+    names = {**{f: f for f in FIELDS}, **(names or {})}
+    return {names[f]: [row.get(f) for row in rows] for f in FIELDS if any(f in row for row in like or rows)}
+
+
+def table(rows: list[dict], names: dict | None = None, like: list[dict] | None = None):
+    """Typed columns (a column of nulls would otherwise be typed null and clash with its twin in another file)."""
+    types = {"id": pa.string(), "prompt": pa.string(), "key_points": pa.list_(pa.string()), "reference": pa.string()}
+    names = {**{f: f for f in FIELDS}, **(names or {})}
+    cols = columns_of(rows, names, like)
+    return pa.table({names[f]: pa.array([None if v is None else (str(v) if f == "id" else v) for v in cols[names[f]]],
+                                        types[f]) for f in FIELDS if names[f] in cols})
+
+
+def write_jsonl(path, rows, names=None):
+    names = {**{f: f for f in FIELDS}, **(names or {})}
+    path.write_text("".join(json.dumps({names[k]: v for k, v in row.items()}) + "\n" for row in rows))
+
+
+def write_parquet(path, rows, names=None, like=None):
+    pq.write_table(table(rows, names, like), path)
+
+
+def save_dataset(path, rows, names=None, splits=None):
+    dataset = datasets.Dataset(table(rows, names))
+    (datasets.DatasetDict({s: dataset for s in splits}) if splits else dataset).save_to_disk(str(path))
+
+
+# Each: where to write the prompts and how, and the DataConfig that reads them back.
+def as_jsonl(d):
+    write_jsonl(d / "p.jsonl", ROWS)
+    return DataConfig(prompts=str(d / "p.jsonl"))
+
+
+def as_json_array(d):
+    (d / "p.json").write_text(json.dumps(ROWS))
+    return DataConfig(prompts=f"file://{d}/p.json")
+
+
+def as_parquet(d):
+    write_parquet(d / "p.parquet", ROWS)
+    return DataConfig(prompts=str(d / "p.parquet"))
+
+
+def as_saved_dataset(d):
+    save_dataset(d / "saved", ROWS)
+    return DataConfig(prompts=str(d / "saved"))
+
+
+def as_saved_dataset_dict(d):
+    save_dataset(d / "saved", ROWS, splits=("train", "test"))
+    return DataConfig(prompts=str(d / "saved"), split="test")
+
+
+def as_hf_parquet_files(d):
+    write_parquet(d / "part-0.parquet", ROWS[:2], like=ROWS)
+    write_parquet(d / "part-1.parquet", ROWS[2:], like=ROWS)
+    return DataConfig(prompts=str(d / "part-*.parquet"), format="hf")
+
+
+def as_hf_jsonl_file(d):
+    write_jsonl(d / "p.jsonl", ROWS)
+    return DataConfig(prompts=str(d / "p.jsonl"), format="hf")
+
+
+@pytest.mark.parametrize("write", [as_jsonl, as_json_array, as_parquet, as_saved_dataset, as_saved_dataset_dict,
+                                   as_hf_parquet_files, as_hf_jsonl_file])
+def test_every_format_gives_the_same_rows(tmp_path, write):
+    assert load_prompts(write(tmp_path)) == EXPECTED
+
+
+def test_rows_without_ids_are_numbered_alike_in_text_jsonl_and_parquet(tmp_path):
+    """The held-out split hashes the id: a file converted to another format keeps its split."""
+    prompts = ["first prompt", "second prompt", "third prompt"]
+    (tmp_path / "p.txt").write_text("\n".join(prompts) + "\n")
+    write_jsonl(tmp_path / "p.jsonl", [{"prompt": p} for p in prompts])
+    write_parquet(tmp_path / "p.parquet", [{"prompt": p} for p in prompts])
+    save_dataset(tmp_path / "saved", [{"prompt": p} for p in prompts])
+    names = ("p.txt", "p.jsonl", "p.parquet", "saved")
+    rows = [load_prompts(DataConfig(prompts=str(tmp_path / name))) for name in names]
+    assert rows[0] == rows[1] == rows[2] == rows[3]
+    assert [r["id"] for r in rows[0]] == ["line0000001", "line0000002", "line0000003"]
+    unknown_suffix = tmp_path / "prompts.md"  # as before formats: any other file is one prompt per line
+    unknown_suffix.write_text("\n".join(prompts))
+    assert load_prompts(DataConfig(prompts=str(unknown_suffix))) == rows[0]
+
+
+def test_column_mapping(tmp_path):
+    columns = PromptColumns(**RENAMED)
+    write_jsonl(tmp_path / "p.jsonl", ROWS, RENAMED)
+    write_parquet(tmp_path / "p.parquet", ROWS, RENAMED)
+    save_dataset(tmp_path / "saved", ROWS, RENAMED)
+    for name in ("p.jsonl", "p.parquet", "saved"):
+        assert load_prompts(DataConfig(prompts=str(tmp_path / name), columns=columns)) == EXPECTED, name
+    cfg = parse_config("data: {columns: {prompt: question, id: qid, key_points: points, reference: answer}}", "test",
+                       [f"data.prompts={tmp_path / 'p.parquet'}"])
+    assert load_prompts(cfg.data) == EXPECTED
+    # only the prompt column is required; the optional ones under their own names may be absent
+    write_parquet(tmp_path / "only.parquet", [{"prompt": "just a prompt"}], {"prompt": "question"})
+    assert load_prompts(DataConfig(prompts=str(tmp_path / "only.parquet"), columns={"prompt": "question"})) == [
+        {"id": "line0000001", "prompt": "just a prompt"}]
+
+
+def one_line_error(data: DataConfig, needle: str) -> str:
+    with pytest.raises(UserError) as info:
+        load_prompts(data)
+    message = str(info.value)
+    assert needle in message and "\n" not in message, message
+    return message
+
+
+def test_missing_columns_name_the_column_and_the_fix(tmp_path):
+    write_parquet(tmp_path / "p.parquet", ROWS, RENAMED)
+    message = one_line_error(DataConfig(prompts=str(tmp_path / "p.parquet")), "has no column 'prompt'")
+    assert "set data.columns.prompt" in message and "p.parquet" in message and "'question'" in message
+    write_parquet(tmp_path / "q.parquet", ROWS)
+    one_line_error(DataConfig(prompts=str(tmp_path / "q.parquet"), columns={"id": "qid"}),
+                   "has no column 'qid'")  # a column named explicitly must exist
+    save_dataset(tmp_path / "saved", ROWS, RENAMED)
+    one_line_error(DataConfig(prompts=str(tmp_path / "saved")), "set data.columns.prompt")
+    write_jsonl(tmp_path / "p.jsonl", ROWS, RENAMED)
+    one_line_error(DataConfig(prompts=str(tmp_path / "p.jsonl")), "line 1 has no string field 'prompt' "
+                   "(data.columns.prompt names")
+
+
+@pytest.mark.parametrize("columns, needle", [
+    ({"prompt": pa.array([1, 2])}, "row 1: 'prompt' must be a string, not int"),
+    ({"prompt": pa.array(["a", None])}, "row 2 has no string field 'prompt'"),
+    ({"prompt": pa.array(["a", " "])}, "row 2 has an empty prompt"),
+    ({"prompt": pa.array(["a"]), "key_points": pa.array(["one"])}, "'key_points' must be a list of non-empty"),
+    ({"prompt": pa.array(["a"]), "reference": pa.array([3])}, "'reference' must be a string"),
+    ({"prompt": pa.array(["a"]), "id": pa.array(["a.b"])}, "row 1: id 'a.b' is not usable"),
+    ({"prompt": pa.array(["a", "b"]), "id": pa.array(["x", "x"])}, "repeats prompt ids"),
+    ({"prompt": pa.array([], pa.string())}, "holds no prompts"),
+    ({"prompt": pa.array(["x" * 30])}, "exceeds data.max_prompt_chars=20"),
+])
+def test_bad_parquet_rows(tmp_path, columns, needle):
+    pq.write_table(pa.table(columns), tmp_path / "p.parquet")
+    message = one_line_error(DataConfig(prompts=str(tmp_path / "p.parquet"), max_prompt_chars=20), needle)
+    assert "p.parquet" in message
+
+
+def test_bad_sources(tmp_path):
+    (tmp_path / "bad.parquet").write_bytes(b"not parquet at all")
+    one_line_error(DataConfig(prompts=str(tmp_path / "bad.parquet")), "is not a parquet file")
+    (tmp_path / "plain").mkdir()
+    one_line_error(DataConfig(prompts=str(tmp_path / "plain")), "nor a dataset saved with datasets' save_to_disk")
+    one_line_error(DataConfig(prompts=str(tmp_path / "absent"), format="hf"), "prompts not found")
+    one_line_error(DataConfig(prompts=str(tmp_path / "none-*.parquet"), format="hf"), "no file matches")
+    save_dataset(tmp_path / "saved", ROWS, splits=("train", "test"))
+    one_line_error(DataConfig(prompts=str(tmp_path / "saved"), split="validation"),
+                   "has splits ['test', 'train'], not 'validation': set data.split")
+    (tmp_path / "p.txt").write_text("a prompt\n")
+    one_line_error(DataConfig(prompts=str(tmp_path / "p.txt"), columns={"prompt": "question"}),
+                   "is read as plain text")
+    one_line_error(DataConfig(prompts=str(tmp_path / "saved"), revision="v1"), "apply to Hugging Face Hub datasets")
+    write_parquet(tmp_path / "part-0.parquet", ROWS[:1])
+    write_parquet(tmp_path / "part-1.parquet", ROWS[1:])  # other columns: datasets cannot put the two together
+    one_line_error(DataConfig(prompts=str(tmp_path / "part-*.parquet"), format="hf"), "column names don't match")
+    (tmp_path / "array.json").write_text('[{"prompt": "a"}, ')
+    one_line_error(DataConfig(prompts=str(tmp_path / "array.json")), "is not valid JSON")
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("data.columns.promt=question", "unknown config key 'data.columns.promt' (did you mean 'data.columns.prompt'?)"),
+    ("data.columns={prompt: text, reference: text}", "two of our fields read the same column"),
+    ("data.columns.prompt=", "bad value for config key 'data.columns.prompt'"),
+    ("data.format=csv", "bad value for config key 'data.format'"),
+    ("data.split=", "bad value for config key 'data.split'"),
+    ("data.prompts=s3://user:secret@bucket/p.jsonl", "must not contain a user name or password"),
+])
+def test_data_settings_are_validated(override, needle):
+    with pytest.raises(UserError) as info:
+        parse_config("", "test", [override])
+    assert needle in str(info.value)
+
+
+def test_hub_settings_need_a_hub_format():
+    with pytest.raises(UserError, match="apply to Hugging Face Hub datasets, not data.format jsonl"):
+        parse_config("data: {format: jsonl, revision: main}", "test")
+    assert parse_config("data: {format: hf, prompts: someone/prompts, revision: main}", "test").data.revision == "main"
+
+
+def test_a_missing_extra_is_one_line_naming_it(tmp_path, monkeypatch):
+    write_parquet(tmp_path / "p.parquet", ROWS)
+    save_dataset(tmp_path / "saved", ROWS)
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    monkeypatch.setitem(sys.modules, "datasets", None)
+    one_line_error(DataConfig(prompts=str(tmp_path / "p.parquet")), 'needs the pyarrow package: pip install '
+                   '"rlaif[datasets]"')
+    one_line_error(DataConfig(prompts=str(tmp_path / "saved")), 'needs the datasets package: pip install '
+                   '"rlaif[datasets]"')
+
+
+@pytest.mark.parametrize("prompts, fmt", [("hf://datasets/someone/prompts", "auto"), ("someone/prompts", "hf")])
+def test_hub_datasets_say_when_the_hub_is_off(monkeypatch, prompts, fmt):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    data = DataConfig(prompts=prompts, format=fmt, revision="v1")
+    one_line_error(data, "is on the Hugging Face Hub, which is off here (HF_HUB_OFFLINE)")
+    assert source_digest(data) == f"hf-hub:{prompts}@v1"  # no network asked for the cache key either
+    one_line_error(DataConfig(prompts="hf://datasets/a/b/c"), "is not a Hugging Face Hub dataset name")
+
+
+@pytest.fixture
+def s3(s3_endpoint, tmp_path, monkeypatch):
+    """A fresh prefix in the moto bucket, and a local directory to build files in."""
+    endpoint, bucket = s3_endpoint
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)  # configure() exports it; restored after the test
+    storage.configure(endpoint)
+    return f"s3://{bucket}/prompts-{tmp_path.name}", tmp_path
+
+
+def test_s3_prompts_in_every_format(s3):
+    url, local = s3
+    write_jsonl(local / "p.jsonl", ROWS)
+    write_parquet(local / "p.parquet", ROWS, RENAMED)
+    save_dataset(local / "saved", ROWS, splits=("train",))
+    write_parquet(local / "part-0.parquet", ROWS[:1], like=ROWS)
+    write_parquet(local / "part-1.parquet", ROWS[1:], like=ROWS)
+    for name in ("p.jsonl", "p.parquet", "part-0.parquet", "part-1.parquet"):
+        storage.upload_file(local / name, f"{url}/{name}")
+    storage.upload_dir(local / "saved", f"{url}/saved")
+    assert load_prompts(DataConfig(prompts=f"{url}/p.jsonl")) == EXPECTED
+    assert load_prompts(DataConfig(prompts=f"{url}/p.parquet", columns=RENAMED)) == EXPECTED
+    assert load_prompts(DataConfig(prompts=f"{url}/saved")) == EXPECTED
+    assert load_prompts(DataConfig(prompts=f"{url}/part-*.parquet", format="hf")) == EXPECTED
+    one_line_error(DataConfig(prompts=f"{url}/absent.parquet"), "prompts file not found")
+    one_line_error(DataConfig(prompts=f"{url}/absent", format="hf"), "prompts not found")
+
+
+def test_constitution_and_few_shot_from_s3(s3):
+    from rlaif.judges.constitution import load_constitution
+    from rlaif.judges.prompting import load_few_shot
+
+    url, _ = s3
+    storage.write_bytes_atomic(f"{url}/constitution.yaml", b"- {name: kind, text: Be kind., contrast: Be rude.}\n")
+    storage.write_bytes_atomic(f"{url}/shots.jsonl",
+                               b'{"prompt": "q", "response_1": "a", "response_2": "b", "preferred": 2}\n')
+    assert load_constitution(f"{url}/constitution.yaml") == [
+        {"name": "kind", "text": "Be kind.", "contrast": "Be rude."}]
+    assert load_few_shot(f"{url}/shots.jsonl")[0]["preferred"] == 2
+    with pytest.raises(UserError, match="constitution file not found: s3://"):
+        load_constitution(f"{url}/absent.yaml")
+    with pytest.raises(UserError, match="few-shot file not found: s3://"):
+        load_few_shot(f"{url}/absent.jsonl")
+
+
+def generate_key(cfg) -> str:
+    stage = STAGE_BY_NAME["generate"]
+    return stage_config_hash(cfg, stage.config_sections, file_digests(cfg, "generate"))
+
+
+def test_cache_key_follows_s3_and_directory_prompts(s3):
+    """An s3:// prompts object, an s3:// saved dataset and an s3:// few-shot file, each rewritten in place under the
+    same URL: the keys of the stages that read them change."""
+    url, local = s3
+    write_parquet(local / "p.parquet", ROWS)
+    storage.upload_file(local / "p.parquet", f"{url}/p.parquet")
+    cfg = load_config("configs/demo.yaml", [f"data.prompts={url}/p.parquet"])
+    before = generate_key(cfg)
+    assert generate_key(cfg) == before  # stable when nothing changed
+    write_parquet(local / "p.parquet", ROWS[:2])
+    storage.upload_file(local / "p.parquet", f"{url}/p.parquet")
+    assert generate_key(cfg) != before
+
+    save_dataset(local / "saved", ROWS)
+    storage.upload_dir(local / "saved", f"{url}/saved")
+    data = DataConfig(prompts=f"{url}/saved")
+    before = source_digest(data)
+    save_dataset(local / "saved2", ROWS[::-1])
+    storage.upload_dir(local / "saved2", f"{url}/saved")
+    assert source_digest(data) != before
+
+    storage.write_bytes_atomic(f"{url}/shots.jsonl", b'{"prompt": "q", "response_1": "a", "response_2": "b", '
+                                                     b'"preferred": 1}\n')
+    cfg = load_config("configs/demo.yaml", ["label.judge=hf", f"label.few_shot={url}/shots.jsonl"])
+    before = file_digests(cfg, "label")["file:label.few_shot"]
+    storage.write_bytes_atomic(f"{url}/shots.jsonl", b'{"prompt": "q", "response_1": "a", "response_2": "b", '
+                                                     b'"preferred": 2}\n')
+    assert file_digests(cfg, "label")["file:label.few_shot"] != before
+
+
+def test_cache_key_follows_local_globs_and_saved_directories(tmp_path):
+    write_parquet(tmp_path / "part-0.parquet", ROWS)
+    globbed = DataConfig(prompts=str(tmp_path / "part-*.parquet"), format="hf")
+    before = source_digest(globbed)
+    write_parquet(tmp_path / "part-1.parquet", ROWS[:1])  # a new file the glob now matches
+    assert source_digest(globbed) != before
+    save_dataset(tmp_path / "saved", ROWS)
+    saved = DataConfig(prompts=str(tmp_path / "saved"))
+    before = source_digest(saved)
+    save_dataset(tmp_path / "saved", ROWS[:2])
+    assert source_digest(saved) != before
