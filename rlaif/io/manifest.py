@@ -12,6 +12,7 @@ from rlaif import __version__
 from rlaif.config import sha256_json
 from rlaif.errors import UserError
 from rlaif.io import storage
+from rlaif.io.digest import code_digest
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
@@ -91,6 +92,7 @@ def write(
     files: list[dict] | None = None,
     num_samples: int | None = None,
     summary: dict | None = None,
+    seconds: float | None = None,
 ) -> dict:
     shards = shards or []
     manifest = {
@@ -103,7 +105,9 @@ def write(
         "files": files or [],
         "num_samples": num_samples if num_samples is not None else sum(s["count"] for s in shards),
         "code_version": __version__,
+        "code_digest": code_digest(),
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "seconds": seconds,  # the stage process's start to this commit (None: not timed)
         "summary": summary or {},
     }
     manifest["digest"] = digest(manifest)

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlaif.config import PipelineConfig, stage_config_hash
@@ -31,15 +32,19 @@ class StageContext:
     config_hash: str
     part_index: int = 0  # `rlaif stage --shard-index`: this process's part of a stage split across pods
     num_parts: int = 1  # `rlaif stage --num-shards`
+    started: float = field(default_factory=time.time)  # this process's start of the stage, for the manifest's seconds
 
     def input_url(self, name: str) -> str:
         return stage_url(self.cfg, name)
+
+    def elapsed(self) -> float:
+        return time.time() - self.started
 
     def commit(self, **fields) -> dict:
         """Write the manifest: the last write of a stage, which makes its output exist."""
         return manifest.write(
             self.url, stage=self.stage.name, run_id=self.cfg.run_id, config_hash=self.config_hash,
-            inputs=self.input_digests, **fields,
+            inputs=self.input_digests, seconds=round(self.elapsed(), 3), **fields,
         )
 
     def write_json(self, name: str, obj) -> dict:

@@ -151,7 +151,8 @@ def run(ctx: StageContext) -> dict:
 
     metrics = summarize(ctx, len(prompts), judges, tuned, start, kl)
     files = [ctx.write_json("metrics.json", metrics), write_examples(ctx, prompts, tuned, start, p_by_judge)]
-    report_url = report.write(run_url(cfg), settings.n_examples)  # a view of the files above (`rlaif report`)
+    # a view of the files above (`rlaif report`); this stage's manifest comes after it, so it passes its time
+    report_url = report.write(run_url(cfg), settings.n_examples, evaluate_seconds=ctx.elapsed())
     log_summary(metrics)
     if not metrics["gates"]["passed"]:
         raise UserError(f"quality gate failed: {'; '.join(metrics['gates']['failures'])} (report: {report_url}); the "

@@ -35,6 +35,10 @@ def test_pairwise_labels_and_summary(tmp_path):
     s = m["summary"]
     assert s["pairs"] == s["pairs_judged"] == 6 and s["dropped_low_confidence"] == 0
     assert sum(s["p_a_histogram"]) == 6 and s["position_consistency"] == 1.0 and s["judge"] == "rules"
+    # every stage's commit records how long the stage took and which code ran it (the report's provenance)
+    from rlaif.io.digest import code_digest
+
+    assert isinstance(m["seconds"], float) and 0 <= m["seconds"] < 600 and m["code_digest"] == code_digest()
 
 
 def test_low_confidence_pairs_are_dropped_and_counted(tmp_path):

@@ -37,7 +37,7 @@ def test_report_embeds_plots_judges_and_escaped_examples(tmp_path):
     page = storage.local_path(url).read_text()
     assert page.count("data:image/png;base64,") == 3
     assert "judge &#x27;heldout&#x27;" in page or "judge 'heldout'" in page
-    assert "question &lt;3&gt;" in page and "good &amp; kind" in page  # user text is escaped
+    assert "question &lt;" in page and "good &amp; kind" in page and "question <" not in page  # user text escaped
     assert sorted(p.name for p in (run / "evaluate" / "plots").iterdir()) == ["distributions.png", "ppo_reward_kl.png",
                                                                               "win_rate.png"]
     md = (run / "evaluate" / "report.md").read_text()
@@ -82,3 +82,217 @@ def test_verdicts_say_what_the_numbers_mean():
     assert lines == [lines[0]] and lines[0].startswith("Mode collapse: 40%") and "Stop asking" in lines[0]
     one_repeat = {**collapsed, "top_response_share": 1 / 16}  # 16 prompts, each answer once: no collapse to report
     assert verdicts({**base, "n_prompts": 16, "diversity": one_repeat, "judges": {}}) == []
+
+
+# A run as this version of rlaif writes it: stage manifests with times and code digests, config.yaml,
+# label/metrics.json, PPO diagnostics, and examples crafted so each kind of pick has one clear winner.
+CONFIG_YAML = """run_id: full
+seed: 7
+policy: {model: Qwen/Qwen2.5-0.5B-Instruct}
+train_rm: {backbone: /models/deberta-v3-base}
+ppo: {algorithm: ppo, reward: reward_model, lr: 2.0e-05, kl_coef: 0.03, iterations: 10}
+evaluate: {n_examples: 6}
+"""
+STAGE_SECONDS = {"generate": 12.0, "label": 30.5, "train_rm": 125.0, "ppo": 3700.0, "evaluate": 40.0}
+RM_SUMMARY = {"train_pairs": 900, "held_out_pairs": 100, "reward_mean": 0.1, "reward_std": 1.2,
+              "held_out_accuracy": 0.8125, "held_out_accuracy_confident": 0.9375, "held_out_soft_ce": 0.4321,
+              "held_out_calibration_mae": 0.1234, "held_out_reference_accuracy": 0.7654, "held_out_reference_pairs": 64,
+              "steps": 56, "seconds": 100.0, "samples_per_s": 9.0}
+LABEL_METRICS = {"pairs_judged": 1024, "pairs": 1000, "dropped_low_confidence": 24, "mean_p_a": 0.4876,
+                 "p_a_histogram": [300, 70, 50, 50, 50, 60, 70, 60, 64, 250], "reference_agreement": 0.9123,
+                 "reference_clear_pairs": 700, "reference_graded_pairs": 1024, "judge": "hf:judge-7b",
+                 "mode": "pairwise", "principles": "sample", "position_consistency": 0.8765}
+
+
+def _example(i, p_training, p_heldout, reward_tuned, reward_reference):
+    judges = {"training": p_training, "heldout": p_heldout}
+    return {"id": f"p{i}", "prompt": f"prompt number {i}", "tuned": f"tuned answer {i}",
+            "reference": f"start answer {i}", "reward_tuned": reward_tuned, "reward_reference": reward_reference,
+            "length_tuned": 30, "length_reference": 20, "p_tuned_better": judges}
+
+
+def _crafted_examples():
+    ordinary = [_example(i, 0.6, 0.55, 0.5 + 0.01 * i, 0.4) for i in range(10)]  # small spread, small gains
+    return [*ordinary[:3], _example(10, 0.95, 0.05, 0.3, 0.2),  # the judges' largest disagreement
+            *ordinary[3:6], _example(11, 0.7, 0.65, 3.0, -1.0),  # the largest reward gain (+4)
+            _example(12, 0.6, 0.5, -2.5, 0.5),  # the largest reward loss (-3)
+            _example(13, 0.6, 0.58, 0.0, 1.0),  # the second largest loss (-1)
+            *ordinary[6:]]
+
+
+def _write_manifests(run, with_times=True):
+    from rlaif.io import manifest
+
+    summaries = {"generate": {"pairs": 1024, "seconds": 9.0}, "label": LABEL_METRICS, "train_rm": RM_SUMMARY,
+                 "ppo": {"algorithm": "ppo", "reward": "reward_model", "iterations": 10, "seconds_per_iteration": 2.5},
+                 "evaluate": {}}
+    for stage, summary in summaries.items():
+        written = manifest.write(storage.normalize(str(run / stage)), stage=stage, run_id=run.name,
+                                 config_hash=f"{stage}-key-0123456789", inputs={}, num_samples=1, summary=summary,
+                                 seconds=STAGE_SECONDS[stage] if with_times else None)
+        if not with_times:  # as rlaif wrote manifests before it recorded times and code digests
+            old = {k: v for k, v in written.items() if k not in ("seconds", "code_digest")}
+            (run / stage / "manifest.json").write_text(json.dumps(old))
+
+
+def _full_run(root, name="full"):
+    run = _fake_run(root, name)
+    metrics = json.loads((run / "evaluate" / "metrics.json").read_text())
+    metrics["judges"]["heldout"]["win_rate_ci95"] = [0.47, 0.69]  # this judge cannot tell the policies apart
+    (run / "evaluate" / "metrics.json").write_text(json.dumps(metrics))
+    (run / "evaluate" / "examples.jsonl").write_text("".join(json.dumps(x) + "\n" for x in _crafted_examples()))
+    (run / "config.yaml").write_text(CONFIG_YAML)
+    (run / "label").mkdir()
+    (run / "label" / "metrics.json").write_text(json.dumps(LABEL_METRICS))
+    rows = [{"iteration": i, "reward_raw": 0.1 * i, "kl": 0.2 * i, "entropy": 1.6 - 0.1 * i, "eos_rate": 0.5 + 0.05 * i,
+             "clip_frac": 0.01 * i, "value_loss": 1.0 / i, "approx_kl": 0.001 * i, "kl_coef": 0.03}
+            for i in range(1, 11)]
+    (run / "ppo" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _write_manifests(run)
+    return run
+
+
+def _section(md: str, title: str) -> str:
+    """The Markdown between '## title' and the next '## ' heading."""
+    return md.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def _build(run):
+    storage.configure(None)
+    page = storage.local_path(report.write(storage.normalize(str(run)))).read_text()
+    return (run / "evaluate" / "report.md").read_text(), page
+
+
+def test_provenance_names_models_settings_code_and_stage_times(tmp_path):
+    import hashlib
+
+    from rlaif import __version__
+    from rlaif.io.digest import code_digest
+
+    run = _full_run(tmp_path)
+    md, page = _build(run)
+    block = _section(md, "Provenance")
+    config_digest = hashlib.sha256(CONFIG_YAML.encode()).hexdigest()[:12]
+    for line in ("| policy (as named in the config) | Qwen/Qwen2.5-0.5B-Instruct |",
+                 "| reward-model backbone | /models/deberta-v3-base |",
+                 "| labeling (training) judge | hf:judge-7b (mode pairwise, principles sample) |",
+                 "| evaluation judges | training: embedding; heldout: embedding |",
+                 "| PPO algorithm / reward | ppo / reward_model |", "| PPO learning rate | 2e-05 |",
+                 "| KL coefficient | 0.03 |", "| PPO iterations | 10 |", "| seed | 7 |",
+                 f"| rlaif version | {__version__} |", f"| code digest (rlaif source) | {code_digest()[:12]} |",
+                 f"| config digest (sha256 of config.yaml) | {config_digest} |"):
+        assert line in block, line
+    times = _section(md, "Stage times")
+    assert "| generate | 12.0 s |" in times and "| label | 30.5 s |" in times
+    assert "| train_rm | 2 min 05 s |" in times and "| ppo | 1 h 01 min |" in times
+    assert "| all stages | 1 h 05 min |" in times and "train_rm-key" in times
+    assert "<h2>Provenance</h2>" in page and "Qwen/Qwen2.5-0.5B-Instruct" in page and "<h2>Stage times</h2>" in page
+
+    # The evaluate stage writes its report before its manifest, and passes its time so far.
+    (run / "evaluate" / "manifest.json").unlink()
+    report.write(storage.normalize(str(run)), evaluate_seconds=12.5)
+    assert "| evaluate | 12.5 s (until this report) |" in (run / "evaluate" / "report.md").read_text()
+
+
+def test_reward_model_and_labeling_blocks(tmp_path):
+    md, page = _build(_full_run(tmp_path))
+    rm = _section(md, "Reward model")
+    for line in ("| held-out pairs (training pairs) | 100 (900) |", "| accuracy against the AI labels | 0.812 |",
+                 "| accuracy on confident pairs (\\|p - 0.5\\| >= 0.25) | 0.938 |",
+                 "| accuracy against the reference judge | 0.765 on 64 clear pairs |",
+                 "| soft cross-entropy (ln 2 = 0.693 is chance) | 0.432 |",
+                 "| calibration MAE, mean \\|sigmoid(r_a - r_b) - p\\| | 0.123 |"):
+        assert line in rm, line
+    label = _section(md, "Labeling")
+    for line in ("| pairs judged / kept / dropped as low-confidence | 1024 / 1000 / 24 |",
+                 "| position consistency (both orders prefer the same answer) | 0.876 |",
+                 "| agreement with the reference judge | 0.912 on 700 clear pairs (of 1024 graded) |",
+                 "| mean p(a) | 0.488 |", "| p(a) histogram (10 bins from 0 to 1) | 300 · 70 · 50 · 50"):
+        assert line in label, line
+    assert "<h2>Reward model</h2>" in page and "0.765 on 64 clear pairs" in page and "0.912 on 700 clear pairs" in page
+
+
+def test_ppo_diagnostics_plot_and_last_values(tmp_path):
+    run = _full_run(tmp_path)
+    md, page = _build(run)
+    block = _section(md, "PPO training")
+    for line in ("| policy entropy (per token) | 1.5 | 0.6 |", "| answers ending with EOS | 0.55 | 1 |",
+                 "| clipped ratio fraction | 0.01 | 0.1 |", "| value loss | 1 | 0.1 |",
+                 "| approx. KL to the rollout policy | 0.001 | 0.01 |", "| reward-model score | 0.1 | 1 |"):
+        assert line in block, line
+    assert "2.50 s per iteration" in block and "![ppo_diagnostics.png](plots/ppo_diagnostics.png)" in block
+    assert (run / "evaluate" / "plots" / "ppo_diagnostics.png").read_bytes().startswith(b"\x89PNG")
+    assert page.count("data:image/png;base64,") == 4 and 'alt="ppo_diagnostics.png"' in page
+
+
+def test_examples_are_chosen_to_teach(tmp_path):
+    from rlaif.report.examples import choose
+
+    picks, notes = choose(_crafted_examples(), 3)
+    assert [p.example["id"] for p in picks] == ["p10", "p11", "p12"] and notes == []
+    assert picks[0].why == "judges disagree: P(tuned better) 'training' 0.95, 'heldout' 0.05"
+    assert picks[1].why == "biggest reward gain: +4.000" and picks[2].why == "biggest reward loss: -3.000"
+
+    md, page = _build(_full_run(tmp_path))  # evaluate.n_examples: 6 in the run's config
+    examples = _section(md, "Examples")
+    headings = [line for line in examples.splitlines() if line.startswith("### ")]
+    assert len(headings) == 6
+    assert headings[0].startswith("### 1. judges disagree") and headings[2].startswith("### 3. biggest reward gain")
+    assert headings[4] == "### 5. biggest reward loss: -3.000" and headings[5] == "### 6. biggest reward loss: -1.000"
+    assert examples.split("### 1.", 1)[1].split("### 2.", 1)[0].count("prompt number 10") == 1
+    assert examples.split("### 3.", 1)[1].split("### 4.", 1)[0].count("prompt number 11") == 1
+    assert examples.split("### 5.", 1)[1].split("### 6.", 1)[0].count("prompt number 12") == 1
+    assert '<td class="why">biggest reward loss: -3.000</td><td>prompt number 12</td>' in page
+
+
+def test_one_judge_and_no_losses_are_noted():
+    from rlaif.report.examples import choose
+
+    rows = [{"id": str(i), "reward_tuned": 1.0 + i, "reward_reference": 0.0, "p_tuned_better": {"training": 0.7}}
+            for i in range(5)]
+    picks, notes = choose(rows, 2)
+    assert [p.example["id"] for p in picks] == ["4", "3"]
+    assert notes == ["One judge only: no disagreements between judges to show.",
+                     "No tuned answer scored lower than the starting answer."]
+
+
+def test_judge_whose_interval_contains_half_is_noted_by_its_row(tmp_path):
+    md, page = _build(_full_run(tmp_path))
+    row = next(line for line in md.splitlines() if line.startswith("| win rate, judge 'heldout'"))
+    assert "⚠ this judge cannot tell the two policies apart: its interval [0.470, 0.690] contains 0.5" in row
+    training = next(line for line in md.splitlines() if line.startswith("| win rate, judge 'training'"))
+    assert "contains 0.5" not in training
+    assert "> Judge 'heldout' cannot tell the two policies apart" in md  # and among the verdicts at the top
+    assert "<th>win rate, judge &#x27;heldout&#x27;</th><td>0.580 [95% CI 0.470, 0.690]" in page
+
+
+def test_old_run_without_the_new_fields_shows_na(tmp_path, capsys):
+    """A run from before these blocks: manifests without times or code digests, no config.yaml or
+    label/metrics.json, metrics.json without the newer fields, examples without rewards and with one judge."""
+    from rlaif import cli
+
+    run = _fake_run(tmp_path, "old")
+    (run / "label").mkdir()
+    _write_manifests(run, with_times=False)
+    (run / "train_rm" / "manifest.json").unlink()
+    judges = {"training": {"judge": "embedding", "win_rate": 0.6, "win_rate_ci95": [0.55, 0.65]}}
+    (run / "evaluate" / "metrics.json").write_text(json.dumps({"n_prompts": 10, "judges": judges}))
+    (run / "evaluate" / "examples.jsonl").write_text("".join(
+        json.dumps({"prompt": f"q{i}", "tuned": "a", "reference": "b", "p_tuned_better": {"training": 0.6}}) + "\n"
+        for i in range(12)))
+    assert cli.main(["report", str(run)]) == 0
+    assert "report.html" in capsys.readouterr().out
+    md = (run / "evaluate" / "report.md").read_text()
+    assert "| policy (as named in the config) | n/a |" in md and "| code digest (rlaif source) | n/a |" in md
+    assert "| config digest (sha256 of config.yaml) | n/a |" in md and "| rlaif version | 0.1.0 |" in md
+    assert "| accuracy against the AI labels | n/a |" in md and "| held-out pairs (training pairs) | n/a (n/a) |" in md
+    assert "| reward (normalised), tuned vs start | n/a vs n/a |" in md
+    assert "| policy entropy (per token) | n/a | n/a |" in md  # ppo rows logged reward and KL only
+    assert "| labeling (training) judge | hf:judge-7b (mode pairwise, principles sample) |" in md  # from the manifest
+    times = _section(md, "Stage times")
+    assert "| generate | 9.0 s (the stage's work only) |" in times
+    assert "| ppo | 25.0 s (the stage's work only) |" in times
+    assert "| train_rm | n/a |" in times and "| label | at most 0.0 s (since the previous commit) |" in times
+    examples = _section(md, "Examples")
+    assert examples.count("### ") == 8 and "nothing to choose by" in examples and "One judge only" in examples
+    assert sorted(p.name for p in (run / "evaluate" / "plots").iterdir()) == ["ppo_reward_kl.png", "win_rate.png"]

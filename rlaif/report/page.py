@@ -1,0 +1,173 @@
+"""The run report as report.md and a self-contained report.html (plots embedded), both from the same blocks, and the
+side-by-side comparison of several runs. Built from a run's files only, so `rlaif report RUN_DIR` rebuilds it."""
+from __future__ import annotations
+
+import base64
+import html
+from dataclasses import dataclass
+
+from rlaif.io import storage
+from rlaif.report import sections, upstream
+from rlaif.report.examples import Pick, choose
+from rlaif.report.plots import plots
+from rlaif.report.run import NA, Run, dig, load_run, num, read_metrics
+from rlaif.report.sections import Block
+from rlaif.report.verdicts import verdicts
+
+DEFAULT_EXAMPLES = 8
+
+
+@dataclass
+class Page:
+    run_id: str
+    verdicts: list[str]
+    gates: dict
+    before: list[Block]  # the blocks above the examples
+    picks: list[Pick]
+    notes: list[str]  # on the examples
+    judges: list[str]
+    after: list[Block]  # the blocks below the examples
+
+
+def build(run: Run, n_examples: int, evaluate_seconds: float | None = None) -> Page:
+    picks, notes = choose(run.examples, n_examples)
+    before = [sections.summary(run.metrics), sections.provenance(run), upstream.labeling(run),
+              upstream.reward_model(run), upstream.ppo_diagnostics(run)]
+    return Page(run.run_id, verdicts(run.metrics), run.metrics.get("gates") or {}, before, picks, notes,
+                list(run.metrics["judges"]), [sections.stage_times(run, evaluate_seconds)])
+
+
+def _md_cell(value: str) -> str:
+    return value.replace("|", "\\|").replace("\n", " ")
+
+
+def _md_block(block: Block, pngs: dict[str, bytes]) -> list[str]:
+    lines = [f"## {block.title}", ""] if block.title else []
+    lines += ["| " + " | ".join(block.header) + " |", "|" + "---|" * len(block.header)]
+    lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in block.rows]
+    lines += ["", *([f"_{block.note}_", ""] if block.note else [])]
+    lines += [f"![{name}](plots/{name})" for name in block.images if name in pngs]
+    return lines + ([""] if any(name in pngs for name in block.images) else [])
+
+
+def _p_values(example: dict, judges: list[str]) -> list[str]:
+    p = example.get("p_tuned_better") or {}
+    return [num(p.get(name), ".2f") for name in judges]
+
+
+def _md_examples(page: Page) -> list[str]:
+    lines = ["## Examples", "", *[f"_{note}_" for note in page.notes], *([""] if page.notes else [])]
+    for k, pick in enumerate(page.picks, 1):
+        x = pick.example
+        p = ", ".join(f"{name} {v}" for name, v in zip(page.judges, _p_values(x, page.judges)))
+        lines += [f"### {k}. {pick.why}", "", f"**Prompt:** {x.get('prompt', NA)}", "",
+                  f"- tuned: {x.get('tuned', NA)}", f"- start: {x.get('reference', NA)}",
+                  f"- reward: tuned {num(x.get('reward_tuned'))}, start {num(x.get('reward_reference'))}",
+                  f"- P(tuned better): {p}", ""]
+    return lines
+
+
+def render_markdown(page: Page, pngs: dict[str, bytes]) -> str:
+    lines = [f"# rlaif report: run `{page.run_id}`", "", *[f"> {v}" for v in page.verdicts], ""]
+    for block in page.before:
+        lines += _md_block(block, pngs)
+    lines += _md_examples(page)
+    for block in page.after:
+        lines += _md_block(block, pngs)
+    return "\n".join(lines)
+
+
+_STYLE = ("body{font-family:system-ui,-apple-system,sans-serif;max-width:1040px;margin:2em auto;color:#222;"
+          "padding:0 1em}\n"
+          "table{border-collapse:collapse;width:100%;margin:1em 0}"
+          "th,td{border:1px solid #ddd;padding:6px 8px;text-align:left;vertical-align:top}\n"
+          "th{background:#f5f5f5}img{max-width:100%;margin:.5em 0}.pass{color:#1a7f37}"
+          ".fail{color:#cf222e;font-weight:bold}.note{color:#555;font-size:.9em}.why{font-weight:bold}")
+
+
+def _img(name: str, png: bytes) -> str:
+    return f'<img alt="{html.escape(name)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+
+
+def _html_block(block: Block, pngs: dict[str, bytes]) -> str:
+    esc = html.escape
+    head = "".join(f"<th>{esc(h)}</th>" for h in block.header)
+    rows = "".join("<tr>" + "".join((f"<th>{esc(c)}</th>" if block.keyed and j == 0 else f"<td>{esc(c)}</td>")
+                                    for j, c in enumerate(row)) + "</tr>" for row in block.rows)
+    return ((f"<h2>{esc(block.title)}</h2>" if block.title else "")
+            + (f"<table><tr>{head}</tr>" if not block.keyed else "<table>") + f"{rows}</table>"
+            + (f'<p class="note">{esc(block.note)}</p>' if block.note else "")
+            + "".join(_img(name, pngs[name]) for name in block.images if name in pngs))
+
+
+def _html_examples(page: Page) -> str:
+    esc = html.escape
+    head = "".join(f"<th>P(tuned better): {esc(n)}</th>" for n in page.judges)
+    rows = "".join(
+        f'<tr><td class="why">{esc(pick.why)}</td><td>{esc(str(pick.example.get("prompt", NA)))}</td>'
+        f"<td>{esc(str(pick.example.get('tuned', NA)))}</td><td>{esc(str(pick.example.get('reference', NA)))}</td>"
+        f"<td>{num(pick.example.get('reward_tuned'))} / {num(pick.example.get('reward_reference'))}</td>"
+        + "".join(f"<td>{v}</td>" for v in _p_values(pick.example, page.judges)) + "</tr>"
+        for pick in page.picks)
+    notes = "".join(f'<p class="note">{esc(note)}</p>' for note in page.notes)
+    return (f"<h2>Examples</h2>{notes}<table><tr><th>why chosen</th><th>prompt</th><th>tuned</th><th>start</th>"
+            f"<th>reward: tuned / start</th>{head}</tr>{rows}</table>")
+
+
+def render_html(page: Page, pngs: dict[str, bytes]) -> str:
+    esc = html.escape
+    banner = "".join(f"<p><b>{esc(v)}</b></p>" for v in page.verdicts)
+    if page.gates.get("checked"):
+        banner += ('<p class="pass">Quality gates passed.</p>' if page.gates.get("passed")
+                   else f'<p class="fail">Quality gates FAILED: {esc("; ".join(page.gates.get("failures", [])))}</p>')
+    body = ("".join(_html_block(b, pngs) for b in page.before) + _html_examples(page)
+            + "".join(_html_block(b, pngs) for b in page.after))
+    return (f'<!doctype html><html><head><meta charset="utf-8"><title>rlaif report: {esc(page.run_id)}</title>'
+            f"<style>{_STYLE}</style></head><body><h1>rlaif report: run <code>{esc(page.run_id)}</code></h1>"
+            f"{banner}{body}</body></html>")
+
+
+def write(run_url: str, n_examples: int | None = None, evaluate_seconds: float | None = None) -> str:
+    """(Re)build report.md, report.html and plots/ under <run>/evaluate/; returns the report.html URL. n_examples
+    defaults to the run config's evaluate.n_examples; the evaluate stage, whose manifest comes after its report,
+    passes its own time so far."""
+    run = load_run(run_url)
+    if n_examples is None:
+        configured = dig(run.config, "evaluate", "n_examples")
+        n_examples = configured if isinstance(configured, int) and configured >= 0 else DEFAULT_EXAMPLES
+    page = build(run, n_examples, evaluate_seconds)
+    pngs = plots(run.metrics, run.examples, run.ppo_rows)
+    stage = storage.join(run_url, "evaluate")
+    for name, png in pngs.items():
+        storage.write_bytes_atomic(storage.join(stage, "plots", name), png)
+    storage.write_bytes_atomic(storage.join(stage, "report.md"), render_markdown(page, pngs).encode())
+    storage.write_bytes_atomic(storage.join(stage, "report.html"), render_html(page, pngs).encode())
+    return storage.join(stage, "report.html")
+
+
+COMPARE_KEYS = [("win_rate", "{:.3f}"), ("win_rate_length_controlled", "{:.3f}"), ("reward_policy_mean", "{:.3f}"),
+                ("reward_reference_mean", "{:.3f}"), ("kl_to_reference", "{:.3f}"), ("length_policy_mean", "{:.1f}"),
+                ("n_prompts", "{}")]
+
+
+def compare(run_urls: list[str]) -> tuple[str, str]:
+    """A side-by-side table of several runs' headline metrics, as Markdown and as HTML."""
+    runs = [(url.rstrip("/").rsplit("/", 1)[-1], read_metrics(url)) for url in run_urls]
+    header = ["metric", *[name for name, _ in runs]]
+    body = []
+    for key, fmt in COMPARE_KEYS:
+        body.append([key, *[fmt.format(m[key]) if m.get(key) is not None else "-" for _, m in runs]])
+    for judge in dict.fromkeys(j for _, m in runs for j in m.get("judges", {})):
+        body.append([f"win rate, judge '{judge}'",
+                     *[f"{m['judges'][judge]['win_rate']:.3f}" if judge in m.get("judges", {}) else "-"
+                       for _, m in runs]])
+    md = "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+                   + ["| " + " | ".join(r) + " |" for r in body])
+    esc = html.escape
+    rows = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in body)
+    page = (f'<!doctype html><html><head><meta charset="utf-8"><title>rlaif: run comparison</title>'
+            f"<style>{_STYLE}</style>"
+            f"</head><body><h1>rlaif: run comparison</h1>"
+            f"<table><tr>{''.join(f'<th>{esc(h)}</th>' for h in header)}</tr>"
+            f"{rows}</table></body></html>")
+    return md, page

@@ -1,0 +1,126 @@
+"""Everything a report reads from a run directory, loaded once. Only evaluate/metrics.json is required; every other
+file (stage manifests, config.yaml, label/metrics.json, ppo/metrics.jsonl, evaluate/examples.jsonl) may be missing or
+come from an older version of rlaif, and the report shows "n/a" where it does."""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+from rlaif.errors import UserError
+from rlaif.graph import topological_order
+from rlaif.io import manifest, storage
+
+NA = "n/a"
+
+
+def num(value, spec: str = ".3f", suffix: str = "") -> str:
+    """A number formatted with `spec`, or "n/a" for anything that is not one (None, a missing field, text)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return NA
+    return f"{value:{spec}}{suffix}"
+
+
+def dig(obj, *keys):
+    """obj[k1][k2]... or None where a level is missing or not a mapping."""
+    for key in keys:
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
+def text(value) -> str:
+    return NA if value is None or value == "" else str(value)
+
+
+def duration(seconds) -> str:
+    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
+        return NA
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)} min {int(seconds % 60):02d} s"
+    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60):02d} min"
+
+
+@dataclass
+class Run:
+    url: str
+    metrics: dict  # evaluate/metrics.json
+    examples: list[dict]  # evaluate/examples.jsonl
+    ppo_rows: list[dict]  # ppo/metrics.jsonl
+    manifests: dict[str, dict | None]  # stage -> its manifest, None where absent or unreadable
+    label_metrics: dict  # label/metrics.json, else the label manifest's summary, else {}
+    config: dict  # config.yaml as plain data ({} when absent): what the run was launched with
+    config_digest: str | None  # sha256 of config.yaml
+
+    @property
+    def run_id(self) -> str:
+        return self.url.rstrip("/").rsplit("/", 1)[-1]
+
+    def summary(self, stage: str) -> dict:
+        return dig(self.manifests.get(stage), "summary") or {}
+
+
+def read_json(url: str, lines: bool = False):
+    """A run file the report is built from; a corrupt one is a one-line error, not a traceback."""
+    try:
+        body = storage.read_text(url)
+        return [json.loads(line) for line in body.splitlines() if line.strip()] if lines else json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise UserError(f"{url} is corrupt (not UTF-8 JSON): re-run the stage that wrote it") from None
+
+
+def read_jsonl(url: str) -> list[dict]:
+    return read_json(url, lines=True) if storage.exists(url) else []
+
+
+def read_metrics(run_url: str) -> dict:
+    metrics_url = storage.join(run_url, "evaluate", "metrics.json")
+    if not storage.exists(metrics_url):
+        raise UserError(f"{metrics_url} not found: is {run_url} a run directory whose evaluate stage has run?")
+    metrics = read_json(metrics_url)
+    if not isinstance(metrics, dict) or not isinstance(metrics.get("judges"), dict):
+        raise UserError(f"{metrics_url} is not an evaluation's metrics: re-run stage 'evaluate'")
+    return metrics
+
+
+def _manifest(stage_url: str) -> dict | None:
+    """A stage's manifest for the report: an absent, corrupt or older-schema one reads as absent (n/a)."""
+    try:
+        return manifest.read(stage_url)
+    except UserError:
+        return None
+
+
+def _optional_json(url: str) -> dict:
+    try:
+        found = read_json(url) if storage.exists(url) else {}
+    except UserError:
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _config(run_url: str) -> tuple[dict, str | None]:
+    """config.yaml as plain data (not validated: an older run's config may name settings that are gone)."""
+    import yaml
+
+    url = storage.join(run_url, "config.yaml")
+    if not storage.exists(url):
+        return {}, None
+    data = storage.read_bytes(url)
+    try:
+        parsed = yaml.safe_load(data)
+    except yaml.YAMLError:
+        parsed = None
+    return (parsed if isinstance(parsed, dict) else {}), hashlib.sha256(data).hexdigest()
+
+
+def load_run(run_url: str) -> Run:
+    metrics = read_metrics(run_url)
+    manifests = {stage.name: _manifest(storage.join(run_url, stage.name)) for stage in topological_order()}
+    label = _optional_json(storage.join(run_url, "label", "metrics.json")) or dig(manifests["label"], "summary") or {}
+    config, config_digest = _config(run_url)
+    return Run(run_url, metrics, read_jsonl(storage.join(run_url, "evaluate", "examples.jsonl")),
+               read_jsonl(storage.join(run_url, "ppo", "metrics.jsonl")), manifests, label, config, config_digest)
