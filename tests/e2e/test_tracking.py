@@ -1,6 +1,7 @@
 """Tracking while a run is going: the tiny pipeline against a real MLflow server on loopback (SQLite backend). The
 metrics of train_rm and ppo reach MLflow, and the TensorBoard logs reach storage, while those stages still run
 (before their manifests exist); the params and the model card arrive as run params and artifacts."""
+import json
 import os
 import shutil
 import subprocess
@@ -9,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -137,3 +139,26 @@ def test_tensorboard_flushes_to_storage_on_the_interval(tmp_path, monkeypatch):
     assert any((tmp_path / "ppo" / "tensorboard").iterdir())
     files = tracker.publish()
     assert {f["path"] for f in files} >= {"metrics.jsonl"}
+
+
+def test_wandb_offline_run_records_metrics_params_and_card(tmp_path, monkeypatch):
+    """W&B in offline mode (no account, no network): the run directory holds the config, the last metrics and the
+    model card that a `wandb sync` would upload."""
+    pytest.importorskip("wandb", reason="wandb is an optional tracker (pip install wandb)")
+    from rlaif.tracking import Tracker
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    tracker = Tracker(tracker_context(tmp_path, ["tracking.report_to=[wandb]"]), enabled=True)
+    for step in (1, 2, 3):
+        tracker.log(step, {"reward_raw": step / 10, "kl": 0.01 * step})
+    card = tmp_path / "README.md"
+    card.write_text("---\nbase_model: builtin:tiny-llama\n---\n")
+    tracker.publish((card,))
+    (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
+    summary = json.loads((run_dir / "files" / "wandb-summary.json").read_text())
+    assert summary["reward_raw"] == 0.3 and summary["_step"] == 3
+    config = yaml.safe_load((run_dir / "files" / "config.yaml").read_text())
+    assert config["ppo.iterations"]["value"] == 2 and config["policy.model"]["value"] == "builtin:tiny-llama"
+    assert (run_dir / "files" / "README.md").read_text().startswith("---\nbase_model")
