@@ -11,6 +11,8 @@ import yaml
 from rlaif import __version__
 from rlaif.io.digest import code_digest
 
+LOAD = "Load with `transformers.{auto}.from_pretrained(this_directory, use_safetensors=True)`."
+
 
 def _front_matter(base_model: str, library: str, tags: list[str], pipeline_tag: str | None) -> str:
     meta = {"base_model": base_model, "library_name": library, "tags": ["rlaif", *tags]}
@@ -76,7 +78,7 @@ def policy_card(ctx, rows: list[dict], adapter: bool) -> str:
                  "KL to start (last iteration)": last["kl"]},
         run=run_facts(ctx),
         usage=("Load with `peft.PeftModel.from_pretrained(base, this_directory)`." if adapter
-               else "Load with `transformers.AutoModelForCausalLM.from_pretrained(this_directory)`."),
+               else LOAD.format(auto="AutoModelForCausalLM")),
     )
 
 
@@ -99,5 +101,5 @@ def reward_model_card(ctx, summary: dict) -> str:
                                                    "held_out_reference_accuracy", "held_out_soft_ce",
                                                    "held_out_calibration_mae")},
         run=run_facts(ctx),
-        usage="Load with `transformers.AutoModelForSequenceClassification.from_pretrained(this_directory)`.",
+        usage=LOAD.format(auto="AutoModelForSequenceClassification"),
     )
