@@ -4,7 +4,12 @@
   pod as the Kubeflow pipeline and the TrainJobs (rlaif/orchestration/pod.py; settings from $RLAIF_CLUSTER_CONFIG,
   label's GPU from $RLAIF_LABEL_JUDGE).
 - `rlaif_local`: each stage a process on the worker (`$RLAIF_BIN launch <stage>`, run from $RLAIF_WORKDIR), for
-  one GPU box with the LocalExecutor.
+  one GPU box with the LocalExecutor. Its `aws_conn_id` param (default $RLAIF_AWS_CONN_ID) names an Airflow `aws`
+  connection whose keys, endpoint and region reach that process's environment only.
+
+Each stage task publishes the asset `rlaif://stages/<stage>` (ASSETS below) when it succeeds; in `rlaif_local` the
+event's extra holds the manifest's URL and digest and the run id. A DAG with `schedule=[Asset("rlaif://stages/ppo")]`
+runs on every new policy (dags/rlaif_on_new_policy.py).
 
 Only wiring: every task ends in `rlaif launch`, which checks the stage cache, starts torchrun or a multi-node job,
 and fails with the stage's exit code. The Airflow environment needs this package importable (`pip install --no-deps
@@ -16,7 +21,7 @@ from datetime import datetime, timedelta, timezone
 
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 from airflow.providers.standard.operators.python import PythonOperator
-from airflow.sdk import DAG, Param
+from airflow.sdk import DAG, Asset, Param
 from kubernetes.client import models as k8s
 
 from rlaif.graph import topological_order
@@ -39,6 +44,15 @@ PARAMS = {
     "run_id": Param("", type="string", description="Run directory name; empty: this DAG run's id (a retry resumes it)"),
     "storage_root": Param("", type="string", description="e.g. s3://bucket/rlaif; empty: the config's storage.root"),
 }
+# Only the local DAG: a pod would get the connection's secret in its spec (visible to anyone who can read pods, and
+# in the rendered template), so pods keep reading S3 credentials from a Kubernetes secret (cluster.yaml `secrets`).
+LOCAL_PARAMS = {**PARAMS, "aws_conn_id": Param(
+    os.environ.get("RLAIF_AWS_CONN_ID", ""), type="string",
+    description="Airflow connection (type aws: login = access key id, password = secret key, extra endpoint_url and "
+                "region_name) for s3:// storage; empty: the worker's AWS_* environment")}
+# Static URIs (Airflow registers assets when it parses the DAG); the run's concrete manifest is in each event's extra.
+# The name is the URI, so a consumer's `Asset("rlaif://stages/ppo")` is this very asset.
+ASSETS = {s.name: Asset(f"rlaif://stages/{s.name}") for s in topological_order()}
 DEFAULT_ARGS = {"owner": "rlaif", "retries": SPEC.retries, "retry_delay": timedelta(minutes=1),
                 "retry_exponential_backoff": True}
 
@@ -84,27 +98,75 @@ def _pod_task(stage) -> KubernetesPodOperator:
         service_account_name=plan.service_account or None,
         get_logs=True,
         on_finish_action="delete_pod",
+        # The event has no extra here: the digest is known only inside the pod, and reading it back would add KPO's
+        # XCom sidecar to every pod. Consumers read <storage_root>/<run_id>/<stage>/manifest.json.
+        outlets=[ASSETS[stage.name]],
     )
 
 
-def run_launch(launch_args: list[str], lock_owner: str = "") -> None:
+def run_launch(launch_args: list[str], lock_owner: str = "", aws_conn_id: str = "", outlet_events=None) -> None:
     """`$RLAIF_BIN launch <stage> ...` as a child process (an argv list, never a shell line), its output in the task
-    log. Exit code 2 is a user error (bad config, missing input): failed without retries, which could not fix it."""
+    log. Exit code 2 is a user error (bad config, missing input): failed without retries, which could not fix it.
+    On success the stage's manifest URL and digest become the extra of its asset event."""
+    import json
     import subprocess
+    import tempfile
 
     from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
     stage = launch_args[1]
-    argv = [os.environ.get("RLAIF_BIN", "rlaif"), *launch_args]
-    env = {**os.environ, **({"RLAIF_LOCK_OWNER": lock_owner} if lock_owner else {})}
-    proc = subprocess.Popen(argv, cwd=os.environ.get("RLAIF_WORKDIR") or None, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, bufsize=1)
-    for line in proc.stdout:
-        print(line, end="", flush=True)
-    if (code := proc.wait()) == 2:
-        raise AirflowFailException(f"rlaif launch {stage}: user error (exit 2), see the line above; not retried")
-    if code != 0:
-        raise AirflowException(f"rlaif launch {stage} failed with exit code {code}")
+    aws = aws_env(aws_conn_id)
+    # A connection's keys replace the worker's whole identity: no session token or profile of the worker mixed in.
+    env = {k: v for k, v in os.environ.items() if not ("AWS_ACCESS_KEY_ID" in aws and k in AWS_SESSION_VARS)}
+    env.update(aws, **({"RLAIF_LOCK_OWNER": lock_owner} if lock_owner else {}))
+    with tempfile.TemporaryDirectory(prefix="rlaif-task-") as tmp:
+        out = os.path.join(tmp, "manifest.json")
+        argv = [os.environ.get("RLAIF_BIN", "rlaif"), *launch_args, "--manifest-out", out]
+        proc = subprocess.Popen(argv, cwd=os.environ.get("RLAIF_WORKDIR") or None, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, bufsize=1)
+        for line in proc.stdout:
+            print(line, end="", flush=True)
+        if (code := proc.wait()) == 2:
+            raise AirflowFailException(f"rlaif launch {stage}: user error (exit 2), see the line above; not retried")
+        if code != 0:
+            raise AirflowException(f"rlaif launch {stage} failed with exit code {code}")
+        with open(out, encoding="utf-8") as f:
+            done = json.load(f)
+    if outlet_events is not None:
+        outlet_events[ASSETS[stage]].extra = done
+    print(f"[{stage}] manifest {done['url']} digest {done['digest']}", flush=True)
+
+
+AWS_SESSION_VARS = ("AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_PROFILE")
+
+
+def aws_env(conn_id: str) -> dict[str, str]:
+    """The AWS_* variables of an Airflow `aws` connection, for the child's environment only (Airflow masks the
+    secret in task logs; nothing here prints it). No connection named: none. A missing or malformed connection fails
+    the task in one line, without retries."""
+    if not conn_id:
+        return {}
+    from airflow.sdk import Connection
+    from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundException
+
+    try:
+        conn = Connection.get(conn_id)
+    except AirflowNotFoundException:
+        raise AirflowFailException(f"aws_conn_id {conn_id!r}: no such Airflow connection (create it with `airflow "
+                                   "connections add ... --conn-type aws`, or clear the param)") from None
+    if conn.conn_type != "aws":
+        raise AirflowFailException(f"aws_conn_id {conn_id!r}: connection type is {conn.conn_type!r}, expected 'aws'")
+    if bool(conn.login) != bool(conn.password):
+        raise AirflowFailException(f"aws_conn_id {conn_id!r}: set both login (access key id) and password (secret "
+                                   "access key), or neither (the worker's own credentials)")
+    extra = conn.extra_dejson
+    unknown = sorted(set(extra) - {"endpoint_url", "region_name"})
+    if unknown:
+        raise AirflowFailException(f"aws_conn_id {conn_id!r}: unsupported extra {unknown} (rlaif reads endpoint_url "
+                                   "and region_name)")
+    pairs = {"AWS_ACCESS_KEY_ID": conn.login, "AWS_SECRET_ACCESS_KEY": conn.password,
+             "AWS_ENDPOINT_URL": extra.get("endpoint_url"), "AWS_DEFAULT_REGION": extra.get("region_name")}
+    return {name: str(value) for name, value in pairs.items() if value}
 
 
 def _local_task(stage) -> PythonOperator:
@@ -112,14 +174,17 @@ def _local_task(stage) -> PythonOperator:
         task_id=stage.name,
         doc_md=stage.description,
         python_callable=run_launch,
-        op_kwargs={"launch_args": _launch_args(stage.name), "lock_owner": LOCK_OWNER},  # each item rendered by Airflow
+        # each item rendered by Airflow; the connection is resolved when the task runs, never rendered
+        op_kwargs={"launch_args": _launch_args(stage.name), "lock_owner": LOCK_OWNER,
+                   "aws_conn_id": "{{ params.aws_conn_id }}"},
+        outlets=[ASSETS[stage.name]],
     )
 
 
-def _build(dag_id: str, make_task, title: str, tags: list[str]) -> DAG:
+def _build(dag_id: str, make_task, title: str, tags: list[str], params: dict) -> DAG:
     with DAG(dag_id=dag_id, schedule=os.environ.get("RLAIF_SCHEDULE") or None,
              start_date=datetime(2026, 1, 1, tzinfo=timezone.utc), catchup=False,
-             params=PARAMS, default_args=DEFAULT_ARGS, tags=["rlaif", *tags], doc_md=_doc(title),
+             params=params, default_args=DEFAULT_ARGS, tags=["rlaif", *tags], doc_md=_doc(title),
              max_active_runs=1, render_template_as_native_obj=False) as dag:
         tasks = {}
         for stage in topological_order():
@@ -129,5 +194,6 @@ def _build(dag_id: str, make_task, title: str, tags: list[str]) -> DAG:
     return dag
 
 
-rlaif = _build("rlaif", _pod_task, "RLAIF pipeline on Kubernetes (one pod per stage)", ["kubernetes"])
-rlaif_local = _build("rlaif_local", _local_task, "RLAIF pipeline as local processes on this worker", ["local"])
+rlaif = _build("rlaif", _pod_task, "RLAIF pipeline on Kubernetes (one pod per stage)", ["kubernetes"], PARAMS)
+rlaif_local = _build("rlaif_local", _local_task, "RLAIF pipeline as local processes on this worker", ["local"],
+                     LOCAL_PARAMS)

@@ -38,6 +38,9 @@ def _parser() -> argparse.ArgumentParser:
                         help='overrides as a JSON list, e.g. \'["ppo.lr=1e-5"]\' (what the DAGs pass)')
     launch.add_argument("--run-id", default="", help="run id; empty: the config's")
     launch.add_argument("--storage-root", default="", help="storage root; empty: the config's")
+    launch.add_argument("--manifest-out", metavar="FILE",
+                        help="when done, write the stage's manifest URL, digest and run id to this local JSON file "
+                             "(what an Airflow task publishes as its asset event)")
 
     stage = sub.add_parser("stage", help="run one stage in this process (what launch starts, under torchrun if needed)")
     stage.add_argument("name", choices=list(STAGE_BY_NAME))
@@ -134,7 +137,16 @@ def _launch(args) -> int:
         raise UserError(f"--set-json must be a JSON list of KEY=VALUE strings, got {args.set_json!r}")
     run_id = safe_run_id(args.run_id) if args.run_id else ""
     cfg = launch.load_config_source(args.config, [*args.overrides, *extra], run_id, args.storage_root)
-    launch.launch(cfg, args.name, launch.prepare(cfg))
+    done = launch.launch(cfg, args.name, launch.prepare(cfg))
+    if args.manifest_out:
+        from pathlib import Path
+
+        from rlaif.io import manifest, storage
+        from rlaif.stages.common import stage_url
+
+        out = {"stage": args.name, "run_id": cfg.run_id, "digest": done["digest"],
+               "url": storage.join(stage_url(cfg, args.name), manifest.MANIFEST)}
+        Path(args.manifest_out).write_text(json.dumps(out) + "\n", encoding="utf-8")
     return 0
 
 

@@ -36,4 +36,6 @@ os.environ.update(
     RLAIF_JUDGE_API_KEY="S3CR3T-judge-77ab",
 )
 os.environ.setdefault("RLAIF_BIN", str(REPO / ".venv/bin/rlaif"))
+# The `rlaif launch` children import this checkout's rlaif, whichever checkout RLAIF_BIN's venv has installed.
+os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
 subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, capture_output=True, timeout=600)

@@ -1,5 +1,5 @@
-"""DAG integrity (Astronomer style), the rendered pod spec of every `rlaif` task, and `rlaif_local` run end to end
-with dag.test() on the tiny config."""
+"""DAG integrity (Astronomer style), the rendered pod spec of every `rlaif` task, the stage assets, `rlaif_local`'s
+S3 connection (aws_conn_id), and `rlaif_local` run end to end with dag.test() on the tiny config."""
 import json
 import os
 from pathlib import Path
@@ -19,7 +19,7 @@ def dagbag():
 
 def test_dags_import_cleanly(dagbag):
     assert dagbag.import_errors == {}
-    assert set(dagbag.dag_ids) == {"rlaif", "rlaif_local"}
+    assert set(dagbag.dag_ids) == {"rlaif", "rlaif_local", "rlaif_on_new_policy"}
 
 
 @pytest.mark.parametrize("dag_id", ["rlaif", "rlaif_local"])
@@ -30,11 +30,20 @@ def test_dag_is_the_stage_graph(dagbag, dag_id):
         task = dag.get_task(stage.name)
         assert task.upstream_task_ids == set(stage.inputs), stage.name
         assert task.retries >= 1 and task.doc_md == stage.description
+        assert [(a.name, a.uri) for a in task.outlets] == [(f"rlaif://stages/{stage.name}",) * 2], stage.name
     assert "rlaif" in dag.tags and dag.doc_md.startswith("# RLAIF")
-    assert set(dag.params) == {"config", "overrides", "run_id", "storage_root"}
+    # aws_conn_id only where a task process can take the connection's keys (a pod would carry them in its spec)
+    local_only = {"aws_conn_id"} if dag_id == "rlaif_local" else set()
+    assert set(dag.params) == {"config", "overrides", "run_id", "storage_root", *local_only}
     assert dag.max_active_runs == 1
     # no cycles: a topological sort consumes every task
     assert len(dag.topological_sort()) == len(STAGES)
+
+
+def test_example_consumer_is_scheduled_on_the_ppo_asset(dagbag):
+    consumer = dagbag.get_dag("rlaif_on_new_policy")
+    (policy,) = dagbag.get_dag("rlaif_local").get_task("ppo").outlets
+    assert consumer.timetable.asset_condition.objects == (policy,)
 
 
 def _rendered(task, **params):
@@ -90,13 +99,24 @@ def test_pod_spec_of_every_stage_is_the_pod_plan(dagbag):
 def test_no_secret_value_in_dags_or_pods(dagbag):
     from airflow.serialization.serialized_objects import DagSerialization
 
-    for dag_id in ("rlaif", "rlaif_local"):
+    for dag_id in dagbag.dag_ids:
         dag = dagbag.get_dag(dag_id)
         text = json.dumps(DagSerialization.to_dict(dag), default=str)
         assert "S3CR3T" not in text, dag_id
     for task in dagbag.get_dag("rlaif").tasks:
         assert "S3CR3T" not in str(task.build_pod_request_obj(context=None, dry_run=True))
     assert "S3CR3T" not in (REPO / "dags/rlaif_dags.py").read_text()
+
+
+def _asset_events(run_id: str) -> dict[str, dict]:
+    """The extra of each asset event a run's tasks published, by task."""
+    from airflow.models.asset import AssetEvent
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        events = session.scalars(select(AssetEvent).where(AssetEvent.source_run_id == run_id)).all()
+        return {e.source_task_id: dict(e.extra) for e in events}
 
 
 @pytest.mark.slow
@@ -109,8 +129,10 @@ def test_rlaif_local_runs_end_to_end(dagbag, tmp_path):
     dagrun = dag.test(run_conf=conf)
     assert dagrun.state == DagRunState.SUCCESS
     run_dir = tmp_path / "runs" / "airflow-e2e"
-    for stage in STAGES:
-        assert json.loads((run_dir / stage.name / "manifest.json").read_text())["stage"] == stage.name
+    manifests = {s.name: json.loads((run_dir / s.name / "manifest.json").read_text()) for s in STAGES}
+    assert all(m["stage"] == name for name, m in manifests.items())
+    assert {name: extra["digest"] for name, extra in _asset_events(dagrun.run_id).items()} == {
+        name: m["digest"] for name, m in manifests.items()}
     assert json.loads((run_dir / "evaluate" / "metrics.json").read_text())["n_prompts"] == 8
     assert "S3CR3T" not in "".join(p.read_text(errors="replace") for p in run_dir.rglob("*.json"))
     assert "S3CR3T" not in (run_dir / "config.yaml").read_text()
