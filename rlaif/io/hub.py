@@ -1,6 +1,7 @@
 """Models named by Hugging Face Hub id (`org/name`, `org/name@revision`, or `hf://org/name`): fetched into the Hugging
 Face cache where a hub is reachable, read from that cache when the environment asks for offline mode
-(HF_HUB_OFFLINE=1, which `make demo`, `make test` and the images' CI set). A local directory of the same name wins."""
+(HF_HUB_OFFLINE=1, which `make demo` and `make test` set; the images leave it to the deployer). A local directory of
+the same name wins."""
 from __future__ import annotations
 
 import os
@@ -15,7 +16,7 @@ ALLOW = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jinja"]
 
 
 def offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def parse(spec: str) -> tuple[str, str | None] | None:

@@ -18,7 +18,7 @@ from pathlib import Path, PurePosixPath
 
 from rlaif.config import DataConfig, PromptColumns, sha256_json
 from rlaif.errors import UserError
-from rlaif.io import storage
+from rlaif.io import hub, storage
 from rlaif.io.digest import spec_digest
 
 SUFFIX_FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".txt": "text", ".parquet": "parquet"}
@@ -186,10 +186,8 @@ def hub_repo(url: str) -> str:
 
 
 def hub_offline() -> bool:
-    """The project never downloads at run time unless told to (rlaif.models.loading sets HF_HUB_OFFLINE=1 by
-    default, and so do the cluster pods)."""
-    flags = (os.environ.get(name, "") for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
-    return any(flag.strip().upper() in ("1", "ON", "YES", "TRUE") for flag in flags)
+    """Offline mode for datasets: HF_HUB_OFFLINE (as for models, io/hub.py) or datasets' own HF_DATASETS_OFFLINE."""
+    return hub.offline() or os.environ.get("HF_DATASETS_OFFLINE", "").strip().lower() in ("1", "on", "yes", "true")
 
 
 def _datasets():
