@@ -1,19 +1,24 @@
 """Training metrics where teams look while a run is going: metrics.jsonl and TensorBoard logs in the stage's directory
 (copied to storage every `tracking.flush_every_s`, not only at the end), and optionally MLflow and W&B. Rank 0 only.
 
-Each tracker is optional and fails loudly at the start (a missing package or server is a one-line error before any
-training), never in the middle of a run."""
+A tracker that cannot start is a one-line error before any training; one that fails in the middle of a run (a server
+outage) warns once and is switched off: a tracker never ends a multi-hour stage. Each attempt of a stage opens a new
+tracker run, except an attempt resumed from a checkpoint, which continues the run its `tracking.json` names."""
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 from rlaif.errors import UserError
 from rlaif.io import storage
+
+IDENTITY = "tracking.json"  # the tracker run ids of the stage's current attempt, beside its metrics
 
 
 def _flat(prefix: str, value, out: dict) -> dict:
@@ -25,14 +30,20 @@ def _flat(prefix: str, value, out: dict) -> dict:
     return out
 
 
-class MLflowRun:
-    """One MLflow run per stage of a pipeline run (`<run_id>/<stage>`); a resumed stage continues its run."""
+def _numbers(row: dict) -> dict:
+    return {k: float(v) for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
-    def __init__(self, ctx, params: dict):
+
+class MLflowRun:
+    """One MLflow run per attempt of a stage, named `<run_id>/<stage>`, tagged with the stage's storage URL."""
+
+    name = "mlflow"
+
+    def __init__(self, ctx, params: dict, run_id: str | None):
         try:
             import mlflow
         except ImportError:
-            raise UserError('tracking.report_to has mlflow but the package is missing: pip install "rlaif[mlflow]"') \
+            raise UserError('tracking.report_to has mlflow but the client is missing: pip install "rlaif[tracking]"') \
                 from None
         settings = ctx.cfg.tracking
         uri = settings.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
@@ -41,29 +52,26 @@ class MLflowRun:
                             "$MLFLOW_TRACKING_URI")
         self.client = mlflow.MlflowClient(tracking_uri=uri)
         try:
-            experiment = self.client.get_experiment_by_name(settings.mlflow_experiment)
-            experiment_id = (experiment.experiment_id if experiment
-                             else self.client.create_experiment(settings.mlflow_experiment))
-        except Exception as exc:  # the client raises MlflowException or requests' errors for one cause
+            self.run_id = run_id or self._create(ctx, settings.mlflow_experiment, params)
+        except Exception as exc:  # MlflowException or requests' errors, for one cause: the server
             raise UserError(f"MLflow server {uri} did not answer ({type(exc).__name__}): check "
-                            "tracking.mlflow_tracking_uri") from None
-        tags = {"rlaif.run_id": ctx.cfg.run_id, "rlaif.stage": ctx.stage.name, "rlaif.config_hash": ctx.config_hash}
-        query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
-        found = self.client.search_runs([experiment_id], filter_string=query, max_results=1)
-        if found:
-            self.run_id = found[0].info.run_id
-        else:
-            run = self.client.create_run(experiment_id, run_name=f"{ctx.cfg.run_id}/{ctx.stage.name}", tags=tags)
-            self.run_id = run.info.run_id
-            for key, value in params.items():
-                self.client.log_param(self.run_id, key, str(value)[:6000])
+                            "tracking.mlflow_tracking_uri and the server") from None
+
+    def _create(self, ctx, experiment_name: str, params: dict) -> str:
+        experiment = self.client.get_experiment_by_name(experiment_name)
+        experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(experiment_name)
+        tags = {"rlaif.run_id": ctx.cfg.run_id, "rlaif.stage": ctx.stage.name, "rlaif.stage_url": ctx.url,
+                "rlaif.cache_key": ctx.config_hash}
+        run = self.client.create_run(experiment_id, run_name=f"{ctx.cfg.run_id}/{ctx.stage.name}", tags=tags)
+        for key, value in params.items():
+            self.client.log_param(run.info.run_id, key, str(value)[:6000])
+        return run.info.run_id
 
     def log(self, step: int, row: dict) -> None:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        metrics = [Metric(key, float(value), now, step) for key, value in row.items()
-                   if isinstance(value, (int, float)) and not isinstance(value, bool)]
+        metrics = [Metric(key, value, now, step) for key, value in _numbers(row).items()]
         self.client.log_batch(self.run_id, metrics=metrics)
 
     def finish(self, artifacts: list[Path]) -> None:
@@ -73,19 +81,26 @@ class MLflowRun:
 
 
 class WandbRun:
-    def __init__(self, ctx, params: dict):
+    name = "wandb"
+
+    def __init__(self, ctx, params: dict, run_id: str | None):
         try:
             import wandb
         except ImportError:
-            raise UserError('tracking.report_to has wandb but the package is missing: pip install wandb') from None
+            raise UserError('tracking.report_to has wandb but it is missing: pip install "rlaif[tracking]"') from None
         settings = ctx.cfg.tracking
-        self.wandb = wandb
-        self.run = wandb.init(project=settings.wandb_project, entity=settings.wandb_entity, config=params,
-                              name=f"{ctx.cfg.run_id}/{ctx.stage.name}", id=f"{ctx.config_hash[:24]}-{ctx.stage.name}",
-                              resume="allow", tags=["rlaif", ctx.stage.name])
+        try:
+            self.run = wandb.init(project=settings.wandb_project, entity=settings.wandb_entity, config=params,
+                                  name=f"{ctx.cfg.run_id}/{ctx.stage.name}", id=run_id or uuid.uuid4().hex[:16],
+                                  resume="allow" if run_id else None, tags=["rlaif", ctx.stage.name])
+        except Exception as exc:  # wandb's UsageError (no API key), CommError (no server), ...
+            reason = " ".join(str(exc).split())[:200]
+            raise UserError(f"W&B did not start ({type(exc).__name__}: {reason}): set WANDB_API_KEY, or "
+                            "WANDB_MODE=offline") from None
+        self.run_id = self.run.id
 
     def log(self, step: int, row: dict) -> None:
-        self.run.log({k: v for k, v in row.items() if isinstance(v, (int, float))}, step=step)
+        self.run.log(_numbers(row), step=step)
 
     def finish(self, artifacts: list[Path]) -> None:
         for path in artifacts:
@@ -94,14 +109,18 @@ class WandbRun:
 
 
 class Tracker:
-    """Per-step metrics to metrics.jsonl, TensorBoard, MLflow and W&B as `tracking` asks; rank 0 only."""
+    """Per-step metrics to metrics.jsonl, TensorBoard, MLflow and W&B as `tracking` asks; rank 0 only. `resume_step`:
+    the step a checkpoint restored (0: a fresh start); the metrics up to it are kept (`restored_rows`, (step, row)
+    pairs, when the checkpoint carries them, else the stored metrics.jsonl), and the interrupted attempt's tracker
+    runs go on."""
 
-    def __init__(self, ctx, enabled: bool):
+    def __init__(self, ctx, enabled: bool, resume_step: int = 0, restored_rows: list[tuple[int, dict]] | None = None):
         self.enabled, self.url, self.settings = enabled, ctx.url, ctx.cfg.tracking
-        self.writer, self.remote, self.last_flush = None, [], time.monotonic()
+        self.writer, self.remote = None, []
         if not enabled:
             return
         self.dir = Path(tempfile.mkdtemp(prefix="rlaif-metrics-"))
+        previous = self._restore(resume_step, restored_rows) if resume_step else {}
         params = _flat("", {"seed": ctx.cfg.seed, "policy.model": ctx.cfg.policy.model,
                             "label.judge": ctx.cfg.label.judge,
                             ctx.stage.name: getattr(ctx.cfg, ctx.stage.name).model_dump()}, {})
@@ -109,24 +128,48 @@ class Tracker:
             from torch.utils.tensorboard import SummaryWriter
 
             self.writer = SummaryWriter(str(self.dir / "tensorboard"))
-        if "mlflow" in self.settings.report_to:
-            self.remote.append(MLflowRun(ctx, params))
-        if "wandb" in self.settings.report_to:
-            self.remote.append(WandbRun(ctx, params))
+        for kind, tracker in (("mlflow", MLflowRun), ("wandb", WandbRun)):
+            if kind in self.settings.report_to:
+                self.remote.append(tracker(ctx, params, previous.get(kind)))
+        (self.dir / IDENTITY).write_text(json.dumps({run.name: run.run_id for run in self.remote}))
         self.last_flush = time.monotonic()  # the interval starts when training can start
+
+    def _restore(self, resume_step: int, rows: list[tuple[int, dict]] | None) -> dict:
+        """The interrupted attempt's metrics up to the checkpoint (later ones will be logged again) and tracker ids."""
+        stored = storage.join(self.url, "metrics.jsonl")
+        if rows is not None:
+            kept = [json.dumps({"step": step, **row}) for step, row in rows]
+        elif storage.exists(stored):
+            kept = [line for line in storage.read_text(stored).splitlines()
+                    if line.strip() and json.loads(line).get("step", 0) <= resume_step]
+        else:
+            kept = []
+        (self.dir / "metrics.jsonl").write_text("".join(line + "\n" for line in kept))
+        identity = storage.join(self.url, IDENTITY)
+        return json.loads(storage.read_text(identity)) if storage.exists(identity) else {}
 
     def log(self, step: int, row: dict) -> None:
         if not self.enabled:
             return
         with open(self.dir / "metrics.jsonl", "a") as f:
             f.write(json.dumps({"step": step, **row}) + "\n")
-        for key, value in row.items():
-            if self.writer and isinstance(value, (int, float)):
+        if self.writer:
+            for key, value in _numbers(row).items():
                 self.writer.add_scalar(key, value, step)
-        for run in self.remote:
-            run.log(step, row)
+        self._each_remote(lambda run: run.log(step, row))
         if time.monotonic() - self.last_flush >= self.settings.flush_every_s:
             self.flush()
+
+    def _each_remote(self, action) -> None:
+        """A tracker that fails mid-run (its server went away) warns once and is switched off; training goes on."""
+        for run in list(self.remote):
+            try:
+                action(run)
+            except Exception as exc:
+                reason = " ".join(str(exc).split())[:160]
+                print(f"warning: tracker {run.name} failed ({type(exc).__name__}: {reason}); it is off for the rest "
+                      "of this stage (metrics.jsonl and TensorBoard go on)", file=sys.stderr, flush=True)
+                self.remote.remove(run)
 
     def flush(self) -> list[dict]:
         """Copy metrics.jsonl and the TensorBoard logs to the stage's directory in storage now."""
@@ -141,8 +184,9 @@ class Tracker:
             return []
         if self.writer:
             self.writer.close()
-        files = self.flush()
-        for run in self.remote:
-            run.finish(list(artifacts))
-        shutil.rmtree(self.dir, ignore_errors=True)
+        try:
+            files = self.flush()
+            self._each_remote(lambda run: run.finish(list(artifacts)))
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
         return files

@@ -75,8 +75,9 @@ def remote_digest(url: str) -> str:
     return hashlib.sha256(json.dumps(listing, default=str).encode()).hexdigest() if listing else "missing"
 
 
-def spec_digest(spec: str) -> str:
-    """The digest of a path or URL a config names (`builtin:` models by their package's version)."""
+def spec_digest(spec: str, model: bool = False) -> str:
+    """The digest of a path or URL a config names (`builtin:` models by their package's version; with `model`, a hub
+    id by its resolved commit)."""
     if spec.startswith("builtin:minilm"):
         from importlib.metadata import PackageNotFoundError, version
 
@@ -86,7 +87,7 @@ def spec_digest(spec: str) -> str:
             return f"{spec}:missing"
     from rlaif.io import hub
 
-    if hub.parse(spec):
+    if model and hub.parse(spec):
         return hub.revision_digest(spec)
     if "://" in spec and not spec.startswith("file://"):
         return remote_digest(spec)

@@ -11,8 +11,9 @@ from pathlib import Path
 from rlaif.errors import UserError
 
 HUB_ID = re.compile(r"(?:hf://)?([A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96})(?:@([\w./-]{1,128}))?")
-# Only what loading needs: configs, safetensors weights, tokenizer files (never pickled weights or remote code).
-ALLOW = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jinja"]
+# Only what loading needs: configs, safetensors weights, tokenizer files, and model code (which runs only with
+# trust_remote_code); never pickled weights.
+ALLOW = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jinja", "*.py"]
 
 
 def offline() -> bool:
@@ -32,30 +33,65 @@ def parse(spec: str) -> tuple[str, str | None] | None:
     return (match.group(1), match.group(2)) if match else None
 
 
+def _errors():
+    from huggingface_hub.errors import (
+        HfHubHTTPError,
+        HFValidationError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    return HfHubHTTPError, HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
+
+
+def _one_line(spec: str, what: str, exc: Exception) -> UserError:
+    """The hub's many exceptions as the one line a user can act on."""
+    http, invalid, not_cached, no_repo, no_revision = _errors()
+    if isinstance(exc, not_cached):
+        mode = ("the hub is off (HF_HUB_OFFLINE=1) and it is not in the Hugging Face cache" if offline()
+                else "the hub could not be reached and it is not in the Hugging Face cache")
+        return UserError(f"{what} {spec}: {mode}: unset HF_HUB_OFFLINE on a machine with hub access, or give a "
+                         "local directory or an s3:// URL")
+    if isinstance(exc, no_revision):
+        return UserError(f"{what} {spec}: no such revision on the hub")
+    if isinstance(exc, no_repo):
+        return UserError(f"{what} {spec}: no such model on the hub (or it is gated: set HF_TOKEN)")
+    if isinstance(exc, invalid):
+        return UserError(f"{what} {spec}: not a valid hub model id ({str(exc).splitlines()[0][:120]})")
+    return UserError(f"{what} {spec}: the hub answered {str(exc).splitlines()[0][:160]}")
+
+
 def snapshot(spec: str, what: str) -> Path:
     """The local snapshot directory of a hub model: downloaded once into the Hugging Face cache (HF_HOME), or found
-    there in offline mode."""
+    there in offline mode. Only the stage that loads the model calls this."""
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
 
     repo_id, revision = parse(spec)
     try:
         return Path(snapshot_download(repo_id, revision=revision, allow_patterns=ALLOW, local_files_only=offline()))
-    except LocalEntryNotFoundError:
-        mode = ("the hub is off (HF_HUB_OFFLINE=1) and it is not in the Hugging Face cache" if offline()
-                else "the hub could not be reached and it is not in the Hugging Face cache")
-        raise UserError(f"{what} {spec}: {mode}: unset HF_HUB_OFFLINE on a machine with hub access, or give a "
-                        "local directory or an s3:// URL") from None
-    except RepositoryNotFoundError:
-        raise UserError(f"{what} {spec}: no such model on the hub (or it is gated: set HF_TOKEN)") from None
-    except HfHubHTTPError as exc:
-        raise UserError(f"{what} {spec}: the hub answered {str(exc).splitlines()[0][:160]}") from None
+    except _errors() as exc:
+        raise _one_line(spec, what, exc) from None
+
+
+def commit(spec: str, what: str) -> str:
+    """The commit a hub model resolves to, without downloading it: asked of the hub, or read from the cache offline.
+    A launch checks every hub model this way before any work; the cache key holds the commit."""
+    from huggingface_hub import HfApi
+
+    if offline():
+        return snapshot(spec, what).name
+    repo_id, revision = parse(spec)
+    try:
+        return HfApi().model_info(repo_id, revision=revision).sha
+    except _errors() as exc:
+        raise _one_line(spec, what, exc) from None
 
 
 def revision_digest(spec: str) -> str:
-    """What a hub model enters a cache key as: its resolved commit (from the hub, or the cached ref offline)."""
+    """What a hub model enters a cache key as: its resolved commit."""
     repo_id, revision = parse(spec)
     try:
-        return f"hub:{repo_id}@{snapshot(spec, 'model').name}"
+        return f"hub:{repo_id}@{commit(spec, 'model')}"
     except UserError:
         return f"hub:{repo_id}@{revision or 'main'}:unresolved"

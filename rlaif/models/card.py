@@ -1,6 +1,6 @@
 """Model cards in the Hugging Face format (README.md: YAML front matter, then Markdown) for every model the pipeline
 exports: what the model is, what it started from (as the user named it), how it was trained and on what, how it
-scored, and which run made it (run id, config digest, code version)."""
+scored, and which run made it (run id, stage cache key, code version)."""
 from __future__ import annotations
 
 import json
@@ -9,13 +9,21 @@ from pathlib import Path
 import yaml
 
 from rlaif import __version__
+from rlaif.io import hub
 from rlaif.io.digest import code_digest
 
 LOAD = "Load with `transformers.{auto}.from_pretrained(this_directory, use_safetensors=True)`."
 
 
+def base_model_id(spec: str) -> tuple[str, str | None]:
+    """(name, revision) of a base model as the card and an adapter record it: a hub model by its repo id (the form
+    the Hub and peft resolve), anything else (a local or s3:// directory, a builtin) exactly as the config names it."""
+    parsed = hub.parse(spec)
+    return parsed if parsed else (spec, None)
+
+
 def _front_matter(base_model: str, library: str, tags: list[str], pipeline_tag: str | None) -> str:
-    meta = {"base_model": base_model, "library_name": library, "tags": ["rlaif", *tags]}
+    meta = {"base_model": base_model_id(base_model)[0], "library_name": library, "tags": ["rlaif", *tags]}
     if pipeline_tag:
         meta["pipeline_tag"] = pipeline_tag
     return "---\n" + yaml.safe_dump(meta, sort_keys=False) + "---\n"
@@ -51,7 +59,7 @@ def write(directory: Path, text: str) -> Path:
 
 def run_facts(ctx) -> dict:
     """The provenance rows every card carries: the pipeline run and the digest of the config it ran with."""
-    return {"run id": ctx.cfg.run_id, "stage": ctx.stage.name, "config digest": ctx.config_hash[:16],
+    return {"run id": ctx.cfg.run_id, "stage": ctx.stage.name, "cache key": ctx.config_hash[:16],
             "prompts": ctx.cfg.data.prompts, "seed": ctx.cfg.seed}
 
 

@@ -70,9 +70,12 @@ class ClusterSpec:
         SecretEnv(name="rlaif-storage", env={"AWS_ACCESS_KEY_ID": "access_key", "AWS_SECRET_ACCESS_KEY": "secret_key"}),
         SecretEnv(name="rlaif-judge", env={"RLAIF_JUDGE_API_KEY": "api_key"}, optional=True),
         SecretEnv(name="rlaif-hf", env={"HF_TOKEN": "token"}, optional=True),
+        SecretEnv(name="rlaif-tracking", env={"WANDB_API_KEY": "wandb_api_key", "MLFLOW_TRACKING_TOKEN": "mlflow_token",
+                                              "MLFLOW_TRACKING_USERNAME": "mlflow_username",
+                                              "MLFLOW_TRACKING_PASSWORD": "mlflow_password"}, optional=True),
     )
     """Secrets mapped to environment variables in every stage (storage credentials, judge API key, a Hugging Face
-    token for gated hub models)."""
+    token for gated hub models, tracker credentials)."""
     env: dict[str, str] = field(default_factory=dict)
     """Plain (non-secret) environment variables for every stage, e.g. AWS_ENDPOINT_URL of the cluster's MinIO."""
     shm_gib: int = 8

@@ -104,17 +104,17 @@ def check_judges(cfg: PipelineConfig, prompts: list[dict]) -> None:
 
 def check_models(cfg: PipelineConfig) -> None:
     """Local model directories the stages will load (policy, hf judges, reward-model backbone), checked before any
-    work; hub models are fetched (or found in the cache) now; s3:// ones are checked when downloaded. The model cache
-    must be writable (the built-in policy lives there)."""
+    work; hub models are resolved to a commit now (downloaded by the stage that loads them); s3:// ones are checked
+    when downloaded. The model cache must be writable (the built-in policy lives there)."""
     from rlaif.io import hub
     from rlaif.io.storage import cache_dir
-    from rlaif.models.loading import check_model_dir, check_model_files
+    from rlaif.models.loading import check_model_files
 
     named = [("policy model", cfg.policy.model), ("reward-model backbone", cfg.train_rm.backbone),
              *(("judge model", j.hf.model) for j in (cfg.label, *cfg.evaluate.judges) if j.judge == "hf")]
     for what, spec in named:
         if hub.parse(spec):
-            check_model_dir(hub.snapshot(spec, what), what)
+            hub.commit(spec, what)
         elif not spec.startswith(("builtin:", "s3://")):
             check_model_files(Path(spec.removeprefix("file://")).expanduser(), what)
     if not any(spec == "builtin:tiny-llama" or spec.startswith("s3://") for _, spec in named):
@@ -183,6 +183,9 @@ def launch(cfg: PipelineConfig, name: str, config_url: str) -> dict:
         print(f"[{name}] cache hit: output exists for this config and inputs, skipped", flush=True)
         return hit
     with StageLock(ctx.url, f"stage '{name}' of run '{cfg.run_id}'"):
+        if (hit := common.cached(ctx)) is not None:  # another launcher finished it while this one waited
+            print(f"[{name}] cache hit: output exists for this config and inputs, skipped", flush=True)
+            return hit
         run_locked(cfg, stage, config_url, ctx.config_hash)
     return manifest.require(ctx.url, name)
 

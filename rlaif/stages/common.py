@@ -64,6 +64,9 @@ def _judge_files(judge) -> dict[str, str]:
     return files
 
 
+MODEL_ROLES = ("policy", "model", "backbone")  # roles whose spec may be a hub model id
+
+
 def config_files(cfg: PipelineConfig, name: str) -> dict[str, str]:
     """Every file or model directory the stage reads that its config names (besides the prompts), by role."""
     policy = {"policy": (cfg.policy.tiny.demonstrations if cfg.policy.model == "builtin:tiny-llama"
@@ -85,7 +88,9 @@ def file_digests(cfg: PipelineConfig, name: str) -> dict[str, str]:
     """Content digests of the prompts (where the stage reads them; s3:// objects, dataset directories, globs and hub
     datasets included) and of every file its config names (local or s3://)."""
     digests = {"prompts": source_digest(cfg.data)} if STAGE_BY_NAME[name].uses_prompts else {}
-    return {**digests, **{f"file:{role}": spec_digest(spec) for role, spec in config_files(cfg, name).items()}}
+    files = config_files(cfg, name)
+    return {**digests, **{f"file:{role}": spec_digest(spec, model=role.rsplit(".", 1)[-1] in MODEL_ROLES)
+                          for role, spec in files.items()}}
 
 
 def context(cfg: PipelineConfig, name: str, part_index: int = 0, num_parts: int = 1) -> StageContext:

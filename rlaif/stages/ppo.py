@@ -374,9 +374,8 @@ def run(ctx: StageContext) -> dict:
     checkpoints = Checkpoints(ctx.url, ctx.config_hash, keep=settings.keep_checkpoints)
     state = checkpoints.restore(engine) or {"iteration": 0, "rows": [], "kl_coef": settings.kl_coef}
     controller.value, rows = state["kl_coef"], state["rows"]
-    metrics = Tracker(ctx, enabled=rank == 0)
-    for row in rows:  # a resumed run's earlier iterations, so the logs are whole
-        metrics.log(row["iteration"], row)
+    metrics = Tracker(ctx, enabled=rank == 0, resume_step=state["iteration"],
+                      restored_rows=[(row["iteration"], row) for row in rows])
 
     rollouts = Rollouts(cfg, engine, tokenizer, reference_logits, reward_fn, split(cfg.data, "train"), amp)
     bar = progress(range(state["iteration"], settings.iterations), desc=settings.algorithm, unit="iter",
@@ -404,27 +403,29 @@ def export(ctx: StageContext, policy: PolicyWithValue, tokenizer, rows: list[dic
     """The LoRA adapter, the merged Hugging Face policy, metrics, TensorBoard logs and the reward/KL plot."""
     settings = ctx.cfg.ppo
     out = Path(tempfile.mkdtemp(prefix="rlaif-ppo-"))
-    (out / "reward_kl.png").write_bytes(report.ppo_curves(rows))
-    lm = policy.lm
-    if settings.lora_rank > 0:
-        # The base model as the user named it, not this machine's cache path.
-        lm.peft_config["default"].base_model_name_or_path = ctx.cfg.policy.model
-        lm.save_pretrained(out / "adapter", safe_serialization=True)
-        card.write(out / "adapter", card.policy_card(ctx, rows, adapter=True))
-        lm = lm.merge_and_unload()
-    lm.save_pretrained(out / "policy", safe_serialization=True)
-    tokenizer.save_pretrained(out / "policy")
-    card.write(out / "policy", card.policy_card(ctx, rows, adapter=False))
-    files = storage.upload_dir(out, ctx.url) + metrics.publish((out / "policy" / "README.md",))
-    first, last = rows[0], rows[-1]
-    summary = {"algorithm": settings.algorithm, "reward": settings.reward, "iterations": settings.iterations,
-               "reward_first": first["reward_raw"], "reward_last": last["reward_raw"], "kl_last": last["kl"],
-               "world_size": dist.world_size(),
-               "seconds_per_iteration": sum(r["iteration_s"] for r in rows) / len(rows),
-               "phase_seconds": {k: sum(r[k] for r in rows)
-                                 for k in ("generate_s", "score_s", "reference_s", "update_s")}}
-    print(f"{settings.algorithm}: reward {first['reward_raw']:.3f} -> {last['reward_raw']:.3f}, KL {last['kl']:.3f}, "
-          f"{summary['seconds_per_iteration']:.2f}s/iteration")
-    result = ctx.commit(files=files, num_samples=settings.iterations * settings.rollout_batch_size, summary=summary)
-    shutil.rmtree(out, ignore_errors=True)
-    return result
+    try:  # the merged weights and the adapter are large: never left behind
+        (out / "reward_kl.png").write_bytes(report.ppo_curves(rows))
+        lm = policy.lm
+        if settings.lora_rank > 0:
+            # The base model as the user named it (a hub model by repo id and revision), not this machine's cache.
+            adapter = lm.peft_config["default"]
+            adapter.base_model_name_or_path, adapter.revision = card.base_model_id(ctx.cfg.policy.model)
+            lm.save_pretrained(out / "adapter", safe_serialization=True)
+            card.write(out / "adapter", card.policy_card(ctx, rows, adapter=True))
+            lm = lm.merge_and_unload()
+        lm.save_pretrained(out / "policy", safe_serialization=True)
+        tokenizer.save_pretrained(out / "policy")
+        card.write(out / "policy", card.policy_card(ctx, rows, adapter=False))
+        files = storage.upload_dir(out, ctx.url) + metrics.publish((out / "policy" / "README.md",))
+        first, last = rows[0], rows[-1]
+        summary = {"algorithm": settings.algorithm, "reward": settings.reward, "iterations": settings.iterations,
+                   "reward_first": first["reward_raw"], "reward_last": last["reward_raw"], "kl_last": last["kl"],
+                   "world_size": dist.world_size(),
+                   "seconds_per_iteration": sum(r["iteration_s"] for r in rows) / len(rows),
+                   "phase_seconds": {k: sum(r[k] for r in rows)
+                                     for k in ("generate_s", "score_s", "reference_s", "update_s")}}
+        print(f"{settings.algorithm}: reward {first['reward_raw']:.3f} -> {last['reward_raw']:.3f}, "
+              f"KL {last['kl']:.3f}, {summary['seconds_per_iteration']:.2f}s/iteration")
+        return ctx.commit(files=files, num_samples=settings.iterations * settings.rollout_batch_size, summary=summary)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)

@@ -134,12 +134,14 @@ def run(ctx: StageContext) -> dict:
     replica_spread = engine.replica_spread()
 
     export_root = Path(tempfile.mkdtemp(prefix="rlaif-rm-"))
-    plain = export(ctx, engine, model, tokenizer, export_root / "model", rank, device)
-    summary = evaluate_reward_model(ctx, plain.eval(), tokenizer, rank, world, device)
-    summary.update(steps=step, seconds=seconds, samples_per_s=step * settings.batch_size / max(seconds, 1e-9),
-                   world_size=world, replica_param_spread=replica_spread)
-    result = publish(ctx, export_root / "model", metrics, summary) if rank == 0 else None
-    shutil.rmtree(export_root, ignore_errors=True)
+    try:  # the exported weights are large: never left behind
+        plain = export(ctx, engine, model, tokenizer, export_root / "model", rank, device)
+        summary = evaluate_reward_model(ctx, plain.eval(), tokenizer, rank, world, device)
+        summary.update(steps=step, seconds=seconds, samples_per_s=step * settings.batch_size / max(seconds, 1e-9),
+                       world_size=world, replica_param_spread=replica_spread)
+        result = publish(ctx, export_root / "model", metrics, summary) if rank == 0 else None
+    finally:
+        shutil.rmtree(export_root, ignore_errors=True)
     dist.barrier()
     dist.teardown()
     return result
@@ -150,7 +152,7 @@ def train(ctx: StageContext, engine, tokenizer, checkpoints: Checkpoints, positi
     """The training loop from `position` (a fresh start or a checkpoint); returns (metrics, steps, seconds)."""
     settings = ctx.cfg.train_rm
     rank, world, device = dist.rank(), dist.world_size(), engine.device
-    metrics = Tracker(ctx, enabled=rank == 0)
+    metrics = Tracker(ctx, enabled=rank == 0, resume_step=position["step"])
     use_amp = device.type == "cuda" and settings.strategy == "ddp"  # DeepSpeed runs bf16 itself on GPUs
     bar = progress(total=total_steps, initial=position["step"], desc="train_rm", unit="step", disable=rank != 0)
     step, start = position["step"], time.time() - position["seconds"]

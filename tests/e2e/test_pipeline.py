@@ -80,7 +80,7 @@ def check_model_cards(run_dir: Path, cfg):
         meta = front_matter(card)
         assert meta["base_model"] == base and meta["library_name"] == library and "rlaif" in meta["tags"], path
         text = card.read_text()
-        assert f"| run id | {cfg.run_id} |" in text and f"| config digest | {stage['config_hash'][:16]} |" in text
+        assert f"| run id | {cfg.run_id} |" in text and f"| cache key | {stage['config_hash'][:16]} |" in text
         assert any(f["path"] == path.split("/", 1)[1] + "/README.md" for f in stage["files"]), path
     held_out = rm["summary"]["held_out_accuracy"]
     assert f"| held_out_accuracy | {held_out:.4g} |" in (run_dir / "train_rm/model/README.md").read_text()

@@ -1,6 +1,7 @@
 """Tracking while a run is going: the tiny pipeline against a real MLflow server on loopback (SQLite backend). The
 metrics of train_rm and ppo reach MLflow, and the TensorBoard logs reach storage, while those stages still run
 (before their manifests exist); the params and the model card arrive as run params and artifacts."""
+import json
 import os
 import shutil
 import subprocess
@@ -155,10 +156,45 @@ def test_wandb_offline_run_records_metrics_params_and_card(tmp_path, monkeypatch
     card.write_text("---\nbase_model: builtin:tiny-llama\n---\n")
     tracker.publish((card,))
     (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
-    assert run_dir.name.endswith("-ppo")  # the run id: config digest and stage, so a resumed stage continues it
+    # A fresh attempt gets a fresh W&B run id, recorded beside the metrics so a resumed attempt continues it.
+    assert run_dir.name.endswith(json.loads((tmp_path / "ppo" / "tracking.json").read_text())["wandb"])
     # The offline log is W&B's binary record stream (what `wandb sync` uploads): the metrics and params are in it.
     (log,) = run_dir.glob("run-*.wandb")
     records = log.read_bytes()
     for text in (b"reward_raw", b"0.3", b"kl", b"ppo.iterations", b"builtin:tiny-llama"):
         assert text in records, text
     assert (run_dir / "files" / "README.md").read_text().startswith("---\nbase_model")
+
+
+def test_a_tracker_that_fails_mid_run_is_switched_off_not_fatal(tmp_path, capsys):
+    from rlaif.tracking import Tracker
+
+    class Flaky:
+        name, run_id, calls = "mlflow", "r1", 0
+
+        def log(self, step, row):
+            Flaky.calls += 1
+            raise ConnectionError("server went away")
+
+    tracker = Tracker(tracker_context(tmp_path, ["tracking.report_to=[]"]), enabled=True)
+    tracker.remote.append(Flaky())
+    tracker.log(1, {"loss": 1.0})
+    tracker.log(2, {"loss": 0.5})
+    assert Flaky.calls == 1 and tracker.remote == []
+    assert capsys.readouterr().err.count("tracker mlflow failed (ConnectionError: server went away)") == 1
+    tracker.publish()
+    assert (tmp_path / "ppo" / "metrics.jsonl").read_text().count("loss") == 2
+
+
+def test_a_resumed_attempt_keeps_the_metrics_up_to_its_checkpoint_and_its_tracker_runs(tmp_path):
+    from rlaif.tracking import Tracker
+
+    ctx = tracker_context(tmp_path, ["tracking.report_to=[]"])
+    first = Tracker(ctx, enabled=True)
+    for step in (1, 2, 3):
+        first.log(step, {"loss": 1.0 / step})
+    first.flush()  # then the attempt dies after step 3; its checkpoint is at step 2
+    (tmp_path / "ppo" / "tracking.json").write_text(json.dumps({"mlflow": "run-of-attempt-1"}))
+    resumed = Tracker(ctx, enabled=True, resume_step=2)
+    assert [json.loads(line)["step"] for line in (resumed.dir / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    assert resumed._restore(2, [(1, {"loss": 1.0}), (2, {"loss": 0.5})]) == {"mlflow": "run-of-attempt-1"}

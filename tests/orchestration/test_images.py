@@ -40,6 +40,20 @@ def test_copied_files_exist(name):
 
 
 @pytest.mark.parametrize("name", IMAGES)
+def test_every_package_source_is_copied_before_the_install(name):
+    """pip builds the project from what was copied so far: every folder a package is installed from must be there."""
+    tool = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    sources = {"rlaif", "pyproject.toml", "README.md", *tool.get("package-dir", {}).values()}
+    copied = set()
+    for op, rest in instructions(IMAGES[name]):
+        if op == "COPY":
+            copied |= set(rest.split()[:-1])
+        if op == "RUN" and 'pip install ".' in rest:  # the project's own install
+            break
+    assert sources <= copied, f"{name}: copy {sorted(sources - copied)} before installing the project"
+
+
+@pytest.mark.parametrize("name", IMAGES)
 def test_versions_agree_with_the_project(name):
     pinned = args(IMAGES[name])
     torch_spec = re.search(r"^TORCH_SPEC \?= (\S+)", (REPO / "Makefile").read_text(), re.M).group(1)
@@ -56,7 +70,7 @@ def test_installs_the_project_and_runs_as_non_root(name):
     steps = instructions(IMAGES[name])
     runs = " ".join(rest for op, rest in steps if op == "RUN")
     # the project, its console script, the KFP executor, and parquet / Hugging Face dataset prompts
-    assert 'pip install ".[kfp,datasets]"' in runs
+    assert 'pip install ".[kfp,datasets,tracking]"' in runs
     assert "torch==${TORCH_VERSION}" in runs and "deepspeed==${DEEPSPEED_VERSION}" in runs
     users = [rest for op, rest in steps if op == "USER"]
     assert users and users[-1] not in ("0", "root")

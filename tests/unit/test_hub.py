@@ -39,7 +39,8 @@ def test_offline_and_not_cached_is_one_line(tmp_path, monkeypatch):
         resolve("some-org/not-cached", "policy model")
     message = str(err.value)
     assert "HF_HUB_OFFLINE=1" in message and "not in the Hugging Face cache" in message and "\n" not in message
-    assert spec_digest("some-org/not-cached").endswith(":unresolved")
+    assert spec_digest("some-org/not-cached", model=True).endswith(":unresolved")
+    assert not spec_digest("some-org/not-cached").startswith("hub:")  # a missing file is not a hub model
 
 
 def test_offline_resolves_from_the_cache(tmp_path, monkeypatch):
@@ -58,5 +59,14 @@ def test_offline_resolves_from_the_cache(tmp_path, monkeypatch):
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))  # read at import otherwise
     path = resolve("acme/tiny", "policy model")
     assert path.name == commit and json.loads((path / "config.json").read_text())["hidden_size"] == 16
-    assert spec_digest("acme/tiny") == f"hub:acme/tiny@{commit}"
+    assert spec_digest("acme/tiny", model=True) == f"hub:acme/tiny@{commit}"
     assert resolve("hf://acme/tiny", "policy model") == path
+
+
+@pytest.mark.parametrize("spec", ["org/my--model", "org/name."])
+def test_ids_the_hub_refuses_are_one_line(tmp_path, monkeypatch, spec):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(UserError) as err:
+        resolve(spec, "policy model")
+    assert "not a valid hub model id" in str(err.value) and "\n" not in str(err.value)
