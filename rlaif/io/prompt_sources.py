@@ -41,21 +41,13 @@ class Source:
     rows: list[RawRow]
 
 
-@contextmanager
-def _storage_errors(url: str):
-    """Listing, globbing or copying a dataset on s3:// fails as OSError kinds (no bucket, access denied, no
-    endpoint): one line naming the prompts, as for a single file (storage.read_user_bytes)."""
-    try:
-        yield
-    except OSError as exc:
-        reason = _first_line(exc) or type(exc).__name__
-        raise UserError(f"prompts {url} cannot be read ({reason[:200]}): check data.prompts and the storage "
-                        "credentials") from None
+# Listing, globbing or copying a dataset on s3:// fails as OSError kinds: one line, as for a single file.
+STORAGE_FIX = "check data.prompts and the storage credentials"
 
 
 def read_source(data: DataConfig) -> Source:
     """The raw rows of data.prompts, read as data.format says (auto: see source_format)."""
-    with _storage_errors(data.prompts):
+    with storage.user_read_errors(data.prompts, "prompts", STORAGE_FIX):
         fmt = source_format(data)
         if fmt == "text":
             return _read_text(data)
@@ -81,7 +73,7 @@ def source_format(data: DataConfig) -> str:
 def source_digest(data: DataConfig) -> str:
     """The prompts' content for the cache key: a file's or a saved dataset directory's (s3://: its objects' ETags and
     sizes), every file a glob matches, or a hub dataset's resolved commit."""
-    with _storage_errors(data.prompts):
+    with storage.user_read_errors(data.prompts, "prompts", STORAGE_FIX):
         return _source_digest(data)
 
 

@@ -4,6 +4,7 @@ The S3 endpoint comes from config (`storage.endpoint_url`) or AWS_ENDPOINT_URL; 
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import os
@@ -80,22 +81,30 @@ def read_text(url: str) -> str:
     return read_bytes(url).decode("utf-8")
 
 
+@contextlib.contextmanager
+def user_read_errors(url: str, what: str, fix: str):
+    """Reading (or listing, globbing, copying) what the user named fails in one line: missing, unreadable, or on
+    s3:// no such bucket, endpoint unreachable, access denied (s3fs raises OSError kinds for all of them)."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise UserError(f"{what} not found: {url} ({fix})") from None
+    except (PermissionError, IsADirectoryError, NotADirectoryError) as exc:
+        raise UserError(f"{what} {url} cannot be read ({type(exc).__name__}): {fix}") from None
+    except OSError as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UserError(f"{what} {url} cannot be read ({reason[:200]}): {fix}") from None
+
+
 def read_user_bytes(url: str, what: str, fix: str) -> bytes:
     """A file the user names (config, prompts, constitution, few-shot), local or s3://, as bytes, or a one-line
     UserError: missing, not a regular file (a directory or a FIFO, which would block the read) or unreadable."""
-    try:
+    with user_read_errors(url, what, fix):
         if is_local(url):
             mode = os.stat(local_path(url)).st_mode
             if not stat.S_ISREG(mode):
                 raise UserError(f"{what} {url} is not a regular file (a directory, FIFO or device): {fix}")
         return read_bytes(url)
-    except FileNotFoundError:
-        raise UserError(f"{what} not found: {url} ({fix})") from None
-    except (PermissionError, IsADirectoryError, NotADirectoryError) as exc:
-        raise UserError(f"{what} {url} cannot be read ({type(exc).__name__}): {fix}") from None
-    except OSError as exc:  # s3://: no such bucket, endpoint unreachable, access denied (s3fs raises OSError kinds)
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise UserError(f"{what} {url} cannot be read ({reason[:200]}): {fix}") from None
 
 
 def read_user_file(url: str, what: str, fix: str) -> str:
@@ -279,12 +288,9 @@ def download_dir(url: str, files: list[dict]) -> Path:
         return target
     cache_dir().mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=cache_dir()))
-    fs = filesystem(url)
+    copy_to_local(url, [entry["path"] for entry in files], tmp)
     for entry in files:
-        dest = tmp / entry["path"]
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fs.get_file(_path(join(url, entry["path"])), str(dest))
-        if entry["sha256"] and sha256_file(dest) != entry["sha256"]:
+        if entry["sha256"] and sha256_file(tmp / entry["path"]) != entry["sha256"]:
             raise UserError(f"{join(url, entry['path'])} does not match its manifest checksum: "
                             "re-run the stage that wrote it")
     (tmp / ".complete").write_text("ok")

@@ -179,15 +179,20 @@ def launch(cfg: PipelineConfig, name: str, config_url: str) -> dict:
     """Runs one stage unless its output exists; returns its manifest. Raises StageFailed or UserError."""
     stage = STAGE_BY_NAME[name]
     ctx = common.context(cfg, name)  # requires the upstream manifests: a clear error when one is missing
-    if (hit := common.cached(ctx)) is not None:
-        print(f"[{name}] cache hit: output exists for this config and inputs, skipped", flush=True)
+    if (hit := _cache_hit(ctx)) is not None:  # checked before the lock too: a hit needs no lock
         return hit
     with StageLock(ctx.url, f"stage '{name}' of run '{cfg.run_id}'"):
-        if (hit := common.cached(ctx)) is not None:  # another launcher finished it while this one waited
-            print(f"[{name}] cache hit: output exists for this config and inputs, skipped", flush=True)
+        if (hit := _cache_hit(ctx)) is not None:  # another launcher finished it while this one waited
             return hit
         run_locked(cfg, stage, config_url, ctx.config_hash)
     return manifest.require(ctx.url, name)
+
+
+def _cache_hit(ctx) -> dict | None:
+    hit = common.cached(ctx)
+    if hit is not None:
+        print(f"[{ctx.stage.name}] cache hit: output exists for this config and inputs, skipped", flush=True)
+    return hit
 
 
 def run_locked(cfg: PipelineConfig, stage: Stage, config_url: str, config_hash: str) -> None:
