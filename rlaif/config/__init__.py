@@ -1,6 +1,6 @@
 """Pipeline configuration: one pydantic model per stage (`stages.py`), the judges' settings (`judges.py`), and loading
 YAML with overrides (`loading.py`). Import from here: `from rlaif.config import PipelineConfig, load_config`."""
-from rlaif.config.base import Strict, no_credentials
+from rlaif.config.base import Strict, cache_key_dump, no_credentials, runtime_field
 from rlaif.config.judges import (
     DEFAULT_PREAMBLE,
     DEFAULT_RUDE_TERMS,
@@ -44,6 +44,7 @@ __all__ = [
     "PromptColumns", "ReferenceJudgeConfig", "RulesJudgeConfig", "StorageConfig", "Strict", "TinyPolicyConfig",
     "TrackingConfig",
     "TrainRMConfig",
-    "UniqueKeyLoader", "apply_overrides", "config_fields", "dump_config", "load_config", "load_yaml", "no_credentials",
+    "UniqueKeyLoader", "apply_overrides", "cache_key_dump", "runtime_field",
+    "config_fields", "dump_config", "load_config", "load_yaml", "no_credentials",
     "parse_config", "safe_run_id", "sha256_json", "stage_config_hash",
 ]

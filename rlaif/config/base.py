@@ -3,7 +3,31 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
+
+RUNTIME = {"cache_key": False}  # json_schema_extra of a field that says how or where work runs, not what it computes
+
+
+def runtime_field(default, **kwargs):
+    """A setting that changes where or how a stage runs but never its output (a service's URL, a streaming switch):
+    left out of the stage's cache key, so flipping it neither re-runs the stage nor changes its manifest digest."""
+    return Field(default, json_schema_extra=RUNTIME, **kwargs)
+
+
+def cache_key_dump(model: BaseModel) -> dict:
+    """`model_dump(mode="json")` without the runtime fields, at any depth."""
+    out = {}
+    for name, info in type(model).model_fields.items():
+        if info.json_schema_extra == RUNTIME:
+            continue
+        value = getattr(model, name)
+        if isinstance(value, BaseModel):
+            out[name] = cache_key_dump(value)
+        elif isinstance(value, list) and value and all(isinstance(v, BaseModel) for v in value):
+            out[name] = [cache_key_dump(v) for v in value]
+        else:
+            out[name] = model.model_dump(mode="json", include={name})[name]
+    return out
 
 
 class Strict(BaseModel):

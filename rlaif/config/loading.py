@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from rlaif.config.base import cache_key_dump
 from rlaif.config.stages import PipelineConfig
 from rlaif.errors import UserError
 
@@ -137,11 +138,12 @@ def sha256_json(obj: Any) -> str:
 
 
 def stage_config_hash(cfg: PipelineConfig, sections: tuple[str, ...], input_digests: dict[str, str]) -> str:
-    """Cache key of a stage: its config sections, its inputs' digests and the digest of the code it runs."""
+    """Cache key of a stage: its config sections (runtime fields left out), its inputs' digests and the digest of
+    the code it runs."""
     from rlaif.io.digest import (
         code_digest,  # local import: rlaif.io imports this module
     )
 
-    dumped = cfg.model_dump(mode="json")
+    dumped = cache_key_dump(cfg)
     payload = {name: dumped[name] for name in sections}
     return sha256_json({"config": payload, "inputs": input_digests, "code": code_digest()})

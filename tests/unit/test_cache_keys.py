@@ -75,3 +75,19 @@ def test_code_digest_follows_the_source(tmp_path, monkeypatch):
 def test_large_files_and_remote_specs():
     assert digest.spec_digest("builtin:minilm").startswith("builtin:minilm:")
     assert digest.spec_digest("/nonexistent/path") == "missing"
+
+
+def test_runtime_fields_are_left_out_of_the_cache_key_at_any_depth():
+    from rlaif.config import Strict, cache_key_dump, runtime_field
+
+    class Inner(Strict):
+        where: str = runtime_field("a")
+        what: int = 1
+
+    class Outer(Strict):
+        inner: Inner = Inner()
+        items: list[Inner] = [Inner()]
+        stream: bool = runtime_field(False)
+
+    dumped = cache_key_dump(Outer(inner=Inner(where="b", what=2), stream=True))
+    assert dumped == {"inner": {"what": 2}, "items": [{"what": 1}]}
