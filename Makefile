@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
-	$(BIN)/pip install -q -e ".[dev,kfp,datasets,tracking]"
+	$(BIN)/pip install -q -e ".[dev,kfp,datasets,tracking,serve]"
 	# The deepspeed extra, without prebuilt ops (CPU here; the CUDA image builds them): its setup imports torch.
 	DS_BUILD_OPS=0 $(BIN)/pip install -q --no-build-isolation "deepspeed>=0.15"
 	touch $@

@@ -1,5 +1,5 @@
-"""`rlaif run | launch | stage | graph | report | compile | submit`. User errors end in one line on stderr and exit
-code 2."""
+"""`rlaif run | launch | stage | graph | report | compile | submit | serve`. User errors end in one line on stderr and
+exit code 2."""
 from __future__ import annotations
 
 import argparse
@@ -10,6 +10,20 @@ from rlaif import __version__
 from rlaif.config import safe_run_id
 from rlaif.errors import StageFailed, UserError, redact
 from rlaif.graph import STAGE_BY_NAME
+
+
+def _serve_parser(sub, config_args) -> None:
+    serve = sub.add_parser("serve", help="serve the policy or the judge as an OpenAI-compatible completions service "
+                                         "(Ray Serve; replicas and autoscaling from the config's serve section)")
+    config_args(serve)
+    serve.add_argument("--address", help="join this Ray cluster (e.g. auto) instead of starting Ray here")
+    serve.add_argument("--no-ray", action="store_true",
+                       help="one replica in this process, without Ray (each pod of the plain Kubernetes Deployment)")
+    serve.add_argument("--manifest", choices=["rayservice", "deployment"],
+                       help="print the Kubernetes manifests of this service (KubeRay RayService, or Deployment + "
+                            "Service + HPA) instead of serving")
+    serve.add_argument("--cluster", help="cluster settings YAML for --manifest (images, selectors, secrets)")
+
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -65,6 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     submit.add_argument("--cluster", help="cluster settings YAML")
     submit.add_argument("--experiment", default="rlaif", help="KFP experiment name")
 
+    _serve_parser(sub, config_args)
     sub.add_parser("graph", help="print the stage graph")
 
     rep = sub.add_parser("report", help="rebuild one run's report, or compare several runs side by side")
@@ -112,6 +127,34 @@ def _compile(args) -> int:
 
     path = kfp_pipeline.compile_pipeline(args.output, args.cluster, args.components_dir, args.config)
     print(f"pipeline: {path}")
+    return 0
+
+
+def _serve(args) -> int:
+    from rlaif.config import load_config
+
+    cfg = load_config(args.config, args.overrides)
+    if args.manifest:
+        from rlaif.orchestration.cluster import load
+        from rlaif.serving.manifests import render
+
+        print(render(cfg, load(args.cluster), args.manifest), end="")
+        return 0
+    if args.no_ray:
+        import uvicorn
+
+        from rlaif.serving.api import plain_app
+        from rlaif.serving.engine import make_engine
+
+        app = plain_app(make_engine(cfg, cfg.serve.model), cfg.serve.service_name)
+        print(f"serving the {cfg.serve.model} at {cfg.serve.base_url} (one replica, no Ray)", flush=True)
+        uvicorn.run(app, host=cfg.serve.host, port=cfg.serve.port, log_level="warning")
+        return 0
+    try:
+        from rlaif.serving import ray_app
+    except ImportError:
+        raise UserError("rlaif serve needs Ray Serve: pip install 'rlaif[serve]' (or use --no-ray)") from None
+    ray_app.run(cfg, args.address)
     return 0
 
 
@@ -167,7 +210,8 @@ def _stage(args) -> int:
 
 
 COMMANDS = {"graph": _graph, "config": _config, "compile": _compile, "submit": _submit, "launch": _launch,
-            "report": lambda args: _report(args.runs, args.output), "run": _run, "stage": _stage}
+            "report": lambda args: _report(args.runs, args.output), "run": _run, "stage": _stage,
+            "serve": _serve}
 
 
 def main(argv: list[str] | None = None) -> int:

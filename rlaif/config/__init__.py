@@ -23,6 +23,7 @@ from rlaif.config.loading import (
     sha256_json,
     stage_config_hash,
 )
+from rlaif.config.serving import ServeConfig, ServiceEndpoint
 from rlaif.config.stages import (
     DataConfig,
     EvaluateConfig,
@@ -41,7 +42,8 @@ from rlaif.config.stages import (
 __all__ = [
     "DEFAULT_PREAMBLE", "DEFAULT_RUDE_TERMS", "DataConfig", "EvaluateConfig", "GenerateConfig", "HFJudgeConfig",
     "JudgeSettings", "JudgeSpec", "LabelConfig", "OpenAIJudgeConfig", "PPOConfig", "PipelineConfig", "PolicyConfig",
-    "PromptColumns", "ReferenceJudgeConfig", "RulesJudgeConfig", "StorageConfig", "Strict", "TinyPolicyConfig",
+    "PromptColumns", "ReferenceJudgeConfig", "RulesJudgeConfig",
+    "ServeConfig", "ServiceEndpoint", "StorageConfig", "Strict", "TinyPolicyConfig",
     "TrackingConfig",
     "TrainRMConfig",
     "UniqueKeyLoader", "apply_overrides", "cache_key_dump", "runtime_field",

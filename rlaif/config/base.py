@@ -27,7 +27,8 @@ def cache_key_dump(model: BaseModel) -> dict:
             out[name] = [cache_key_dump(v) for v in value]
         else:
             out[name] = model.model_dump(mode="json", include={name})[name]
-    return out
+    view = getattr(model, "cache_key_view", None)  # a section that keys two spellings of one computation alike
+    return view(out) if view else out
 
 
 class Strict(BaseModel):

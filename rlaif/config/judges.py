@@ -6,7 +6,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from rlaif.config.base import Strict, no_credentials
+from rlaif.config.base import Strict, no_credentials, runtime_field
+from rlaif.config.serving import ServiceEndpoint
 
 DEFAULT_PREAMBLE = ("You compare two responses to a request. A better response follows the principle below more "
                     "closely, and answers the request.")
@@ -19,6 +20,10 @@ class HFJudgeConfig(Strict):
     """Longest judge input in tokens; longer inputs lose their beginning (the question at the end is kept)."""
     trust_remote_code: bool = False
     """Allow the judge directory's own Python code to run."""
+    endpoint: ServiceEndpoint = runtime_field(ServiceEndpoint())
+    """Where the judge runs: empty base_url: in this process; else an `rlaif serve` service of this same model (serve
+    model judge), which returns the log-probs this judge reads, batch by batch: the labels are the in-process ones
+    (not part of the cache key). Pairwise mode."""
 
 
 class OpenAIJudgeConfig(Strict):

@@ -7,8 +7,9 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from rlaif.config.base import Strict, no_credentials
+from rlaif.config.base import Strict, no_credentials, runtime_field
 from rlaif.config.judges import JudgeSettings, JudgeSpec
+from rlaif.config.serving import ServeConfig, ServiceEndpoint
 
 
 class StorageConfig(Strict):
@@ -174,8 +175,14 @@ class GenerateConfig(Strict):
     """Sequences per generation micro-batch (prompts x samples_per_prompt)."""
     length_bucketing: bool = True
     """Sort prompts by token length before forming micro-batches, so a batch pads to similar lengths."""
-    backend: Literal["transformers", "vllm"] = "transformers"
-    """`transformers` (default, CPU or GPU) or `vllm` (GPUs; the `vllm` extra). Both seed every sample on its own."""
+    backend: Literal["transformers", "vllm", "endpoint"] = "transformers"
+    """`transformers` (default, CPU or GPU), `vllm` (GPUs; the `vllm` extra), or `endpoint`: an `rlaif serve` service
+    of this config's policy (generate.endpoint), one request per sample with its own seed. All seed every sample on
+    its own; an endpoint run is keyed as its engine's in-process run (it computes the same pairs)."""
+    endpoint: ServiceEndpoint = runtime_field(ServiceEndpoint())
+    """backend endpoint: the service's URL, timeouts, retries and requests in flight (not part of the cache key)."""
+    endpoint_engine: Literal["transformers", "vllm"] = "transformers"
+    """backend endpoint: the engine the service must run (checked before any work; `rlaif serve` reports it)."""
     nproc: int = Field(1, ge=1)
     """Processes on CPU under torchrun, each generating a disjoint slice of the prompts (one per GPU on GPU
     machines). Separate pods can split the work instead with `rlaif stage generate --shard-index I --num-shards N`."""
@@ -184,6 +191,19 @@ class GenerateConfig(Strict):
     prompts (global rank 0 merges the parts); locally it is refused."""
     shard_size: int = Field(512, ge=1)
     """Samples per output shard."""
+
+    @model_validator(mode="after")
+    def _endpoint(self):
+        if self.backend == "endpoint" and not self.endpoint.base_url:
+            raise ValueError("backend endpoint needs generate.endpoint.base_url (what `rlaif serve` prints)")
+        return self
+
+    def cache_key_view(self, keyed: dict) -> dict:
+        """An endpoint computes what its engine computes in-process, so it is keyed as that engine."""
+        engine = keyed.pop("endpoint_engine")
+        if self.backend == "endpoint":
+            keyed["backend"] = engine
+        return keyed
 
 
 class LabelConfig(JudgeSettings):
@@ -429,6 +449,8 @@ class PipelineConfig(Strict):
     """Stage 5: evaluation."""
     tracking: TrackingConfig = TrackingConfig()
     """Experiment tracking while training (TensorBoard, MLflow, W&B)."""
+    serve: ServeConfig = ServeConfig()
+    """`rlaif serve`: the policy or the judge as a scalable completions service (no stage's cache key covers it)."""
 
     @field_validator("run_id")
     @classmethod

@@ -29,7 +29,41 @@ def answer_token(tokenizer, cue: str, answer: str) -> int:
     return extra[0]
 
 
+def answer_probability(answer_logprobs: torch.Tensor) -> torch.Tensor:
+    """P(first better) from the log-probs of the answers " 1" and " 2" ([batch, 2], float32), renormalised over the
+    two; in-process and served judging both end here, from the same float32 log-probs."""
+    return torch.softmax(answer_logprobs, dim=-1)[:, 0]
+
+
+TOP_LOGPROBS = 20  # asked of a judge service: the answers are among a judge's 20 likeliest next tokens
+
+
+def served_judge(hf):
+    """A client of the judge service, once it is known to serve this judge model."""
+    from rlaif.serving.client import ServiceClient
+    from rlaif.serving.identity import check_service, judge_digest
+
+    client = ServiceClient(hf.endpoint, "label.hf.endpoint")
+    check_service(client, "judge", judge_digest(hf), "transformers")
+    return client
+
+
+def answer_logprobs(choice: dict, answer_ids: list[int]) -> list[float]:
+    """The answers' log-probs from a served choice's top log-probs (by token id); an answer outside them gets the least
+    likely shown, an upper bound."""
+    try:
+        top = dict((int(tid), lp) for tid, lp in choice["logprobs"]["top_token_ids"][0])
+    except (KeyError, IndexError, TypeError, ValueError):
+        raise UserError(f"the judge service returned no token-id log-probs ({str(choice)[:120]}): serve the judge "
+                        "with `rlaif serve --set serve.model=judge`") from None
+    return [top.get(a, min(top.values())) for a in answer_ids]
+
+
 class HFJudge:
+    """In this process, or (label.hf.endpoint) through an `rlaif serve` service of the same model: each prompt is sent
+    padded as its in-process batch pads it, and the service returns the log-probs computed here, so the labels are the
+    same whichever replica answers."""
+
     def __init__(self, settings, batch_size: int):
         if not settings.hf.model:
             raise UserError("judge 'hf' needs a model: set label.hf.model to a Hugging Face causal-LM directory")
@@ -41,7 +75,12 @@ class HFJudge:
         self.tokenizer = load_tokenizer(path, settings.hf.trust_remote_code, padding_side="left")
         self.tokenizer.truncation_side = "left"  # keep the question at the end of a long prompt
         self.device = local_device()
-        self.model = load_causal_lm(path, settings.hf.trust_remote_code).eval().to(self.device)
+        self.client = self.model = None
+        if settings.hf.endpoint.base_url:
+            self.client = served_judge(settings.hf)
+            self.stats = self.client.stats
+        else:
+            self.model = load_causal_lm(path, settings.hf.trust_remote_code).eval().to(self.device)
         self.answer_ids = [answer_token(self.tokenizer, prompting.ANSWER_CUE, a) for a in prompting.ANSWERS]
         self.examples = prompting.load_few_shot(settings.few_shot)
 
@@ -50,18 +89,34 @@ class HFJudge:
                              add_special_tokens=False)
         return {k: enc[k].to(self.device) for k in ("input_ids", "attention_mask")}
 
+    def _served(self, enc: dict, **request) -> list[dict]:
+        """One request per row of the batch `enc`, its padding named, so the service pads it as this batch does."""
+        rows = [ids[mask.bool()].tolist() for ids, mask in zip(enc["input_ids"], enc["attention_mask"])]
+        width = enc["input_ids"].shape[1]
+        return [r["choices"][0] for r in self.client.post_all(
+            "/completions", [{"prompt": row, "pad_to_tokens": width, "temperature": 0, **request} for row in rows])]
+
     @torch.no_grad()
     def _rationales(self, texts: list[str]) -> list[str]:
         enc = self._encode(texts)
-        out = sample(self.model, self.tokenizer, enc, max_new_tokens=self.settings.rationale_tokens, temperature=0.0)
-        text = decode(self.tokenizer, out, response_mask(out, self.tokenizer.eos_token_id))
+        if self.client:
+            text = [c["text"] for c in self._served(enc, max_tokens=self.settings.rationale_tokens, seed=0)]
+        else:
+            out = sample(self.model, self.tokenizer, enc, max_new_tokens=self.settings.rationale_tokens,
+                         temperature=0.0)
+            text = decode(self.tokenizer, out, response_mask(out, self.tokenizer.eos_token_id))
         return [t.split(prompting.ANSWER_CUE.strip())[0] for t in text]  # a rationale that runs on into an answer stops
 
     @torch.no_grad()
     def _p_first(self, texts: list[str]) -> torch.Tensor:
         enc = self._encode(texts)
-        logits = self.model(**enc).logits[:, -1, self.answer_ids].float()  # left padding: the last position is the cue
-        return torch.softmax(logits, dim=-1)[:, 0].cpu()
+        if self.client:
+            return answer_probability(torch.tensor(
+                [answer_logprobs(c, self.answer_ids) for c in self._served(enc, max_tokens=1, logprobs=TOP_LOGPROBS)],
+                dtype=torch.float32))
+        # left padding: the last position is the cue
+        logprobs = torch.log_softmax(self.model(**enc).logits[:, -1].float(), dim=-1)
+        return answer_probability(logprobs[:, self.answer_ids]).cpu()
 
     def prefer_first(self, prompts, first, second, principles) -> torch.Tensor:
         s = self.settings
@@ -78,6 +133,9 @@ class HFJudge:
     @torch.no_grad()
     def direct_score(self, prompts, responses, principles) -> torch.Tensor:
         """Expected 1-10 score under the judge, rescaled to [-1, 1]."""
+        if self.client:
+            raise UserError("score mode reads whole continuations, which the judge service does not return: run the "
+                            "judge in-process (empty label.hf.endpoint.base_url) or use label.mode=pairwise")
         candidates = [self.tokenizer(prompting.score_candidate(k), add_special_tokens=False).input_ids
                       for k in prompting.SCORES]
         width = max(map(len, candidates))

@@ -86,6 +86,24 @@ def sample_seeded(model, tokenizer, enc: dict, seeds: list[int], *, max_new_toke
     return out[:, enc["input_ids"].shape[1]:]
 
 
+def sample_texts(model, tokenizer, texts: list[str], seeds: list[int], device, settings) -> list[tuple[str, int]]:
+    """(response text, response tokens) per (formatted prompt, seed): `settings` holds max_new_tokens, temperature,
+    top_p, top_k and stop (generate's section, or a service request). In-process generation and the model service
+    both call this, so a served sample is the in-process one."""
+    return sample_encoded(model, tokenizer, encode_prompts(tokenizer, texts, device), seeds, settings)
+
+
+def sample_encoded(model, tokenizer, enc: dict, seeds: list[int], settings) -> list[tuple[str, int]]:
+    """sample_texts for prompts already encoded (left-padded input_ids and attention_mask)."""
+    out = sample_seeded(model, tokenizer, enc, seeds, max_new_tokens=settings.max_new_tokens,
+                        temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
+                        stop=settings.stop).cpu()
+    mask = (response_mask(out, tokenizer.eos_token_id)
+            * (out != tokenizer.pad_token_id if tokenizer.pad_token_id != tokenizer.eos_token_id else 1))
+    responses = [truncate_at_stop(t, settings.stop) for t in decode(tokenizer, out, mask)]
+    return list(zip(responses, mask.sum(1).tolist()))
+
+
 def truncate_at_stop(text: str, stop: list[str]) -> str:
     """The text before the first stop string (generation stops on the token that completes it)."""
     cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)

@@ -70,16 +70,36 @@ class PodPlan:
     def security_context(self) -> dict:
         return {"runAsUser": self.run_as_user, "runAsNonRoot": True}
 
-    def pod_spec(self, container_name: str, command: list[str]) -> dict:
-        """A plain Kubernetes PodSpec running `command` in the plan's container."""
-        container = {"name": container_name, "image": self.image, "command": command, "env": self.env_list(),
-                     "resources": self.resources(), "volumeMounts": [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]}
+    def pod_spec(self, container_name: str, command: list[str] | None) -> dict:
+        """A plain Kubernetes PodSpec running `command` in the plan's container (None: the image's entrypoint)."""
+        container = {"name": container_name, "image": self.image, **({"command": command} if command else {}),
+                     "env": self.env_list(), "resources": self.resources(),
+                     "volumeMounts": [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]}
         spec = {"containers": [container], "nodeSelector": dict(self.node_selector),
                 "tolerations": self.toleration_list(), "securityContext": self.security_context(),
                 "volumes": [self.shm_volume()]}
         if self.service_account:
             spec["serviceAccountName"] = self.service_account
         return spec
+
+
+def secret_refs(cluster: ClusterSpec) -> tuple[SecretRef, ...]:
+    return tuple(SecretRef(env, secret.name, key, secret.optional)
+                 for secret in cluster.secrets for env, key in sorted(secret.env.items()))
+
+
+def service_pod_plan(name: str, cpus: float, memory_gib: int, gpus: float, cluster: ClusterSpec) -> PodPlan:
+    """The pod of one replica of a model service (`rlaif serve`): the stages' images, selectors, secrets and
+    security context, sized by the config's serve section (a fractional GPU is rounded up: Kubernetes counts
+    whole GPUs)."""
+    whole_gpus = -int(-gpus // 1) if cluster.use_gpus else 0
+    return PodPlan(
+        stage=name, image=cluster.gpu_image if whole_gpus else cluster.image, cpu=max(1, -int(-cpus // 1)),
+        memory_gib=memory_gib, gpus=whole_gpus, gpu_resource=cluster.gpu_resource,
+        node_selector={**cluster.node_selector, **(cluster.gpu_node_selector if whole_gpus else {})},
+        tolerations=cluster.gpu_tolerations if whole_gpus else (), shm_gib=cluster.shm_gib,
+        run_as_user=cluster.run_as_user, env=dict(cluster.env), secret_env=secret_refs(cluster),
+        service_account=cluster.service_account, namespace=cluster.namespace, retries=cluster.retries)
 
 
 def stage_gpus(stage: Stage, cluster: ClusterSpec, judge: str | None = None) -> int:
@@ -100,8 +120,6 @@ def pod_plan(stage: Stage, cluster: ClusterSpec, judge: str | None = None) -> Po
     is compiled (None: assume a judge that runs a model)."""
     override = cluster.stages.get(stage.name)
     gpus = stage_gpus(stage, cluster, judge)
-    secrets = tuple(SecretRef(env, secret.name, key, secret.optional)
-                    for secret in cluster.secrets for env, key in sorted(secret.env.items()))
     return PodPlan(
         stage=stage.name,
         image=cluster.gpu_image if gpus else cluster.image,
@@ -115,7 +133,7 @@ def pod_plan(stage: Stage, cluster: ClusterSpec, judge: str | None = None) -> Po
         run_as_user=cluster.run_as_user,
         # RLAIF_CLUSTER_JSON: a stage with nodes > 1 builds its TrainJob from the same settings.
         env={"RLAIF_CLUSTER_JSON": cluster.to_json(), **cluster.env},
-        secret_env=secrets,
+        secret_env=secret_refs(cluster),
         service_account=cluster.service_account,
         namespace=cluster.namespace,
         retries=cluster.retries,

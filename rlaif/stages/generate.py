@@ -18,14 +18,7 @@ from rlaif.errors import UserError
 from rlaif.io import manifest, storage
 from rlaif.io.prompts import split
 from rlaif.io.shards import ShardWriter
-from rlaif.models.generation import (
-    decode,
-    encode_prompts,
-    format_prompts,
-    response_mask,
-    sample_seeded,
-    truncate_at_stop,
-)
+from rlaif.models.generation import format_prompts, sample_texts
 from rlaif.models.loading import load_policy, resolve_policy
 from rlaif.progress import progress
 from rlaif.stages.common import StageContext
@@ -70,12 +63,10 @@ def invalidate(ctx: StageContext) -> None:
             storage.remove(url)
 
 
-class TransformersBackend:
-    def __init__(self, cfg):
-        self.cfg, self.g = cfg, cfg.generate
-        self.tokenizer, self.model = load_policy(cfg.policy)
-        self.device = distributed.local_device()
-        self.model.to(self.device)
+class Backend:
+    """Formats prompts and measures their length with the policy's tokenizer; subclasses sample."""
+
+    engine = "transformers"  # what computes the samples, recorded in gen.json
 
     def format(self, prompts: list[str]) -> list[str]:
         return format_prompts(self.tokenizer, self.cfg.policy, prompts)
@@ -83,21 +74,24 @@ class TransformersBackend:
     def lengths(self, texts: list[str]) -> list[int]:
         return [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False).input_ids]
 
+
+class TransformersBackend(Backend):
+    def __init__(self, cfg):
+        self.cfg, self.g = cfg, cfg.generate
+        self.tokenizer, self.model = load_policy(cfg.policy)
+        self.device = distributed.local_device()
+        self.model.to(self.device)
+
     def sample(self, texts: list[str], seeds: list[int]) -> list[tuple[str, int]]:
         """(response text, response tokens) per (prompt text, seed)."""
-        g, tok = self.g, self.tokenizer
-        enc = encode_prompts(tok, texts, self.device)
-        out = sample_seeded(self.model, tok, enc, seeds, max_new_tokens=g.max_new_tokens, temperature=g.temperature,
-                            top_p=g.top_p, top_k=g.top_k, stop=g.stop).cpu()
-        mask = (response_mask(out, tok.eos_token_id)
-                * (out != tok.pad_token_id if tok.pad_token_id != tok.eos_token_id else 1))
-        texts_out = [truncate_at_stop(t, g.stop) for t in decode(tok, out, mask)]
-        return list(zip(texts_out, mask.sum(1).tolist()))
+        return sample_texts(self.model, self.tokenizer, texts, seeds, self.device, self.g)
 
 
-class VLLMBackend:
+class VLLMBackend(Backend):
     """vLLM on GPUs (the `vllm` extra): per-request seeds, so samples match the contract above (not the same tokens
     as the transformers backend: different kernels)."""
+
+    engine = "vllm"
 
     def __init__(self, cfg):
         try:
@@ -109,18 +103,39 @@ class VLLMBackend:
                        trust_remote_code=cfg.policy.trust_remote_code)
         self.tokenizer = self.llm.get_tokenizer()
 
-    def format(self, prompts: list[str]) -> list[str]:
-        return format_prompts(self.tokenizer, self.cfg.policy, prompts)
-
-    def lengths(self, texts: list[str]) -> list[int]:
-        return [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False).input_ids]
-
     def sample(self, texts: list[str], seeds: list[int]) -> list[tuple[str, int]]:
         g = self.g
         params = [self.SamplingParams(n=1, seed=s, temperature=g.temperature, top_p=g.top_p, top_k=g.top_k or -1,
                                       max_tokens=g.max_new_tokens, stop=g.stop or None) for s in seeds]
         outs = self.llm.generate(texts, params, use_tqdm=False)
         return [(o.outputs[0].text.strip(), len(o.outputs[0].token_ids)) for o in outs]
+
+
+class EndpointBackend(Backend):
+    """An `rlaif serve` service of this config's policy (generate.endpoint): one request per sample with its own seed,
+    padded as the in-process micro-batch pads it, spread over the service's replicas; a failed request is retried,
+    so a replica dying mid-run loses no pair and, the seed being the sample's, duplicates none."""
+
+    def __init__(self, cfg):
+        from rlaif.models.loading import load_tokenizer
+        from rlaif.serving.client import ServiceClient
+        from rlaif.serving.identity import check_service, policy_digest
+
+        self.cfg, self.g = cfg, cfg.generate
+        self.client = ServiceClient(self.g.endpoint, "generate.endpoint")
+        self.engine = check_service(self.client, "policy", policy_digest(cfg.policy), self.g.endpoint_engine)["engine"]
+        self.tokenizer = load_tokenizer(resolve_policy(cfg.policy), cfg.policy.trust_remote_code)
+
+    def sample(self, texts: list[str], seeds: list[int]) -> list[tuple[str, int]]:
+        g, width = self.g, max(self.lengths(texts))
+        bodies = [{"prompt": text, "seed": seed, "max_tokens": g.max_new_tokens, "temperature": g.temperature,
+                   "top_p": g.top_p, "top_k": g.top_k or -1, "stop": g.stop, "pad_to_tokens": width}
+                  for text, seed in zip(texts, seeds)]
+        return [(r["choices"][0]["text"], r["usage"]["completion_tokens"])
+                for r in self.client.post_all("/completions", bodies)]
+
+
+BACKENDS = {"transformers": TransformersBackend, "vllm": VLLMBackend, "endpoint": EndpointBackend}
 
 
 def micro_batches(lengths: list[int], per_prompt: int, batch_size: int, bucketing: bool) -> list[list[int]]:
@@ -168,7 +183,7 @@ def generate_part(cfg, backend, rows: list[dict], writer: ShardWriter, desc: str
             writer.write({"__key__": rows[i]["id"], "prompt.txt": rows[i]["prompt"], "response_a.txt": pair[0][1],
                           "response_b.txt": pair[1][1],
                           "gen.json": {"policy": cfg.policy.model, "sample_a": pair[0][0], "sample_b": pair[1][0],
-                                       "tokens_a": pair[0][2], "tokens_b": pair[1][2], "backend": g.backend}})
+                                       "tokens_a": pair[0][2], "tokens_b": pair[1][2], "backend": backend.engine}})
             counts["pairs"] += 1
         faults.maybe_kill("generate", step, distributed.rank())
     return counts
@@ -211,12 +226,15 @@ def run(ctx: StageContext) -> dict | None:
     if count > 1 and read_part(ctx, index, count):
         print(f"generate: part {index} of {count} already written for this config, skipped")
     else:
-        backend = TransformersBackend(cfg) if g.backend == "transformers" else VLLMBackend(cfg)
+        backend = BACKENDS[g.backend](cfg)
         start = time.time()
         with ShardWriter(ctx.url, g.shard_size, first_index=index * PART_SHARD_STRIDE if count > 1 else 0) as writer:
             counts = generate_part(cfg, backend, rows, writer,
                                    "generate" if count == 1 else f"generate {index}/{count}")
         counts["seconds"] = time.time() - start
+        if isinstance(backend, EndpointBackend):  # a retry is a replica that failed or a request that timed out
+            counts.update(endpoint_requests=backend.client.stats["requests"],
+                          endpoint_retries=backend.client.stats["retries"])
         print(f"generate{f' part {index}/{count}' if count > 1 else ''}: {counts['pairs']} pairs "
               f"from {len(rows)} prompts, "
               f"{counts['tokens']} tokens in {counts['seconds']:.1f}s "

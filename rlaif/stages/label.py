@@ -112,7 +112,9 @@ def run(ctx: StageContext) -> dict:
     summary = {**tally.metrics(), "judge": judge.name, "mode": settings.mode, "principles": settings.principles,
                "position_consistency": tally.consistent / max(tally.seen, 1) if settings.mode == "pairwise" else None,
                **({"endpoint": dict(judge.stats)} if hasattr(judge, "stats") else {})}
-    files = [ctx.write_json("metrics.json", summary)]
+    # metrics.json is part of the output's digest: the service's request and retry counts say how a run went, not
+    # what it computed, so they stay in the manifest's summary
+    files = [ctx.write_json("metrics.json", {k: v for k, v in summary.items() if k != "endpoint"})]
     consistency = (f"position consistency {summary['position_consistency']:.3f}, " if settings.mode == "pairwise"
                    else "")
     agreement = ("" if summary["reference_agreement"] is None else

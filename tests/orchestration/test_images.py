@@ -70,7 +70,7 @@ def test_installs_the_project_and_runs_as_non_root(name):
     steps = instructions(IMAGES[name])
     runs = " ".join(rest for op, rest in steps if op == "RUN")
     # the project, its console script, the KFP executor, and parquet / Hugging Face dataset prompts
-    assert 'pip install ".[kfp,datasets,tracking]"' in runs
+    assert 'pip install ".[kfp,datasets,tracking,serve]"' in runs
     assert "torch==${TORCH_VERSION}" in runs and "deepspeed==${DEEPSPEED_VERSION}" in runs
     users = [rest for op, rest in steps if op == "USER"]
     assert users and users[-1] not in ("0", "root")

@@ -1,0 +1,117 @@
+"""The HTTP face of a model service: OpenAI's /v1/completions (the subset the stages use, plus vLLM's top_k) and
+/v1/models, which also names the engine and the model digest a client checks. The Ray Serve deployment and the plain
+one-process server (`plain_app`) both answer through these functions."""
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+import uuid
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from rlaif.serving.engine import Choice, Request
+
+REPLICA_HEADER = "x-rlaif-replica"  # the answering replica's process id: which replica served a request
+
+
+class CompletionBody(BaseModel):
+    """Unknown OpenAI fields (user, frequency_penalty at 0, ...) are ignored, as OpenAI-compatible servers do."""
+
+    model_config = ConfigDict(extra="ignore")
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int = Field(16, ge=1, le=32768)
+    temperature: float = Field(1.0, ge=0, le=100)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(-1, ge=-1)
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    stop: str | list[str] | None = None
+    logprobs: int | None = Field(None, ge=0, le=20)
+    n: int = Field(1, ge=1, le=1)
+    pad_to_tokens: int = Field(0, ge=0, le=1_000_000)
+    """rlaif's extension: left-pad each prompt to this many tokens, as the caller's in-process batch pads it, so a
+    served result is bit-for-bit the in-process one (other servers ignore it)."""
+    echo: bool = False
+    stream: bool = False
+
+
+class BadRequest(ValueError):
+    """A request the service refuses with HTTP 400 (the message says why)."""
+
+
+def parse_request(body: dict) -> Request:
+    try:
+        parsed = CompletionBody.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise BadRequest(f"{'.'.join(map(str, first['loc'])) or 'body'}: {first['msg']}") from None
+    if parsed.echo or parsed.stream:
+        raise BadRequest("echo and stream are not served: send echo=false, stream=false")
+    prompts = parsed.prompt
+    if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        prompts = [prompts]
+    if not prompts:
+        raise BadRequest("prompt is empty")
+    if parsed.logprobs is not None and not (parsed.max_tokens == 1 and parsed.temperature == 0):
+        raise BadRequest("logprobs are served for next-token scoring only: max_tokens 1 at temperature 0")
+    stop = [parsed.stop] if isinstance(parsed.stop, str) else list(parsed.stop or [])
+    seed = parsed.seed if parsed.seed is not None else random.randrange(2**63)
+    return Request(prompts=list(prompts), max_tokens=parsed.max_tokens, temperature=parsed.temperature,
+                   top_p=parsed.top_p, top_k=max(parsed.top_k, 0), seed=seed, stop=stop, logprobs=parsed.logprobs,
+                   pad_to=parsed.pad_to_tokens)
+
+
+def _logprobs(engine, choice: Choice) -> dict | None:
+    if choice.top_logprobs is None:
+        return None
+    tops = [sorted(step.items(), key=lambda kv: -kv[1]) for step in choice.top_logprobs]
+    return {"tokens": [choice.text], "token_logprobs": [tops[0][0][1]], "text_offset": [0],
+            "top_logprobs": [{engine.tokenizer.decode([tid]): lp for tid, lp in step} for step in tops],
+            "top_token_ids": [[[tid, lp] for tid, lp in step] for step in tops]}  # exact ids: strings may collide
+
+
+async def complete(engine, name: str, body: dict) -> dict:
+    """The completions response for `body` (raises BadRequest); the engine runs in a worker thread."""
+    request = parse_request(body)
+    choices = await asyncio.to_thread(engine.complete, request)
+    return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+            "model": name,
+            "choices": [{"index": i, "text": c.text, "finish_reason": c.finish_reason, "logprobs": _logprobs(engine, c)}
+                        for i, c in enumerate(choices)],
+            "usage": {"completion_tokens": sum(c.tokens for c in choices)}}
+
+
+def models(engine, name: str) -> dict:
+    return {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "rlaif",
+                                        "rlaif": {"engine": engine.name, "model_digest": engine.model_digest,
+                                                  "role": engine.role}}]}
+
+
+def replica_headers() -> dict:
+    return {REPLICA_HEADER: str(os.getpid())}
+
+
+def plain_app(engine, name: str):
+    """One replica in this process, without Ray (the Kubernetes Deployment's pods, behind a Service and an HPA)."""
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+
+    app = FastAPI(title=f"rlaif {name}")
+
+    @app.get("/healthz")
+    async def healthz():
+        return {"ok": True}
+
+    @app.get("/v1/models")
+    async def list_models():
+        return JSONResponse(models(engine, name), headers=replica_headers())
+
+    @app.post("/v1/completions")
+    async def completions(body: dict):
+        try:
+            return JSONResponse(await complete(engine, name, body), headers=replica_headers())
+        except BadRequest as exc:
+            return JSONResponse({"error": {"message": str(exc), "type": "invalid_request_error"}}, status_code=400)
+
+    return app

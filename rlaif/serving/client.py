@@ -1,0 +1,98 @@
+"""Calling an OpenAI-compatible service from a stage: bounded concurrency, a timeout per request, and retries with
+exponential backoff (or the server's Retry-After) on timeouts, connection errors, 429 and 5xx, so a replica that dies
+mid-request, or a service that scales, costs a retry and never a result."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import urllib.error
+import urllib.request
+
+from rlaif.errors import UserError
+
+RETRYABLE = {429, 500, 502, 503, 504}
+
+
+class ServiceClient:
+    """`settings` has base_url, api_key_env, concurrency, timeout_s, max_retries, backoff_s (a ServiceEndpoint or the
+    openai judge's section); `section` names them in errors (e.g. `generate.endpoint`)."""
+
+    def __init__(self, settings, section: str):
+        try:
+            import aiohttp  # noqa: F401
+        except ImportError:
+            raise UserError("calling a model service needs aiohttp: pip install aiohttp") from None
+        self.settings, self.section = settings, section
+        self.base_url = settings.base_url.rstrip("/")
+        self.stats = {"requests": 0, "retries": 0}
+
+    def headers(self) -> dict:
+        headers = {"Content-Type": "application/json"}
+        if self.settings.api_key_env and (key := os.environ.get(self.settings.api_key_env)):
+            headers["Authorization"] = f"Bearer {key}"
+        return headers
+
+    def get(self, path: str) -> dict:
+        """One GET (e.g. /models), for checks before any work; a clear error when the service is not there."""
+        url = self.base_url + path
+        request = urllib.request.Request(url, headers=self.headers())
+        try:
+            with urllib.request.urlopen(request, timeout=self.settings.timeout_s) as resp:
+                return json.loads(resp.read())
+        except (urllib.error.URLError, OSError, json.JSONDecodeError) as exc:
+            raise UserError(f"the service at {url} did not answer ({exc}): start it (`rlaif serve`) or fix "
+                            f"{self.section}.base_url") from None
+
+    def post_all(self, path: str, bodies: list[dict]) -> list[dict]:
+        """POST every body (at most `concurrency` in flight); the responses in the order of `bodies`."""
+        return self.map(lambda session, body: self.post(session, path, body), bodies)
+
+    def map(self, work, items: list) -> list:
+        """`await work(session, item)` for every item, at most `concurrency` at once; results in order."""
+        return asyncio.run(self._map(work, items))
+
+    async def _map(self, work, items: list) -> list:
+        import aiohttp
+
+        limit = asyncio.Semaphore(self.settings.concurrency)
+        timeout = aiohttp.ClientTimeout(total=self.settings.timeout_s)
+        async with aiohttp.ClientSession(headers=self.headers(), timeout=timeout) as session:
+            async def one(item):
+                async with limit:
+                    return await work(session, item)
+            return list(await asyncio.gather(*(one(item) for item in items)))
+
+    async def post(self, session, path: str, body: dict) -> dict:
+        import aiohttp
+
+        url = self.base_url + path
+        for attempt in range(self.settings.max_retries + 1):
+            self.stats["requests"] += 1
+            retry_after = None
+            try:
+                async with session.post(url, json=body) as resp:
+                    if resp.status == 200:
+                        return await resp.json(content_type=None)
+                    if resp.status not in RETRYABLE:
+                        raise UserError(f"{url} refused the request with HTTP {resp.status}: "
+                                        f"{(await resp.text())[:200]!r} (check {self.section} and the API key in "
+                                        f"${self.settings.api_key_env or '(none)'})")
+                    error, retry_after = f"HTTP {resp.status}", resp.headers.get("Retry-After")
+            except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError) as exc:
+                error = type(exc).__name__
+            if attempt == self.settings.max_retries:
+                raise UserError(f"{url} failed {attempt + 1} times (last: {error}): check that the service is up "
+                                f"and {self.section}.base_url, or raise {self.section}.max_retries")
+            self.stats["retries"] += 1
+            await asyncio.sleep(self._delay(attempt, retry_after))
+        raise AssertionError("the loop returns or raises")
+
+    def _delay(self, attempt: int, retry_after: str | None) -> float:
+        try:
+            if retry_after:
+                return min(float(retry_after), 60.0)
+        except ValueError:
+            pass
+        return self.settings.backoff_s * 2**attempt * (0.5 + random.random())

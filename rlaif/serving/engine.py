@@ -1,0 +1,146 @@
+"""What runs inside one replica of a model service: the model and the two kinds of completion the stages ask for.
+
+- Sampling (generate.backend endpoint): each prompt text sampled with the request's seed through the same function
+  the in-process generate stage calls (`sample_texts`), so a served pair is the in-process pair whichever replica
+  answers.
+- Next-token log-probs (the hf judge, `max_tokens` 1 at temperature 0 with `logprobs`): one padded forward over the
+  request's prompts, as the in-process judge runs its batch, and the log-softmax of the last position.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import torch
+
+from rlaif.config import PipelineConfig
+from rlaif.errors import UserError
+from rlaif.serving.identity import model_digest
+
+
+@dataclass
+class Request:
+    """The subset of the OpenAI completions request a service honours (plus top_k, as vLLM accepts it)."""
+
+    prompts: list  # texts, or token-id lists
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    stop: list[str] = field(default_factory=list)
+    logprobs: int | None = None
+    pad_to: int = 0  # left-pad every prompt to at least this many tokens, as the caller's in-process batch would
+
+    @property
+    def max_new_tokens(self) -> int:  # the name sample_texts reads
+        return self.max_tokens
+
+
+@dataclass
+class Choice:
+    text: str
+    tokens: int
+    finish_reason: str
+    top_logprobs: list[dict[int, float]] | None = None  # per generated token: token id -> log-prob
+
+
+def pick_engine(requested: str) -> str:
+    if requested != "auto":
+        return requested
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        return "transformers"
+    return "vllm" if torch.cuda.is_available() else "transformers"
+
+
+class TransformersEngine:
+    name = "transformers"
+
+    def __init__(self, cfg: PipelineConfig, model: str):
+        from rlaif.distributed import local_device
+        from rlaif.models.loading import load_causal_lm, load_policy, load_tokenizer, resolve
+
+        if model == "policy":
+            self.tokenizer, self.model = load_policy(cfg.policy)
+        else:
+            if not cfg.label.hf.model:
+                raise UserError("serving the judge needs label.hf.model (a Hugging Face causal-LM directory)")
+            path = resolve(cfg.label.hf.model, "judge model")
+            self.tokenizer = load_tokenizer(path, cfg.label.hf.trust_remote_code, padding_side="left")
+            self.model = load_causal_lm(path, cfg.label.hf.trust_remote_code).eval()
+        self.device = local_device()
+        self.model.to(self.device)
+        self.lock = threading.Lock()  # one request at a time per replica: replicas, not threads, add throughput
+
+    def complete(self, request: Request) -> list[Choice]:
+        with self.lock, torch.no_grad():
+            if request.logprobs is not None and request.max_tokens == 1 and request.temperature == 0:
+                return self._next_token(request)
+            return self._sample(request)
+
+    def _batch(self, request: Request) -> dict:
+        """Left-padded input_ids and attention_mask: a row padded as in the caller's batch computes what it computes
+        there (padding changes float rounding; the other rows of a batch do not)."""
+        ids = [self.tokenizer(p, add_special_tokens=False).input_ids if isinstance(p, str) else p
+               for p in request.prompts]
+        width = max(request.pad_to, *map(len, ids))
+        enc = self.tokenizer.pad({"input_ids": ids}, padding="max_length", max_length=width, return_tensors="pt")
+        return {k: enc[k].to(self.device) for k in ("input_ids", "attention_mask")}
+
+    def _next_token(self, request: Request) -> list[Choice]:
+        logprobs = torch.log_softmax(self.model(**self._batch(request)).logits[:, -1].float(), dim=-1).cpu()
+        top = torch.topk(logprobs, min(request.logprobs or 1, logprobs.shape[-1]), dim=-1)
+        return [Choice(self.tokenizer.decode([int(ids[0])]), 1, "length",
+                       [dict(zip(ids.tolist(), values.tolist()))])
+                for ids, values in zip(top.indices, top.values)]
+
+    def _sample(self, request: Request) -> list[Choice]:
+        from rlaif.models.generation import sample_encoded
+
+        seeds = [request.seed] * len(request.prompts)
+        results = sample_encoded(self.model, self.tokenizer, self._batch(request), seeds, request)
+        return [Choice(text, n, "length" if n >= request.max_tokens else "stop") for text, n in results]
+
+
+class VLLMEngine:
+    """vLLM on a GPU: continuous batching across requests, per-request seeds (the same tokens whichever replica
+    answers; not the transformers engine's tokens: different kernels)."""
+
+    name = "vllm"
+
+    def __init__(self, cfg: PipelineConfig, model: str):
+        try:
+            from vllm import LLM
+        except ImportError:
+            raise UserError("serve.engine vllm needs vLLM on a GPU machine: pip install 'rlaif[vllm]'") from None
+        from rlaif.models.loading import resolve, resolve_policy
+
+        path = resolve_policy(cfg.policy) if model == "policy" else resolve(cfg.label.hf.model, "judge model")
+        trust = cfg.policy.trust_remote_code if model == "policy" else cfg.label.hf.trust_remote_code
+        self.llm = LLM(model=str(path), seed=cfg.seed, trust_remote_code=trust)
+        self.tokenizer = self.llm.get_tokenizer()
+
+    def complete(self, request: Request) -> list[Choice]:
+        from vllm import SamplingParams, TokensPrompt
+
+        params = SamplingParams(n=1, seed=request.seed, temperature=request.temperature, top_p=request.top_p,
+                                top_k=request.top_k or -1, max_tokens=request.max_tokens, stop=request.stop or None,
+                                logprobs=request.logprobs)
+        prompts = [p if isinstance(p, str) else TokensPrompt(prompt_token_ids=p) for p in request.prompts]
+        choices = []
+        for out in self.llm.generate(prompts, params, use_tqdm=False):
+            sample = out.outputs[0]
+            top = ([{tid: lp.logprob for tid, lp in step.items()} for step in sample.logprobs]
+                   if request.logprobs is not None else None)
+            choices.append(Choice(sample.text.strip(), len(sample.token_ids), sample.finish_reason or "stop", top))
+        return choices
+
+
+def make_engine(cfg: PipelineConfig, model: str):
+    """The engine of one replica, with what a client checks before trusting it: engine name and model digest."""
+    engine = (VLLMEngine if pick_engine(cfg.serve.engine) == "vllm" else TransformersEngine)(cfg, model)
+    engine.model_digest = model_digest(cfg, model)
+    engine.role = model
+    return engine

@@ -1,0 +1,91 @@
+"""Kubernetes manifests for a model service, rendered from the config's serve section and cluster.yaml (the same
+images, selectors, tolerations, secrets and security context as the stages' pods, from orchestration/pod.py):
+
+- `rayservice`: a KubeRay RayService: a Ray cluster (head + a worker group of replica-sized pods, autoscaled by
+  KubeRay when serve.autoscale) whose serveConfigV2 deploys `rlaif.serving.ray_app:build` with this config.
+- `deployment`: no Ray: a ConfigMap (the config), a Deployment of `rlaif serve --no-ray` pods (one replica each), a
+  Service in front of them, and (serve.autoscale) a HorizontalPodAutoscaler on CPU utilisation.
+"""
+from __future__ import annotations
+
+import yaml
+
+from rlaif.config import PipelineConfig, dump_config
+from rlaif.orchestration.cluster import ClusterSpec
+from rlaif.orchestration.pod import service_pod_plan
+
+RAY_VERSION = "2.60.0"
+CONFIG_DIR = "/etc/rlaif"
+HPA_CPU_TARGET = 70  # percent: a CPU replica is saturated by one request at a time, so scale before it queues
+
+
+def _plan(cfg: PipelineConfig, cluster: ClusterSpec):
+    s = cfg.serve
+    return service_pod_plan(s.service_name, s.cpus_per_replica, s.memory_gib, s.gpus_per_replica, cluster)
+
+
+def _serve_config(cfg: PipelineConfig) -> str:
+    """serveConfigV2: one application at `/`, built by rlaif from the embedded config (replicas, autoscaling and
+    resources come from its serve section, as `rlaif serve` applies them locally)."""
+    app = {"name": cfg.serve.service_name, "route_prefix": "/", "import_path": "rlaif.serving.ray_app:build",
+           "args": {"config": dump_config(cfg)}}
+    return yaml.safe_dump({"http_options": {"host": "0.0.0.0", "port": cfg.serve.port}, "applications": [app]},
+                          sort_keys=False)
+
+
+def rayservice(cfg: PipelineConfig, cluster: ClusterSpec) -> list[dict]:
+    s, plan = cfg.serve, _plan(cfg, cluster)
+    head = plan.pod_spec("ray-head", None)  # KubeRay supplies `ray start` to both groups
+    head["containers"][0].update(image=cluster.image, ports=[{"containerPort": 6379, "name": "gcs"},
+                                        {"containerPort": 8265, "name": "dashboard"},
+                                        {"containerPort": s.port, "name": "serve"}],
+                                 resources={"requests": {"cpu": "1", "memory": "4Gi"}, "limits": {"memory": "4Gi"}})
+    head.update(nodeSelector=dict(cluster.node_selector), tolerations=[])  # the head holds no replica: no GPU
+    worker = plan.pod_spec("ray-worker", None)
+    workers = {"groupName": "replicas", "replicas": s.replicas,
+               "minReplicas": s.min_replicas if s.autoscale else s.replicas,
+               "maxReplicas": s.max_replicas if s.autoscale else s.replicas,
+               "rayStartParams": {}, "template": {"spec": worker}}
+    spec = {"serveConfigV2": _serve_config(cfg),
+            "rayClusterConfig": {"rayVersion": RAY_VERSION, "enableInTreeAutoscaling": s.autoscale,
+                                 "headGroupSpec": {"rayStartParams": {"dashboard-host": "0.0.0.0", "num-cpus": "0"},
+                                                   "template": {"spec": head}},
+                                 "workerGroupSpecs": [workers]}}
+    return [{"apiVersion": "ray.io/v1", "kind": "RayService",
+             "metadata": {"name": s.service_name, "namespace": cluster.namespace}, "spec": spec}]
+
+
+def deployment(cfg: PipelineConfig, cluster: ClusterSpec) -> list[dict]:
+    s, plan = cfg.serve, _plan(cfg, cluster)
+    meta = {"name": s.service_name, "namespace": cluster.namespace}
+    labels = {"app.kubernetes.io/name": s.service_name, "app.kubernetes.io/part-of": "rlaif"}
+    pod = plan.pod_spec("server", ["rlaif", "serve", "--no-ray", "--config", f"{CONFIG_DIR}/config.yaml",
+                                   "--set", "serve.host=0.0.0.0"])
+    container = pod["containers"][0]
+    container["ports"] = [{"containerPort": s.port, "name": "http"}]
+    container["volumeMounts"].append({"name": "config", "mountPath": CONFIG_DIR, "readOnly": True})
+    probe = {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10}
+    container.update(readinessProbe={**probe, "initialDelaySeconds": 5},
+                     startupProbe={**probe, "failureThreshold": 60})  # loading a model takes a while
+    pod["volumes"].append({"name": "config", "configMap": {"name": meta["name"]}})
+    docs = [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {"config.yaml": dump_config(cfg)}},
+            {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {**meta, "labels": labels},
+             "spec": {"replicas": s.replicas, "selector": {"matchLabels": labels},
+                      "template": {"metadata": {"labels": labels}, "spec": pod}}},
+            {"apiVersion": "v1", "kind": "Service", "metadata": {**meta, "labels": labels},
+             "spec": {"selector": labels, "ports": [{"name": "http", "port": s.port, "targetPort": "http"}]}}]
+    if s.autoscale:
+        metric = {"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization",
+                                                                              "averageUtilization": HPA_CPU_TARGET}}}
+        docs.append({"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": meta,
+                     "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": meta["name"]},
+                              "minReplicas": max(1, s.min_replicas), "maxReplicas": s.max_replicas,
+                              "metrics": [metric]}})
+    return docs
+
+
+KINDS = {"rayservice": rayservice, "deployment": deployment}
+
+
+def render(cfg: PipelineConfig, cluster: ClusterSpec, kind: str) -> str:
+    return yaml.safe_dump_all(KINDS[kind](cfg, cluster), sort_keys=False)

@@ -1,0 +1,87 @@
+"""The model service on Ray Serve: one deployment whose replicas each hold the model (an engine), behind Serve's HTTP
+proxy, which spreads requests over replicas and replaces a replica that dies. `build` is the application builder a
+KubeRay RayService names in its serveConfigV2 (import_path `rlaif.serving.ray_app:build`); `rlaif serve` runs the same
+application on a local Ray instance."""
+from __future__ import annotations
+
+import signal
+import threading
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+from ray import serve
+
+from rlaif.config import PipelineConfig, dump_config, parse_config
+from rlaif.serving import api
+
+app = FastAPI(title="rlaif model service")
+
+
+@serve.deployment(name="model")
+@serve.ingress(app)
+class ModelServer:
+    def __init__(self, config_yaml: str):
+        from rlaif.serving.engine import make_engine
+
+        cfg = parse_config(config_yaml, "the service's config")
+        self.name = cfg.serve.service_name
+        self.engine = make_engine(cfg, cfg.serve.model)
+
+    @app.get("/healthz")
+    async def healthz(self):
+        return {"ok": True}
+
+    @app.get("/v1/models")
+    async def models(self):
+        return JSONResponse(api.models(self.engine, self.name), headers=api.replica_headers())
+
+    @app.post("/v1/completions")
+    async def completions(self, body: dict):
+        try:
+            return JSONResponse(await api.complete(self.engine, self.name, body), headers=api.replica_headers())
+        except api.BadRequest as exc:
+            return JSONResponse({"error": {"message": str(exc), "type": "invalid_request_error"}}, status_code=400)
+
+
+def deployment_options(cfg: PipelineConfig) -> dict:
+    """Replicas (or autoscaling bounds) and each replica's CPUs and GPUs, from the config's serve section."""
+    settings = cfg.serve
+    scaling = ({"autoscaling_config": {"min_replicas": settings.min_replicas, "max_replicas": settings.max_replicas,
+                                       "initial_replicas": settings.replicas,
+                                       "target_ongoing_requests": settings.target_ongoing_requests}}
+               if settings.autoscale else {"num_replicas": settings.replicas})
+    return {**scaling, "max_ongoing_requests": settings.max_ongoing_requests,
+            "ray_actor_options": {"num_cpus": settings.cpus_per_replica, "num_gpus": settings.gpus_per_replica}}
+
+
+def application(cfg: PipelineConfig):
+    return ModelServer.options(**deployment_options(cfg)).bind(dump_config(cfg))
+
+
+def build(args: dict):
+    """Application builder for Serve config files (KubeRay's serveConfigV2): args {config: YAML text}."""
+    return application(parse_config(args["config"], "serveConfigV2 args.config"))
+
+
+def run(cfg: PipelineConfig, address: str | None) -> None:
+    """Start Ray (or join the cluster at `address`), deploy the service and block until SIGINT/SIGTERM; then remove
+    it (and stop Ray when this process started it)."""
+    import ray
+
+    settings = cfg.serve
+    ray.init(address=address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    serve.start(http_options={"host": settings.host, "port": settings.port})
+    serve.run(application(cfg), name=settings.service_name, route_prefix=settings.route_prefix, blocking=False)
+    replicas = (f"{settings.min_replicas}-{settings.max_replicas} replicas (autoscaling)" if settings.autoscale
+                else f"{settings.replicas} replica{'s' * (settings.replicas > 1)}")
+    print(f"serving the {settings.model} at {settings.base_url} on Ray Serve, {replicas}; Ctrl-C stops it",
+          flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    if address:  # a shared cluster: remove only this service
+        serve.delete(settings.service_name)
+    else:
+        serve.shutdown()
+    ray.shutdown()

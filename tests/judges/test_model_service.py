@@ -1,0 +1,174 @@
+"""The model services: one replica answering as the in-process judge does, bit for bit; and on Ray Serve, end to end:
+the tiny policy and the tiny judge, two replicas each on a Ray cluster on loopback; generate and label run through
+them while one replica of each is killed; the pairs and labels are the ones a run with the models in-process writes
+(same manifest digests), none lost, none twice."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from rlaif.config import load_config
+from rlaif.io import manifest, shards
+from rlaif.stages.common import stage_url
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+def rlaif(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "rlaif", *args], cwd=REPO, capture_output=True, text=True, **kw)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory, judge_model_dir):
+    tmp = tmp_path_factory.mktemp("served")
+    raw = yaml.safe_load((REPO / "configs/tiny.yaml").read_text())
+    raw["storage"] = {"root": f"file://{tmp}/runs"}
+    raw["generate"].update(max_prompts=24, batch_size=8, shard_size=6)
+    raw["label"] = {"judge": "hf", "hf": {"model": str(judge_model_dir), "max_length": 256}, "batch_size": 4,
+                    "shard_size": 5}
+    path = tmp / "config.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(tmp_path_factory):
+    """A Ray head on loopback for this module's services; stopped (with every process it started) at the end."""
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    port = free_port()
+    started = subprocess.run([str(BIN / "ray"), "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1",
+                              "--num-cpus=8", "--include-dashboard=false", "--disable-usage-stats"],
+                             env=env, capture_output=True, text=True, timeout=180)
+    assert started.returncode == 0, started.stderr[-2000:]
+    yield f"127.0.0.1:{port}"
+    subprocess.run([str(BIN / "ray"), "stop", "--force"], env=env, capture_output=True, timeout=120)
+
+
+def replica_pids(base_url: str, want: int, timeout_s: float = 300) -> set[int]:
+    """The process ids of the replicas answering at base_url, once `want` distinct ones have answered."""
+    seen, deadline = set(), time.time() + timeout_s
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(base_url + "/models", timeout=10) as resp:
+                seen.add(int(resp.headers["x-rlaif-replica"]))
+        except OSError:
+            time.sleep(0.5)
+        if len(seen) >= want:
+            return seen
+    raise AssertionError(f"{base_url} did not answer from {want} replicas within {timeout_s}s (saw {seen})")
+
+
+def serve(config, ray_address, model, prefix, port):
+    proc = subprocess.Popen([sys.executable, "-m", "rlaif", "serve", "--config", str(config), "--address",
+                             ray_address, "--set", f"serve.model={model}", "--set", "serve.replicas=2", "--set",
+                             f"serve.route_prefix={prefix}", "--set", f"serve.port={port}", "--set",
+                             "serve.cpus_per_replica=1"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc
+
+
+def kill_one_replica_when(path_glob: Path, pids: set[int], proc) -> int:
+    """SIGKILL one replica once the stage has written its first shard (it is mid-run then); the killed pid."""
+    while not list(path_glob.parent.glob(path_glob.name)):
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        time.sleep(0.05)
+    victim = min(pids)
+    os.kill(victim, signal.SIGKILL)
+    return victim
+
+
+def labels_of(cfg, stage):
+    m = manifest.read(stage_url(cfg, stage))
+    keys = [s["__key__"] for s in shards.read_samples(stage_url(cfg, stage), m, 0, 1, 0, 1)]
+    return m, keys
+
+
+@pytest.mark.slow
+def test_generate_and_label_through_ray_serve_with_a_replica_killed(config, ray_cluster):
+    for stage in ("generate", "label"):  # the reference: both models in-process
+        done = rlaif("stage", stage, "--config", str(config), "--set", "run_id=local", timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    servers = [serve(config, ray_cluster, "policy", "/policy", port), serve(config, ray_cluster, "judge", "/judge",
+                                                                             port)]
+    try:
+        pids = {model: replica_pids(f"{base}/{model}/v1", 2) for model in ("policy", "judge")}
+        served = ["--set", "run_id=served", "--set", "generate.backend=endpoint",
+                  "--set", f"generate.endpoint.base_url={base}/policy/v1", "--set", "generate.endpoint.backoff_s=0.2",
+                  "--set", f"label.hf.endpoint.base_url={base}/judge/v1", "--set", "label.hf.endpoint.backoff_s=0.2"]
+        cfg = load_config(str(config), ["run_id=served"])
+        killed = {}
+        for stage, model in (("generate", "policy"), ("label", "judge")):
+            proc = subprocess.Popen([sys.executable, "-m", "rlaif", "stage", stage, "--config", str(config), *served],
+                                    cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            killed[model] = kill_one_replica_when(Path(stage_url(cfg, stage).removeprefix("file://")) / "shard-*.tar",
+                                                  pids[model], proc)
+            out, _ = proc.communicate(timeout=600)
+            assert proc.returncode == 0, out[-3000:]
+        # the killed replicas were replaced: a new process answers beside the survivor
+        for model in ("policy", "judge"):
+            assert replica_pids(f"{base}/{model}/v1", 2) - pids[model], f"{model}: no replacement replica answered"
+    finally:
+        for server in servers:
+            server.send_signal(signal.SIGINT)
+        for server in servers:
+            server.wait(timeout=120)
+
+    local = load_config(str(config), ["run_id=local"])
+    for stage in ("generate", "label"):
+        ours, ours_keys = labels_of(cfg, stage)
+        theirs, their_keys = labels_of(local, stage)
+        assert len(ours_keys) == len(set(ours_keys)) == ours["num_samples"]  # no pair twice
+        assert sorted(ours_keys) == sorted(their_keys)  # no pair lost
+        assert ours["digest"] == theirs["digest"], f"{stage}: the served run wrote other {stage} data"
+    summary = manifest.read(stage_url(cfg, "generate"))["summary"]
+    label_summary = manifest.read(stage_url(cfg, "label"))["summary"]
+    assert summary["endpoint_requests"] >= 2 * 24 and label_summary["endpoint"]["requests"] >= 2 * len(their_keys)
+    print(json.dumps({"killed": killed, "generate_retries": summary["endpoint_retries"],
+                      "label_retries": label_summary["endpoint"]["retries"]}))
+
+
+def test_plain_service_answers_and_scores_like_the_in_process_judge(judge_model_dir):
+    from fastapi.testclient import TestClient
+
+    from rlaif.judges.hf import HFJudge, answer_logprobs, answer_probability
+    from rlaif.serving.api import plain_app
+    from rlaif.serving.engine import make_engine
+
+    cfg = load_config("configs/tiny.yaml", ["label.judge=hf", f"label.hf.model={judge_model_dir}",
+                                            "serve.model=judge"])
+    engine = make_engine(cfg, "judge")
+    client = TestClient(plain_app(engine, "rlaif-judge"))
+    info = client.get("/v1/models").json()["data"][0]["rlaif"]
+    assert info["engine"] == "transformers" and info["role"] == "judge"
+    judge = HFJudge(cfg.label, 4)
+    texts = ["Request: q1\nResponse 1: a\nResponse 2: b\nPreferred response:", "Request: a longer question 2\n"
+             "Response 1: x\nResponse 2: y\nPreferred response:"]
+    enc = judge._encode(texts)
+    bodies = [{"prompt": ids[mask.bool()].tolist(), "max_tokens": 1, "temperature": 0, "logprobs": 20,
+               "pad_to_tokens": enc["input_ids"].shape[1]} for ids, mask in zip(enc["input_ids"],
+                                                                               enc["attention_mask"])]
+    answers = [client.post("/v1/completions", json=b).json()["choices"][0] for b in bodies]
+    served = answer_probability(torch.tensor([answer_logprobs(a, judge.answer_ids) for a in answers]))
+    assert torch.equal(served, judge._p_first(texts))  # bit for bit
+    refused = client.post("/v1/completions", json={"prompt": "x", "n": 3})
+    assert refused.status_code == 400 and "n" in refused.json()["error"]["message"]

@@ -1,0 +1,150 @@
+"""The model service's pieces without Ray: the request subset it honours, its identity check, the cache keys of runs
+that use it, and the Kubernetes manifests (each object read back by the Kubernetes client's models, the serve config
+by Ray Serve's own schema)."""
+import pytest
+import yaml
+
+from rlaif.cli import main
+from rlaif.config import PipelineConfig, load_config, parse_config, stage_config_hash
+from rlaif.errors import UserError
+from rlaif.orchestration.cluster import from_dict
+from rlaif.serving import api, manifests
+from rlaif.serving.identity import check_service, policy_digest
+
+
+def test_the_request_subset():
+    request = api.parse_request({"prompt": "hi", "seed": 3, "max_tokens": 5, "top_k": -1, "stop": "\n", "user": "x"})
+    assert (request.prompts, request.seed, request.top_k, request.stop) == (["hi"], 3, 0, ["\n"])
+    assert api.parse_request({"prompt": [1, 2, 3]}).prompts == [[1, 2, 3]]
+    assert api.parse_request({"prompt": [[1], [2, 3]], "pad_to_tokens": 7}).pad_to == 7
+    for body, problem in (({"prompt": "a", "n": 2}, "n"), ({"prompt": "a", "echo": True}, "echo"),
+                          ({"prompt": "a", "logprobs": 5}, "next-token scoring only"),
+                          ({"prompt": []}, "empty"), ({}, "prompt"),
+                          ({"prompt": "a", "temperature": -1}, "temperature")):
+        with pytest.raises(api.BadRequest, match=problem):
+            api.parse_request(body)
+
+
+def keys(overrides):
+    cfg = load_config("configs/tiny.yaml", overrides)
+    return {stage: stage_config_hash(cfg, sections, {}) for stage, sections in
+            (("generate", ("seed", "data", "policy", "generate")), ("label", ("seed", "data", "label")))}
+
+
+def test_an_endpoint_run_is_keyed_as_its_engine_in_process():
+    local = keys([])
+    served = keys(["generate.backend=endpoint", "generate.endpoint.base_url=http://policy:8000/v1",
+                   "generate.endpoint.concurrency=64", "label.hf.endpoint.base_url=http://judge:8000/v1"])
+    assert served == local
+    assert keys(["generate.backend=endpoint", "generate.endpoint.base_url=http://p:1/v1",
+                 "generate.endpoint_engine=vllm"])["generate"] == keys(["generate.backend=vllm"])["generate"]
+    assert keys(["generate.backend=vllm"])["generate"] != local["generate"]
+    with pytest.raises(UserError, match="generate.endpoint.base_url"):
+        load_config("configs/tiny.yaml", ["generate.backend=endpoint"])
+    with pytest.raises(UserError, match="http"):
+        load_config("configs/tiny.yaml", ["generate.endpoint.base_url=policy:8000"])
+
+
+class FakeService:
+    base_url, section = "http://svc/v1", "generate.endpoint"
+
+    def __init__(self, answer):
+        self.answer = answer
+
+    def get(self, path):
+        return self.answer
+
+
+def test_a_service_of_another_model_or_engine_is_refused():
+    cfg = PipelineConfig()
+    digest = policy_digest(cfg.policy)
+    good = {"data": [{"id": "rlaif-policy", "rlaif": {"model_digest": digest, "engine": "transformers"}}]}
+    assert check_service(FakeService(good), "policy", digest, "transformers")["engine"] == "transformers"
+    with pytest.raises(UserError, match="serves another policy"):
+        check_service(FakeService(good), "policy", policy_digest(cfg.policy.model_copy(
+            update={"prompt_template": "Q: {prompt}\nA:"})), "transformers")
+    with pytest.raises(UserError, match="runs the transformers engine, this config expects vllm"):
+        check_service(FakeService(good), "policy", digest, "vllm")
+    with pytest.raises(UserError, match="is not an `rlaif serve` service"):
+        check_service(FakeService({"data": [{"id": "gpt"}]}), "policy", digest, None)
+
+
+CLUSTER = from_dict({"namespace": "ml", "image": "reg/rlaif:cpu", "gpu_image": "reg/rlaif:gpu",
+                     "node_selector": {"pool": "inference"}, "service_account": "rlaif",
+                     "secrets": [{"name": "rlaif-hf", "optional": True, "env": {"HF_TOKEN": "token"}}]})
+
+
+def deserialize(obj: dict, kind: str):
+    from kubernetes.client import ApiClient
+
+    return ApiClient()._ApiClient__deserialize(obj, kind)
+
+
+def served_config(*overrides):
+    return load_config("configs/tiny.yaml", ["serve.replicas=2", "serve.cpus_per_replica=2", "serve.memory_gib=6",
+                                             *overrides])
+
+
+def test_rayservice_manifest():
+    from ray.serve.schema import ServeDeploySchema
+
+    cfg = served_config("serve.autoscale=true", "serve.max_replicas=5", "serve.gpus_per_replica=0.5")
+    (doc,) = manifests.rayservice(cfg, CLUSTER)
+    assert (doc["apiVersion"], doc["kind"], doc["metadata"]) == ("ray.io/v1", "RayService",
+                                                                 {"name": "rlaif-policy", "namespace": "ml"})
+    serve_config = ServeDeploySchema.model_validate(yaml.safe_load(doc["spec"]["serveConfigV2"]))
+    (app,) = serve_config.applications
+    assert app.import_path == "rlaif.serving.ray_app:build"
+    assert parse_config(app.args["config"], "args") == cfg  # the pods serve exactly this config
+    cluster = doc["spec"]["rayClusterConfig"]
+    assert cluster["enableInTreeAutoscaling"] is True
+    (workers,) = cluster["workerGroupSpecs"]
+    assert (workers["replicas"], workers["minReplicas"], workers["maxReplicas"]) == (2, 1, 5)
+    worker = deserialize(workers["template"]["spec"], "V1PodSpec")
+    assert worker.containers[0].image == "reg/rlaif:gpu" and worker.node_selector == {"pool": "inference"}
+    assert worker.containers[0].resources.limits == {"memory": "6Gi", "nvidia.com/gpu": "1"}
+    assert worker.containers[0].command is None  # KubeRay starts Ray in the image
+    assert [e.name for e in worker.containers[0].env if e.value_from] == ["HF_TOKEN"]
+    head = deserialize(cluster["headGroupSpec"]["template"]["spec"], "V1PodSpec")
+    assert head.containers[0].image == "reg/rlaif:cpu" and not head.tolerations
+
+
+def test_the_rayservice_builder_applies_the_serve_section():
+    from rlaif.config import dump_config
+    from rlaif.serving import ray_app
+
+    app = ray_app.build({"config": dump_config(served_config())})
+    deployment = app._bound_deployment
+    assert deployment.num_replicas == 2 and deployment.max_ongoing_requests == 16
+    assert deployment.ray_actor_options["num_cpus"] == 2
+    scaled = ray_app.build({"config": dump_config(served_config("serve.autoscale=true"))})._bound_deployment
+    assert scaled._deployment_config.autoscaling_config.max_replicas == 4
+
+
+def test_deployment_service_and_hpa_manifests():
+    plain = manifests.deployment(served_config(), CLUSTER)
+    assert [d["kind"] for d in plain] == ["ConfigMap", "Deployment", "Service"]  # no HPA without autoscale
+    config_map, dep, svc, hpa = manifests.deployment(served_config("serve.autoscale=true", "serve.max_replicas=6"),
+                                                     CLUSTER)
+    assert parse_config(config_map["data"]["config.yaml"], "configmap").serve.max_replicas == 6
+    deployment = deserialize(dep, "V1Deployment")
+    container = deployment.spec.template.spec.containers[0]
+    assert container.command[:4] == ["rlaif", "serve", "--no-ray", "--config"]
+    assert deployment.spec.replicas == 2 and container.resources.requests == {"cpu": "2", "memory": "6Gi"}
+    assert deployment.spec.template.spec.service_account_name == "rlaif"
+    assert container.readiness_probe.http_get.path == "/healthz"
+    service = deserialize(svc, "V1Service")
+    assert service.spec.selector == deployment.spec.selector.match_labels
+    autoscaler = deserialize(hpa, "V2HorizontalPodAutoscaler")
+    assert (autoscaler.spec.min_replicas, autoscaler.spec.max_replicas) == (1, 6)
+    assert autoscaler.spec.scale_target_ref.name == deployment.metadata.name
+
+
+def test_serve_manifest_cli(capsys):
+    assert main(["serve", "--config", "configs/tiny.yaml", "--set", "serve.model=judge", "--manifest",
+                 "deployment"]) == 0
+    docs = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert [d["metadata"]["name"] for d in docs] == ["rlaif-judge"] * 3
+    assert main(["serve", "--config", "configs/tiny.yaml", "--set", "serve.min_replicas=3", "--set",
+                 "serve.autoscale=true"]) == 2
+    assert "min_replicas (3) <= replicas (1)" in capsys.readouterr().err
