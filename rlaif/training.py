@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -33,6 +34,37 @@ def warmup_decay(optimizer, warmup_steps: int, total_steps: int | None):
     )
 
 
+def make_optimizer(name: str, params: list, *, lr: float, weight_decay: float, on_gpu: bool):
+    """The optimizer a stage's `optimizer` setting names, over `params`. All three take their learning rate from the
+    param groups, so `warmup_decay` drives each the same way, and all apply weight decay decoupled from the gradient."""
+    if name == "adafactor":
+        from transformers.optimization import Adafactor
+
+        # Our learning rate, not Adafactor's own relative step size or parameter-scale multiplier.
+        return Adafactor(params, lr=lr, weight_decay=weight_decay, scale_parameter=False, relative_step=False,
+                         warmup_init=False)
+    if name == "adamw_8bit":
+        return _adamw_8bit(params, lr, weight_decay, on_gpu)
+    if name != "adamw":
+        raise ValueError(f"unknown optimizer {name!r}")
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=on_gpu)
+
+
+def _adamw_8bit(params: list, lr: float, weight_decay: float, on_gpu: bool):
+    """bitsandbytes' AdamW with both moments kept in 8 bits (block-wise quantised). Its CPU kernels arrived in 0.50."""
+    # On CPUs with AVX512-BF16, importing bitsandbytes warns that an optional 4-bit matmul kernel could not be fetched
+    # from a model hub; the 8-bit optimizer does not use it.
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+    try:
+        import bitsandbytes
+    except ImportError:
+        raise UserError("optimizer adamw_8bit needs bitsandbytes: pip install 'rlaif[bnb]'") from None
+    if not on_gpu and tuple(int(part) for part in bitsandbytes.__version__.split(".")[:2]) < (0, 50):
+        raise UserError(f"optimizer adamw_8bit on a CPU needs bitsandbytes >= 0.50 (found {bitsandbytes.__version__}): "
+                        "pip install 'rlaif[bnb]'")
+    return bitsandbytes.optim.AdamW8bit(params, lr=lr, weight_decay=weight_decay)
+
+
 def _deepspeed_arch_list() -> None:
     """DeepSpeed's JIT builder parses TORCH_CUDA_ARCH_LIST as numbers and fails on arch-specific entries such as
     '9.0a' (set by CUDA images for Hopper); its fused AdamW needs only the plain architecture."""
@@ -46,8 +78,9 @@ class Engine:
 
     Call `backward(loss)` on every micro-batch and `step()` once the accumulation window is complete."""
 
-    def __init__(self, model, *, strategy: str, zero_stage: int, lr: float, weight_decay: float, grad_clip: float,
-                 accum_steps: int, micro_batch: int, warmup_steps: int, total_steps: int | None, device):
+    def __init__(self, model, *, strategy: str, zero_stage: int, optimizer: str, lr: float, weight_decay: float,
+                 grad_clip: float, accum_steps: int, micro_batch: int, warmup_steps: int, total_steps: int | None,
+                 device):
         self.strategy, self.grad_clip, self.accum_steps, self.device = strategy, grad_clip, accum_steps, device
         self.world = dist.world_size()
         self._micro = 0
@@ -68,20 +101,22 @@ class Engine:
                 "bf16": {"enabled": on_gpu},
                 "steps_per_print": 10**9,
             }
-            # On GPUs DeepSpeed builds its own fused AdamW kernel (JIT on first use); on CPUs torch's AdamW.
-            if on_gpu:
+            # AdamW on GPUs is DeepSpeed's own fused kernel (JIT on first use); anything else is ours, passed in.
+            if on_gpu and optimizer == "adamw":
                 ds_config["optimizer"] = {"type": "AdamW", "params": {"lr": lr, "weight_decay": weight_decay}}
                 _deepspeed_arch_list()
-            optimizer = None if on_gpu else torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+                client_optimizer = None
+            else:
+                client_optimizer = make_optimizer(optimizer, params, lr=lr, weight_decay=weight_decay, on_gpu=on_gpu)
             self.module, self.optimizer, _, self.scheduler = deepspeed.initialize(
-                model=model, optimizer=optimizer, config=ds_config, model_parameters=params,
+                model=model, optimizer=client_optimizer, config=ds_config, model_parameters=params,
                 lr_scheduler=lambda opt: warmup_decay(opt, warmup_steps, total_steps),
             )
             self.model = self.module.module
         else:
             self.model = model
             self.module = DDP(model) if self.world > 1 else model
-            self.optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=on_gpu)
+            self.optimizer = make_optimizer(optimizer, params, lr=lr, weight_decay=weight_decay, on_gpu=on_gpu)
             self.scheduler = warmup_decay(self.optimizer, warmup_steps, total_steps)
 
     def __call__(self, *args, **kwargs):

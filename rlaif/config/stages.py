@@ -233,9 +233,16 @@ class TrainRMConfig(Strict):
     batch_size: int = Field(16, ge=1)
     """Global batch size in pairs (split across processes)."""
     lr: float = Field(1e-4, gt=0, le=1)
-    """Peak learning rate (AdamW, linear warm-up then linear decay)."""
+    """Peak learning rate (linear warm-up then linear decay), whichever the optimizer."""
     weight_decay: float = Field(0.01, ge=0, le=1)
-    """AdamW weight decay."""
+    """Weight decay, decoupled from the gradient (as AdamW's) in all three optimizers."""
+    optimizer: Literal["adamw", "adafactor", "adamw_8bit"] = "adamw"
+    """`adamw`: two fp32 moments per trained weight, 8 bytes (twice the fp32 weights). `adafactor` (transformers'
+    Adafactor, driven by lr and the schedule above, no first moment): a matrix keeps one row and one column of second
+    moments, a few bytes per row; pick it when optimizer state is what does not fit (full-weight training of a large
+    backbone), and expect to tune lr. Under DeepSpeed ZeRO it sees flat partitions: 4 bytes per weight, and steps
+    unlike DDP's. `adamw_8bit` (bitsandbytes, the `bnb` extra; on CPUs version 0.50 or later): both moments in 8
+    bits, 2 bytes per weight, closest to AdamW's steps. With LoRA the state is small whichever is chosen."""
     warmup_fraction: float = Field(0.1, ge=0, lt=1)
     """Fraction of steps spent warming up."""
     max_length: int = Field(128, ge=8, le=1_000_000)
@@ -304,6 +311,13 @@ class PPOConfig(Strict):
     """Passes over each rollout (TRL: 4, OpenRLHF/verl: 1)."""
     lr: float = Field(1e-3, gt=0, le=1)
     """Learning rate of the trainable policy parameters and the value head."""
+    optimizer: Literal["adamw", "adafactor", "adamw_8bit"] = "adamw"
+    """`adamw`: two fp32 moments per trained weight, 8 bytes. `adafactor` (transformers' Adafactor at this lr, no
+    first moment): a matrix keeps one row and one column of second moments; pick it for full-weight PPO (lora_rank 0)
+    of a policy whose optimizer state does not fit, and expect to tune lr. Under DeepSpeed ZeRO it sees flat
+    partitions: 4 bytes per weight, and steps unlike DDP's. `adamw_8bit` (bitsandbytes, the `bnb` extra; on CPUs
+    version 0.50 or later): both moments in 8 bits, 2 bytes per weight. With LoRA (the default) the state is small
+    whichever it is."""
     lora_rank: int = Field(16, ge=0, le=4096)
     """LoRA rank; 0 trains all weights (and keeps a frozen reference copy)."""
     lora_alpha: int = Field(32, ge=1)

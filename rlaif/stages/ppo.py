@@ -258,8 +258,8 @@ def make_engine(cfg, policy: PolicyWithValue, device) -> Engine:
     """The policy's optimizer engine as ppo.* configures it (DDP or ZeRO, accumulation, constant or annealed LR)."""
     settings = cfg.ppo
     steps_per_iteration = settings.ppo_epochs * (settings.rollout_batch_size // settings.minibatch_size)
-    return Engine(policy, strategy=settings.strategy, zero_stage=settings.zero_stage, lr=settings.lr, weight_decay=0.0,
-                  grad_clip=settings.grad_clip, accum_steps=settings.grad_accum_steps,
+    return Engine(policy, strategy=settings.strategy, zero_stage=settings.zero_stage, optimizer=settings.optimizer,
+                  lr=settings.lr, weight_decay=0.0, grad_clip=settings.grad_clip, accum_steps=settings.grad_accum_steps,
                   micro_batch=settings.minibatch_size // dist.world_size() // settings.grad_accum_steps, warmup_steps=0,
                   total_steps=settings.iterations * steps_per_iteration if settings.anneal_lr else None, device=device)
 

@@ -123,8 +123,8 @@ def run(ctx: StageContext) -> dict:
     tokenizer, model = load_reward_model(resolve(settings.backbone, "reward-model backbone"), settings.lora_rank,
                                          settings.lora_alpha)
     model.to(device).train()
-    engine = Engine(model, strategy=settings.strategy, zero_stage=settings.zero_stage, lr=settings.lr,
-                    weight_decay=settings.weight_decay, grad_clip=settings.grad_clip,
+    engine = Engine(model, strategy=settings.strategy, zero_stage=settings.zero_stage, optimizer=settings.optimizer,
+                    lr=settings.lr, weight_decay=settings.weight_decay, grad_clip=settings.grad_clip,
                     accum_steps=settings.grad_accum_steps, micro_batch=micro_local,
                     warmup_steps=int(settings.warmup_fraction * total_steps), total_steps=total_steps, device=device)
     checkpoints = Checkpoints(ctx.url, ctx.config_hash, keep=settings.keep_checkpoints)

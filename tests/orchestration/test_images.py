@@ -88,6 +88,7 @@ def test_installs_the_project_and_runs_as_non_root(name):
 def test_gpu_image_builds_deepspeed_ops_and_readme_builds_the_default_tags():
     runs = " ".join(rest for op, rest in instructions(IMAGES["cuda"]) if op == "RUN")
     assert "DS_BUILD_FUSED_ADAM=1" in runs
+    assert '".[bnb]"' in runs  # the 8-bit AdamW's bitsandbytes, where it has CUDA kernels
     readme = (REPO / "README.md").read_text()
     spec = ClusterSpec()
     assert f"docker build -f images/cpu/Dockerfile -t {spec.image} ." in readme

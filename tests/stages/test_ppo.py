@@ -1,6 +1,6 @@
 """PPO and GRPO as real processes on the tiny config: the update is the same for 1 and 2 processes and for gradient
-accumulation; kill -9 of a rank, then a re-run, resumes and ends with the weights of an uninterrupted run; GRPO and
-DeepSpeed ZeRO-2 train and export."""
+accumulation; kill -9 of a rank, then a re-run, resumes and ends with the weights of an uninterrupted run; GRPO,
+Adafactor and DeepSpeed ZeRO-2 train and export."""
 import json
 import os
 import shutil
@@ -171,3 +171,14 @@ def test_a_user_error_inside_torchrun_ranks_exits_2_with_its_message(upstream, t
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1].startswith("error: ppo.rollout_batch_size=7 must be divisible by 2")
     assert not (run / "ppo/manifest.json").exists()
+
+
+def test_adafactor_trains_and_exports(upstream, tmp_path):
+    run = copy_run(upstream, tmp_path, "adafactor")
+    proc = launch_ppo(run, "ppo.optimizer=adafactor", "ppo.iterations=2", "ppo.checkpoint_every=1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    adapter = load_file(str(run / "ppo/adapter/adapter_model.safetensors"))
+    assert max(v.abs().max().item() for k, v in adapter.items() if "lora_B" in k) > 1e-4  # LoRA B starts at 0
+    checkpoint = run / "ppo/checkpoints/step-00000001/engine.pt"
+    state = torch.load(checkpoint, weights_only=True)["optimizer"]["state"]
+    assert any("exp_avg_sq_row" in s for s in state.values()) and not any("exp_avg" in s for s in state.values())

@@ -1,5 +1,6 @@
 """Preference-model training as real processes: torchrun with 2 ranks (gloo) against 1 process, kill -9 and
-resume, DeepSpeed ZeRO-2 on CPU. Tiny BERT backbone (dropout off, so runs are deterministic) and synthetic labels."""
+resume (with AdamW and with Adafactor), DeepSpeed ZeRO-2 on CPU. Tiny BERT backbone (dropout off, so runs are
+deterministic) and synthetic labels."""
 import json
 import os
 import random
@@ -155,3 +156,23 @@ def test_deepspeed_zero3_on_cpu_gathers_weights_for_export(reference_runs, backb
     got, init = weights(reference_runs, "zero3"), load_file(str(backbone / "model.safetensors"))
     assert all(got[k].shape == init[k].shape for k in init if k in got)  # whole tensors, not ZeRO-3 partitions
     assert summary(reference_runs, "zero3")["held_out_accuracy"] >= 0.8
+
+
+def test_adafactor_trains_and_a_killed_run_resumes_to_its_weights(tmp_path, backbone):
+    settings = ("train_rm.optimizer=adafactor", "train_rm.epochs=1")
+    straight = train(tmp_path, "adafactor", backbone, 1, *settings)
+    assert straight.returncode == 0, straight.stderr[-4000:]
+    assert summary(tmp_path, "adafactor")["held_out_accuracy"] >= 0.8
+    checkpoints = tmp_path / "adafactor/train_rm/checkpoints"
+    name = json.loads((checkpoints / "latest.json").read_text())["name"]
+    state = torch.load(checkpoints / name / "engine.pt", weights_only=True)["optimizer"]["state"]
+    assert any("exp_avg_sq_row" in s for s in state.values()) and not any("exp_avg" in s for s in state.values())
+
+    crashed = train(tmp_path, "adafactor-crash", backbone, 1, *settings, env={"RLAIF_FAULT": "train_rm:10:0"})
+    assert crashed.returncode != 0 and not (tmp_path / "adafactor-crash/train_rm/manifest.json").exists()
+    resumed = train(tmp_path, "adafactor-crash", backbone, 1, *settings)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert "resumed from checkpoint step-00000010" in resumed.stdout + resumed.stderr
+    expected, got = weights(tmp_path, "adafactor"), weights(tmp_path, "adafactor-crash")
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], atol=1e-6, rtol=1e-6, msg=name)
