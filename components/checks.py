@@ -62,7 +62,11 @@ class ComponentContract:
         spec = self.component.component_spec
         artifacts_in = {n for n, i in spec.inputs.items() if i.type.startswith("system.")}
         assert artifacts_in == {f"{dep}_manifest" for dep in self.stage.inputs}
-        assert COMMON_PARAMETERS | artifacts_in == set(spec.inputs)
+        # a stage that can stream an input takes it optionally, and a `streaming` switch (graph.py's streams_from)
+        streams = {"streaming"} if self.stage.streams_from else set()
+        assert COMMON_PARAMETERS | artifacts_in | streams == set(spec.inputs)
+        optional = {n for n in artifacts_in if spec.inputs[n].optional}
+        assert optional == ({f"{self.stage.streams_from}_manifest"} if self.stage.streams_from else set())
         assert {n: o.type.split("@")[0] for n, o in spec.outputs.items()} == self.OUTPUTS
 
     def test_checked_in_yaml_is_a_fresh_compile(self, tmp_path):

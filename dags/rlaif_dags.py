@@ -3,6 +3,9 @@
 - `rlaif`: each stage a KubernetesPodOperator running `rlaif launch <stage>` in the project image, with the same
   pod as the Kubeflow pipeline and the TrainJobs (rlaif/orchestration/pod.py; settings from $RLAIF_CLUSTER_CONFIG,
   label's GPU from $RLAIF_LABEL_JUDGE).
+
+With $RLAIF_LABEL_STREAMING=1 (label.streaming), label has no edge from generate in either DAG: the two tasks run at
+once and label's launch streams generate's shards as they land.
 - `rlaif_local`: each stage a process on the worker (`$RLAIF_BIN launch <stage>`, run from $RLAIF_WORKDIR), for
   one GPU box with the LocalExecutor. Its `aws_conn_id` param (default $RLAIF_AWS_CONN_ID) names an Airflow `aws`
   connection whose keys, endpoint and region reach that process's environment only.
@@ -32,6 +35,8 @@ SPEC = cluster.load(os.environ.get("RLAIF_CLUSTER_CONFIG"))
 # Pods are sized when the DAG is parsed; the label judge of the config the runs will use decides whether label's pod
 # gets a GPU (unset: it does). cluster.yaml's `stages` sizes override both.
 JUDGE = os.environ.get("RLAIF_LABEL_JUDGE") or None
+# The graph's streaming edges (label <- generate) are dropped and the streaming stage launched with streaming on.
+STREAMING = os.environ.get("RLAIF_LABEL_STREAMING", "").lower() in ("1", "true", "yes")
 RUN_ID = "{{ params.run_id or dag_run.run_id }}"  # `rlaif launch` makes it a safe path segment
 LOCK_OWNER = "airflow:{{ dag.dag_id }}:{{ dag_run.run_id }}:{{ task.task_id }}"  # a retry of a task takes its lock back
 
@@ -65,10 +70,11 @@ def _doc(title: str) -> str:
     return "\n".join(lines)
 
 
-def _launch_args(name: str) -> list[str]:
+def _launch_args(stage) -> list[str]:
     """`rlaif launch` arguments, templated by Airflow: the same for a pod and for a local process."""
-    return ["launch", name, "--config", "{{ params.config }}", "--set-json", "{{ params.overrides | tojson }}",
-            "--run-id", RUN_ID, "--storage-root", "{{ params.storage_root }}"]
+    streams = ["--set", f"{stage.name}.streaming=true"] if STREAMING and stage.streams_from else []
+    return ["launch", stage.name, "--config", "{{ params.config }}", "--set-json", "{{ params.overrides | tojson }}",
+            "--run-id", RUN_ID, "--storage-root", "{{ params.storage_root }}", *streams]
 
 
 def _pod_task(stage) -> KubernetesPodOperator:
@@ -81,7 +87,7 @@ def _pod_task(stage) -> KubernetesPodOperator:
         doc_md=stage.description,
         image=plan.image,
         cmds=["rlaif"],
-        arguments=_launch_args(stage.name),
+        arguments=_launch_args(stage),
         # V1EnvVars, not Airflow's Secret: that one has no `optional`, and the judge key's secret is optional.
         env_vars=[*(k8s.V1EnvVar(name=ref.env, value_from=k8s.V1EnvVarSource(secret_key_ref=k8s.V1SecretKeySelector(
             name=ref.secret, key=ref.key, optional=ref.optional))) for ref in plan.secret_env),
@@ -175,7 +181,7 @@ def _local_task(stage) -> PythonOperator:
         doc_md=stage.description,
         python_callable=run_launch,
         # each item rendered by Airflow; the connection is resolved when the task runs, never rendered
-        op_kwargs={"launch_args": _launch_args(stage.name), "lock_owner": LOCK_OWNER,
+        op_kwargs={"launch_args": _launch_args(stage), "lock_owner": LOCK_OWNER,
                    "aws_conn_id": "{{ params.aws_conn_id }}"},
         outlets=[ASSETS[stage.name]],
     )
@@ -189,7 +195,7 @@ def _build(dag_id: str, make_task, title: str, tags: list[str], params: dict) ->
         tasks = {}
         for stage in topological_order():
             tasks[stage.name] = make_task(stage)
-            for dep in stage.inputs:
+            for dep in stage.waits_for(STREAMING):
                 tasks[dep] >> tasks[stage.name]
     return dag
 

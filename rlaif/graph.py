@@ -28,6 +28,13 @@ class Stage:
     config_sections: tuple[str, ...]  # top-level config sections that this stage's cache key covers
     uses_prompts: bool  # the prompts file is an input (its digest is part of the cache key)
     resources: Resources = field(default_factory=Resources)
+    # An input this stage can read while it is still being written (`<stage>.streaming` in the config): then
+    # orchestrators start the two together instead of one after the other; they stay two steps.
+    streams_from: str | None = None
+
+    def waits_for(self, streaming: bool) -> tuple[str, ...]:
+        """The inputs an orchestrator starts this stage after: all of them, less the streamed one when streaming."""
+        return tuple(dep for dep in self.inputs if not (streaming and dep == self.streams_from))
 
     def argv(self, config_url: str, overrides: tuple[str, ...] = ()) -> list[str]:
         """The command a container (or the local runner) runs for this stage, without the torchrun prefix."""
@@ -55,6 +62,7 @@ STAGES: tuple[Stage, ...] = (
         config_sections=("seed", "data", "label"),  # data: the prompts' references grade the labels
         uses_prompts=True,
         resources=Resources(cpu=4, memory_gib=16, gpus=1, gpu_for_judge_only=True),
+        streams_from="generate",  # label.streaming: pairs are labeled as generate's shards land
     ),
     Stage(
         name="train_rm",
@@ -121,4 +129,7 @@ def render() -> str:
         after = ", ".join(stage.inputs) or "(prompts)"
         lines.append(f"{stage.name:<9} <- {after:<16} [{launch}; cpu={r.cpu} mem={r.memory_gib}Gi gpu={r.gpus}]")
         lines.append(f"{'':<9}    {stage.description}")
+        if stage.streams_from:
+            lines.append(f"{'':<9}    with {stage.name}.streaming: starts with {stage.streams_from}, reading its "
+                         "shards as they land")
     return "\n".join(lines)

@@ -1,12 +1,19 @@
 """Local runner: runs the stage graph in order, each stage as its own process exactly as a container would run it
 (torchrun for the training stages). Stages whose manifest matches their config and inputs are skipped (cache hits),
-so re-running after a failure or a kill continues from the first incomplete stage."""
+so re-running after a failure or a kill continues from the first incomplete stage. A stage that streams from the one
+before it (label.streaming) runs at the same time as that one, each under its own `rlaif launch`."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
 
 from rlaif.config import PipelineConfig
-from rlaif.errors import UserError
+from rlaif.errors import StageFailed, UserError
 from rlaif.graph import topological_order
 from rlaif.io import manifest, storage
 from rlaif.orchestration import launch
@@ -17,8 +24,12 @@ def run(cfg: PipelineConfig) -> dict:
     config_url = launch.prepare(cfg)
     run_url = common.run_url(cfg)
     print(f"run_dir: {run_url}", flush=True)
-    for stage in topological_order():
-        launch.launch(cfg, stage.name, config_url)
+    for group in launch_groups(cfg):
+        if len(group) > 1 and not common.cached(common.context(cfg, group[0])):
+            launch_together(group, config_url)
+        else:  # one stage, or a streamed one already done: nothing to overlap
+            for name in group:
+                launch.launch(cfg, name, config_url)
     result = manifest.require(storage.join(run_url, "evaluate"), "evaluate")["summary"]
     lo, hi = result["win_rate_ci95"]
     print(f"evaluation: win rate {result['win_rate']:.3f} [95% CI {lo:.3f}, {hi:.3f}], length-controlled "
@@ -31,6 +42,69 @@ def run(cfg: PipelineConfig) -> dict:
                   f"[95% CI {j['win_rate_ci95'][0]:.3f}, {j['win_rate_ci95'][1]:.3f}]")
     print(f"report: {storage.join(run_url, 'evaluate', 'report.html')}")
     return {"run_dir": run_url, "evaluation": result}
+
+
+def launch_groups(cfg: PipelineConfig) -> list[list[str]]:
+    """Stage names in graph order; a stage streaming from the stage before it (its `streaming` setting on), with all
+    its other inputs done earlier, joins that stage's group. A group's stages start together."""
+    groups: list[list[str]] = []
+    for stage in topological_order():
+        earlier = {name for group in groups[:-1] for name in group}
+        streaming = getattr(getattr(cfg, stage.name), "streaming", False)
+        if (streaming and groups and stage.streams_from == groups[-1][-1]
+                and set(stage.waits_for(streaming=True)) <= earlier):
+            groups[-1].append(stage.name)
+        else:
+            groups.append([stage.name])
+    return groups
+
+
+def launch_together(names: list[str], config_url: str, poll_s: float = 0.5) -> None:
+    """`rlaif launch` of each stage as its own process, all at once, sharing the machine's cores. When one fails the
+    others are interrupted (their locks released; a streaming label would otherwise wait for shards that will never
+    come) and its error is raised: its one-line user error, or StageFailed."""
+    # Torch's OpenMP threads spin while they wait for work: two processes with a thread per core each spin against
+    # each other (generate ran 5x slower beside label on 2 cores). Waiting passively, each process keeps every core
+    # and uses the ones the other leaves idle (BENCHMARKS.md, streaming label).
+    threads = {"OMP_WAIT_POLICY": "PASSIVE"}
+    with tempfile.TemporaryDirectory(prefix="rlaif-together-") as tmp:
+        procs: dict[str, subprocess.Popen] = {}
+        try:
+            for name in names:
+                env = {**threads, **os.environ, "RLAIF_ERROR_FILE": str(Path(tmp) / f"{name}.err")}
+                procs[name] = subprocess.Popen([sys.executable, "-m", "rlaif", "launch", name, "--config", config_url],
+                                               env=env, start_new_session=True)  # its group: the stage process too
+            failed = _first_failure(procs, poll_s)
+        finally:
+            for proc in procs.values():
+                _interrupt(proc)
+        if failed:
+            errors = Path(tmp) / f"{failed}.err"
+            lines = [line.strip() for line in errors.read_text().splitlines()] if errors.exists() else []
+            if lines and procs[failed].returncode == 2:
+                raise UserError(lines[0])
+            raise StageFailed(failed, procs[failed].returncode)
+
+
+def _first_failure(procs: dict[str, subprocess.Popen], poll_s: float) -> str | None:
+    """Waits until every process has ended or one has failed; the failed one's name, or None."""
+    while True:
+        failed = next((name for name, proc in procs.items() if proc.poll()), None)
+        if failed or all(proc.returncode is not None for proc in procs.values()):
+            return failed
+        time.sleep(poll_s)
+
+
+def _interrupt(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
+    """Ctrl-C for a still running `rlaif launch` and its stage process (they release the stage lock), then a kill."""
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def run_stage(cfg: PipelineConfig, name: str, part_index: int = 0, num_parts: int = 1) -> None:
@@ -49,7 +123,7 @@ def run_stage(cfg: PipelineConfig, name: str, part_index: int = 0, num_parts: in
         raise UserError(f"--num-shards splits stage 'generate' only, not '{name}'")
     if not 0 <= part_index < num_parts:
         raise UserError(f"--shard-index {part_index} is outside 0..{num_parts - 1} (--num-shards {num_parts})")
-    ctx = common.context(cfg, name, part_index, num_parts)
+    ctx = common.start_context(cfg, name, part_index, num_parts)
     first_rank = int(os.environ.get("RANK", "0")) == 0  # the process group is not up yet: torchrun's env says
     # `rlaif launch` checked the cache for this key already; a pod running `rlaif stage` alone checks it here.
     if os.environ.get("RLAIF_CACHE_CHECKED") != ctx.config_hash and common.cached(ctx):

@@ -21,8 +21,9 @@ def label(
     run_id: str,
     storage_root: str,
     default_run_id: str,
-    generate_manifest: Input[Artifact],
     manifest: Output[Artifact],
+    generate_manifest: Input[Artifact] | None = None,
+    streaming: bool = False,
     policy_model: str = "",
     judge: str = "",
     ppo_lr: float = 0.0,
@@ -39,8 +40,9 @@ def label(
         run_id: Run directory name under the storage root; empty: `default_run_id`.
         storage_root: Where outputs live, e.g. s3://bucket/rlaif; empty: the config's storage.root.
         default_run_id: The run id when `run_id` is empty; the pipeline passes the KFP run's name, so a retry resumes.
-        generate_manifest: The `generate` stage's manifest (from its component's `manifest` output).
         manifest: This stage's manifest (digest, files, metrics); its metadata holds the stage's storage URL.
+        generate_manifest: The `generate` stage's manifest (its component's `manifest` output); none when streaming.
+        streaming: Label generate's shards as they land (label.streaming), started beside generate instead of after.
         policy_model: Starting policy (policy.model): a Hub id, s3:// or image path; empty: the config's.
         judge: The label judge (label.judge): embedding, hf, openai, rules or reference; empty: the config's.
         ppo_lr: PPO learning rate (ppo.lr); 0: the config's.
@@ -53,4 +55,4 @@ def label(
     typed = {"policy_model": policy_model, "judge": judge, "ppo_lr": ppo_lr, "kl_coef": kl_coef,
              "iterations": iterations, "seed": seed}
     run_component("label", config, overrides, run_id, storage_root, default_run_id,
-                  {"generate": generate_manifest}, manifest, typed)
+                  {"generate": generate_manifest}, manifest, typed, streaming)

@@ -217,6 +217,13 @@ class LabelConfig(JudgeSettings):
     """Pairs per judge batch."""
     shard_size: int = Field(512, ge=1)
     """Samples per output shard."""
+    streaming: bool = runtime_field(False)
+    """Label generate's shards as they land instead of after its manifest: `rlaif run` starts the two stages
+    together, KFP and Airflow (compiled or parsed with it) drop the edge between their two steps. Labels, shards and
+    the manifest digest are the same as a sequential run's. Not part of the cache key."""
+    stream_timeout_s: float = runtime_field(3600.0, gt=0, le=604_800)
+    """With streaming: fail when generate writes no new shard for this long (it died without a trace, or never
+    started). A generate that fails says so and the label stops at once."""
 
 
 class TrainRMConfig(Strict):

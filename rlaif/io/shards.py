@@ -9,7 +9,7 @@ import io
 import json
 import tarfile
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import webdataset as wds
@@ -37,12 +37,15 @@ def _decode(name: str, data: bytes):
 
 class ShardWriter:
     """Writes `shard-%06d.tar` files of at most `shard_size` samples under `stage_url` (a local temp file per shard,
-    then one upload), and records each shard's name, count, byte size and sha256 for the manifest."""
+    then one upload), and records each shard's name, count, byte size and sha256 for the manifest. `on_shard` is
+    called with each shard's record once the shard is in storage (a streaming reader may open it from then on)."""
 
-    def __init__(self, stage_url: str, shard_size: int, first_index: int = 0):
+    def __init__(self, stage_url: str, shard_size: int, first_index: int = 0,
+                 on_shard: Callable[[dict], None] | None = None):
         self.stage_url = stage_url
         self.shard_size = shard_size
         self.index = first_index
+        self.on_shard = on_shard
         self.shards: list[dict] = []
         self._tmpdir = tempfile.TemporaryDirectory(prefix="rlaif-shards-")
         self._writer = None
@@ -74,6 +77,8 @@ class ShardWriter:
         self._path.unlink()
         self._writer = None
         self.index += 1
+        if self.on_shard:
+            self.on_shard(self.shards[-1])
 
     def close(self) -> list[dict]:
         self._flush()

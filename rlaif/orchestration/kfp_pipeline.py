@@ -47,9 +47,10 @@ def configure_task(task: dsl.PipelineTask, plan: PodPlan) -> None:
         task.set_accelerator_type(plan.gpu_resource).set_accelerator_limit(plan.gpus)
 
 
-def build_pipeline(spec: "ClusterSpec | None" = None, judge: "str | None" = None):
+def build_pipeline(spec: "ClusterSpec | None" = None, judge: "str | None" = None, streaming: bool = False):
     """The pipeline function: tasks in graph order, each fed its upstream stages' manifest artifacts. `judge`, the
-    label judge of the config the pipeline is compiled for, decides whether label's pod gets a GPU."""
+    label judge of the config the pipeline is compiled for, decides whether label's pod gets a GPU; `streaming`
+    (its label.streaming) starts label beside generate, with no edge between them, and turns streaming on in it."""
     spec = spec or ClusterSpec()
     judge_for_pods = judge  # the pipeline's `judge` parameter is a runtime value; pods are sized when compiling
 
@@ -77,9 +78,11 @@ def build_pipeline(spec: "ClusterSpec | None" = None, judge: "str | None" = None
                  "iterations": iterations, "seed": seed}
         tasks: dict[str, dsl.PipelineTask] = {}
         for stage in topological_order():
-            upstream = {f"{dep}_manifest": tasks[dep].outputs["manifest"] for dep in stage.inputs}
+            upstream = {f"{dep}_manifest": tasks[dep].outputs["manifest"] for dep in stage.waits_for(streaming)}
+            streams = {"streaming": True} if streaming and stage.streams_from else {}
             task = COMPONENTS[stage.name](config=config, overrides=overrides, run_id=run_id, storage_root=storage_root,
-                                          default_run_id=dsl.PIPELINE_JOB_NAME_PLACEHOLDER, **typed, **upstream)
+                                          default_run_id=dsl.PIPELINE_JOB_NAME_PLACEHOLDER, **typed, **upstream,
+                                          **streams)
             configure_task(task, pod_plan(stage, spec, judge_for_pods))
             tasks[stage.name] = task
 
@@ -89,7 +92,8 @@ def build_pipeline(spec: "ClusterSpec | None" = None, judge: "str | None" = None
 def compile_pipeline(output: str, cluster: "str | None" = None, components_dir: "str | None" = None,
                      config: "str | None" = None) -> str:
     """Writes the pipeline YAML (and optionally each stage's component YAML); returns the pipeline path. With
-    `config`, pods are sized for that config (label gets no GPU when its judge runs no model)."""
+    `config`, pods are sized for that config (label gets no GPU when its judge runs no model) and label streams
+    generate's output where the config's label.streaming says so."""
     from pathlib import Path
 
     from rlaif.config import load_config
@@ -100,8 +104,9 @@ def compile_pipeline(output: str, cluster: "str | None" = None, components_dir: 
         raise UserError(f"--output {output}: name the pipeline YAML file to write, e.g. rlaif_pipeline.yaml")
     if not target.parent.is_dir():
         raise UserError(f"--output {output}: directory {target.parent} does not exist: create it first")
-    judge = load_config(config).label.judge if config else None
-    compiler.Compiler().compile(build_pipeline(load(cluster), judge), output)
+    label = load_config(config).label if config else None
+    pipeline = build_pipeline(load(cluster), label and label.judge, bool(label and label.streaming))
+    compiler.Compiler().compile(pipeline, output)
     if components_dir:
         for name, component in COMPONENTS.items():
             path = Path(components_dir) / name / "component.yaml"
@@ -124,9 +129,9 @@ def submit(endpoint: str, config: str | None, overrides: list[str], run_id: str,
 
     if config and "://" not in config and "\n" not in config:
         config = read_user_file(config, "config file", "give a YAML config file, e.g. configs/demo.yaml")
-    # Refuse a bad config here, not in the first pod; its judge sizes label's pod.
+    # Refuse a bad config here, not in the first pod; its judge sizes label's pod, its streaming wires label.
     cfg = load_config_source(config, overrides, run_id, storage_root)
-    pipeline = build_pipeline(load(cluster), cfg.label.judge)
+    pipeline = build_pipeline(load(cluster), cfg.label.judge, cfg.label.streaming)
     try:
         with warnings.catch_warnings():  # kfp.Client warns about server versions on every construction
             warnings.simplefilter("ignore", FutureWarning)

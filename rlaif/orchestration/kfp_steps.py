@@ -25,19 +25,23 @@ def typed_overrides(policy_model: str = "", judge: str = "", ppo_lr: float = 0.0
 
 
 def run_component(name: str, config: str, overrides: list[str], run_id: str, storage_root: str,
-                  default_run_id: str, upstream: dict, output, typed: dict) -> dict:
+                  default_run_id: str, upstream: dict, output, typed: dict, streaming: bool = False) -> dict:
     """The body of every KFP component: check that the upstream artifacts are the manifests in storage (a stale or
     foreign run directory is refused), launch the stage, and publish its manifest as this step's artifact. `typed`
-    (the typed pipeline parameters) win over `overrides`."""
+    (the typed pipeline parameters) win over `overrides`. `streaming` (a pipeline compiled for label.streaming) turns
+    the stage's streaming on: it then has no artifact of the upstream it streams, and checks that upstream's manifest
+    itself when it commits."""
     from rlaif.models.loading import quiet_transformers
 
     quiet_transformers()
     # A retry of this step takes its lock back.
     os.environ.setdefault("RLAIF_LOCK_OWNER", f"kfp:{default_run_id}:{name}")
-    overrides = [*overrides, *typed_overrides(**typed)]
+    overrides = [*overrides, *typed_overrides(**typed), *[f"{name}.streaming=true"] * streaming]
     cfg = load_config_source(config, overrides, run_id or safe_run_id(default_run_id), storage_root)
     config_url = prepare(cfg)
     for dep, artifact in upstream.items():
+        if artifact is None:  # streamed: not committed when this step starts
+            continue
         with open(artifact.path, encoding="utf-8") as f:
             passed = json.load(f)
         stored = manifest.require(common.stage_url(cfg, dep), dep)

@@ -178,7 +178,11 @@ def run_relaying_stderr(cmd: list[str], env: dict) -> tuple[int, bytes]:
 def launch(cfg: PipelineConfig, name: str, config_url: str) -> dict:
     """Runs one stage unless its output exists; returns its manifest. Raises StageFailed or UserError."""
     stage = STAGE_BY_NAME[name]
-    ctx = common.context(cfg, name)  # requires the upstream manifests: a clear error when one is missing
+    # Requires the upstream manifests (a clear error when one is missing), except a streamed one not committed yet:
+    # then there is no cache key and no hit, and the stage follows that upstream's shards as they land.
+    ctx = common.start_context(cfg, name)
+    if ctx.streamed:
+        print(f"[{name}] streaming: reads {', '.join(ctx.streamed)}'s output as it is written", flush=True)
     if (hit := _cache_hit(ctx)) is not None:  # checked before the lock too: a hit needs no lock
         return hit
     with StageLock(ctx.url, f"stage '{name}' of run '{cfg.run_id}'"):

@@ -1,6 +1,7 @@
 """What every stage shares: where its output lives, its cache key, its inputs, and committing its manifest."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
@@ -8,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlaif.config import PipelineConfig, stage_config_hash
+from rlaif.errors import UserError
 from rlaif.graph import STAGE_BY_NAME, Stage
 from rlaif.io import manifest, storage
 from rlaif.io.digest import spec_digest
@@ -33,6 +35,9 @@ class StageContext:
     part_index: int = 0  # `rlaif stage --shard-index`: this process's part of a stage split across pods
     num_parts: int = 1  # `rlaif stage --num-shards`
     started: float = field(default_factory=time.time)  # this process's start of the stage, for the manifest's seconds
+    # An upstream read while it is still being written -> the config hash its output will carry. Such a context has
+    # no manifest of that upstream and no cache key yet: `resolved` gives them once the upstream has committed.
+    streamed: dict[str, str] = field(default_factory=dict)
 
     def input_url(self, name: str) -> str:
         return stage_url(self.cfg, name)
@@ -42,6 +47,8 @@ class StageContext:
 
     def commit(self, **fields) -> dict:
         """Write the manifest: the last write of a stage, which makes its output exist."""
+        if self.streamed:
+            raise RuntimeError("a streaming stage commits through resolved(ctx): its cache key needs the upstream")
         return manifest.write(
             self.url, stage=self.stage.name, run_id=self.cfg.run_id, config_hash=self.config_hash,
             inputs=self.input_digests, seconds=round(self.elapsed(), 3), **fields,
@@ -101,6 +108,31 @@ def context(cfg: PipelineConfig, name: str, part_index: int = 0, num_parts: int 
     digests = {**{dep: m["digest"] for dep, m in inputs.items()}, **file_digests(cfg, name)}
     return StageContext(cfg, stage, stage_url(cfg, name), inputs, digests,
                         stage_config_hash(cfg, stage.config_sections, digests), part_index, num_parts)
+
+
+def start_context(cfg: PipelineConfig, name: str, part_index: int = 0, num_parts: int = 1) -> StageContext:
+    """The context a stage starts with: `context`'s, or, where the stage streams an upstream (`<stage>.streaming`)
+    whose output for this config is not committed yet, one without that upstream and without a cache key, so nothing
+    is a cache hit: the stage follows the upstream's shards as they land (rlaif.io.stream)."""
+    stage = STAGE_BY_NAME[name]
+    if stage.streams_from and getattr(getattr(cfg, name), "streaming", False):
+        upstream = context(cfg, stage.streams_from)
+        if not cached(upstream):
+            others = {dep: manifest.require(stage_url(cfg, dep), dep) for dep in stage.waits_for(streaming=True)}
+            return StageContext(cfg, stage, stage_url(cfg, name), others, {}, "", part_index, num_parts,
+                                streamed={upstream.stage.name: upstream.config_hash})
+    return context(cfg, name, part_index, num_parts)
+
+
+def resolved(ctx: StageContext, committed: dict[str, dict]) -> StageContext:
+    """A streaming stage's context once the upstreams it streamed have committed these manifests: inputs and cache key
+    exactly as a sequential run computes them (same config hash, same manifest digest)."""
+    final = dataclasses.replace(context(ctx.cfg, ctx.stage.name, ctx.part_index, ctx.num_parts), started=ctx.started)
+    for name, streamed in committed.items():
+        if final.inputs[name]["digest"] != streamed["digest"]:
+            raise UserError(f"stage '{name}' was re-run while '{ctx.stage.name}' was streaming its output: "
+                            f"re-run '{ctx.stage.name}'")
+    return final
 
 
 def cached(ctx: StageContext) -> dict | None:

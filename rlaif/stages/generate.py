@@ -4,10 +4,12 @@ Writes WebDataset shards of {prompt.txt, response_a.txt, response_b.txt, gen.jso
 derived from (seed, prompt id, sample index), so any pair can be regenerated exactly and the output does not depend on
 batching, length bucketing or how the prompts are split. The prompts can be split into disjoint parts: the ranks of
 a torchrun launch, or separate pods given `--shard-index I --num-shards N`; each part writes its shards and a part
-file, and the last part to finish (rank 0 under torchrun) merges them into one manifest.
+file, and the last part to finish (rank 0 under torchrun) merges them into one manifest. Every part also records each
+shard as it lands, then its end or its failure (rlaif.io.stream), so label can stream the pairs before the manifest.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -15,7 +17,7 @@ import time
 from rlaif import distributed, faults
 from rlaif.config import sha256_json
 from rlaif.errors import UserError
-from rlaif.io import manifest, storage
+from rlaif.io import manifest, storage, stream
 from rlaif.io.prompts import split
 from rlaif.io.shards import ShardWriter
 from rlaif.models.generation import format_prompts, sample_texts
@@ -53,6 +55,7 @@ def read_part(ctx: StageContext, index: int, count: int) -> dict | None:
 def invalidate(ctx: StageContext) -> None:
     """A part removes only its own output (other parts may be running); a single process removes everything."""
     index, count = part_of(ctx)
+    stream.forget(ctx.url, index)  # first: a streaming label must not follow records whose shards are going
     storage.remove(storage.join(ctx.url, manifest.MANIFEST))
     if count == 1:
         manifest.invalidate(ctx.url)
@@ -217,8 +220,18 @@ def merge(ctx: StageContext, count: int) -> dict | None:
 
 
 def run(ctx: StageContext) -> dict | None:
-    cfg, g = ctx.cfg, ctx.cfg.generate
     index, count = part_of(ctx)
+    recorder = stream.PartRecorder(ctx.url, index, count, ctx.config_hash)
+    try:
+        return run_part(ctx, index, count, recorder)
+    except BaseException as exc:  # interrupted too: a streaming label stops instead of waiting for its timeout
+        with contextlib.suppress(Exception):  # storage failing here too: the original error is the one to show
+            recorder.failed(exc)
+        raise
+
+
+def run_part(ctx: StageContext, index: int, count: int, recorder: stream.PartRecorder) -> dict | None:
+    cfg, g = ctx.cfg, ctx.cfg.generate
     if count > 1 and ctx.num_parts == 1:
         distributed.setup()  # torchrun ranks: the process group for the barrier before rank 0 merges
     prompts = split(cfg.data, "train")[: g.max_prompts]
@@ -228,9 +241,11 @@ def run(ctx: StageContext) -> dict | None:
     else:
         backend = BACKENDS[g.backend](cfg)
         start = time.time()
-        with ShardWriter(ctx.url, g.shard_size, first_index=index * PART_SHARD_STRIDE if count > 1 else 0) as writer:
+        with ShardWriter(ctx.url, g.shard_size, first_index=index * PART_SHARD_STRIDE if count > 1 else 0,
+                         on_shard=recorder.shard) as writer:
             counts = generate_part(cfg, backend, rows, writer,
                                    "generate" if count == 1 else f"generate {index}/{count}")
+        recorder.end()
         counts["seconds"] = time.time() - start
         if isinstance(backend, EndpointBackend):  # a retry is a replica that failed or a request that timed out
             counts.update(endpoint_requests=backend.client.stats["requests"],

@@ -6,20 +6,27 @@ on sharding or order) or all applied and averaged (`label.principles`). Pairs wi
 dropped and counted. Where the prompts carry references, the reference judge grades every pair too, and metrics.json
 reports how often the AI labeler agrees with it where it has a clear preference (the RLAIF paper's "AI labeler
 alignment", with a verifiable grader in place of human raters).
+
+With label.streaming, and generate's output not committed yet, the pairs are read as generate's shards land, in the
+order its manifest will list them (rlaif.io.stream): the same batches, labels and output shards as reading the
+committed output, and once generate commits, the same cache key and manifest digest.
 """
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 import torch
 
 from rlaif.errors import UserError
+from rlaif.io import stream
 from rlaif.io.prompts import load_prompts
-from rlaif.io.shards import ShardWriter, read_samples
+from rlaif.io.shards import ShardWriter, iter_shard
 from rlaif.judges import make_judge
 from rlaif.judges.constitution import compare, load_constitution, score_each
 from rlaif.judges.reference import CLEAR_MARGIN, reference_points
 from rlaif.judges.reference import grader as reference_grader
 from rlaif.progress import progress
-from rlaif.stages.common import StageContext
+from rlaif.stages.common import StageContext, resolved
 
 REQUIRED = ("prompt.txt", "response_a.txt", "response_b.txt")
 HISTOGRAM_BINS = 10
@@ -72,13 +79,25 @@ class Tally:
                 "reference_graded_pairs": self.reference_graded}
 
 
+def pair_shards(ctx: StageContext, pairs_url: str) -> tuple[Iterable[dict], int | None, stream.Follower | None]:
+    """generate's shards in its manifest's order and their pair count where known: from the committed manifest, or,
+    streaming, as they land (the follower holds the manifest once generate has committed)."""
+    if "generate" not in ctx.streamed:
+        return ctx.inputs["generate"]["shards"], ctx.inputs["generate"]["num_samples"], None
+    follower = stream.Follower(pairs_url, ctx.streamed["generate"], ctx.cfg.label.stream_timeout_s, "label",
+                               "label.stream_timeout_s")
+    print(f"label: streaming generate's shards from {pairs_url} as they land", flush=True)
+    return follower.shards(), None, follower
+
+
 def run(ctx: StageContext) -> dict:
     cfg, settings = ctx.cfg, ctx.cfg.label
     principles = load_constitution(settings.constitution)
     prompts = load_prompts(cfg.data)
     judge = make_judge(settings, settings.batch_size, reference_points(prompts))
     grader = reference_grader(prompts, settings.reference)
-    pairs_url, pairs = ctx.input_url("generate"), ctx.inputs["generate"]
+    pairs_url = ctx.input_url("generate")
+    shards, total, follower = pair_shards(ctx, pairs_url)
 
     tally = Tally()
     with ShardWriter(ctx.url, settings.shard_size) as writer:
@@ -95,8 +114,8 @@ def run(ctx: StageContext) -> dict:
                                   "label.json": label})
             batch.clear()
 
-        for sample in progress(read_samples(pairs_url, pairs, 0, 1, 0, 1), total=pairs["num_samples"], desc="label",
-                               unit="pair"):
+        samples = (sample for shard in shards for sample in iter_shard(pairs_url, shard))
+        for sample in progress(samples, total=total, desc="label", unit="pair"):
             missing = [f for f in REQUIRED if f not in sample]
             if missing:
                 raise UserError(f"pair {sample['__key__']} in {pairs_url} lacks {', '.join(missing)}: "
@@ -109,6 +128,8 @@ def run(ctx: StageContext) -> dict:
     if tally.kept == 0:
         raise UserError(f"label: all {tally.seen} pairs were dropped as low-confidence: lower label.min_confidence "
                         f"(now {settings.min_confidence})")
+    if follower:  # generate has committed: the cache key a sequential run computes
+        ctx = resolved(ctx, {"generate": follower.manifest})
     summary = {**tally.metrics(), "judge": judge.name, "mode": settings.mode, "principles": settings.principles,
                "position_consistency": tally.consistent / max(tally.seen, 1) if settings.mode == "pairwise" else None,
                **({"endpoint": dict(judge.stats)} if hasattr(judge, "stats") else {})}

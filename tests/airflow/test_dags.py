@@ -96,6 +96,24 @@ def test_pod_spec_of_every_stage_is_the_pod_plan(dagbag):
     assert dag.get_task("evaluate").container_resources.requests == {"cpu": "6", "memory": "24Gi"}
 
 
+def test_a_streaming_dag_runs_label_beside_generate(monkeypatch):
+    """RLAIF_LABEL_STREAMING=1 (configs with label.streaming): in both DAGs label no longer waits for generate, still
+    its own task, and launches with streaming on; every other edge is the graph's."""
+    import importlib.util
+
+    monkeypatch.setenv("RLAIF_LABEL_STREAMING", "1")
+    spec = importlib.util.spec_from_file_location("rlaif_dags_streaming", REPO / "dags/rlaif_dags.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for dag in (module.rlaif, module.rlaif_local):
+        assert set(dag.task_ids) == set(STAGE_BY_NAME) and dag.get_task("label").upstream_task_ids == set()
+        for stage in STAGES:
+            assert dag.get_task(stage.name).upstream_task_ids == set(stage.waits_for(streaming=True)), stage.name
+    assert _rendered(module.rlaif.get_task("label"))[-2:] == ["--set", "label.streaming=true"]
+    assert module.rlaif_local.get_task("label").op_kwargs["launch_args"][-2:] == ["--set", "label.streaming=true"]
+    assert "--set" not in _rendered(module.rlaif.get_task("generate"))
+
+
 def test_no_secret_value_in_dags_or_pods(dagbag):
     from airflow.serialization.serialized_objects import DagSerialization
 

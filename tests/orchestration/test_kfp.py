@@ -78,6 +78,23 @@ def test_pipeline_tasks_edges_resources_and_secrets(tmp_path):
         assert platform["emptyDirMounts"][0]["mountPath"] == "/dev/shm"
 
 
+def test_a_streaming_config_starts_label_beside_generate(tmp_path):
+    """label.streaming: still two tasks, but label neither waits for generate nor takes its artifact, and it is told to
+    stream; the rest of the graph is unchanged."""
+    config = tmp_path / "streaming.yaml"
+    tiny = yaml.safe_load((REPO / "configs/tiny.yaml").read_text())
+    config.write_text(yaml.safe_dump({**tiny, "label": {**tiny["label"], "streaming": True}}))
+    out = tmp_path / "p.yaml"
+    kfp_pipeline.compile_pipeline(str(out), None, None, str(config))
+    tasks = next(yaml.safe_load_all(out.read_text()))["root"]["dag"]["tasks"]
+    assert "dependentTasks" not in tasks["label"] and "artifacts" not in tasks["label"]["inputs"]
+    assert tasks["label"]["inputs"]["parameters"]["streaming"] == {"runtimeValue": {"constant": True}}
+    assert tasks["train-rm"]["dependentTasks"] == ["label"] and set(tasks) == {"generate", "label", "train-rm", "ppo",
+                                                                             "evaluate"}
+    sequential = compiled(tmp_path)["pipeline"]["root"]["dag"]["tasks"]["label"]
+    assert sequential["dependentTasks"] == ["generate"] and "streaming" not in sequential["inputs"]["parameters"]
+
+
 def test_cpu_cluster_gets_cpu_image_and_no_gpus(tmp_path):
     docs = compiled(tmp_path, ClusterSpec(use_gpus=False))
     for name, executor in docs["pipeline"]["deploymentSpec"]["executors"].items():

@@ -1,0 +1,130 @@
+"""A stage's output read while it is still being written (label.streaming follows generate).
+
+Each process of the writing stage (a "part": a torchrun rank or a pod of `--num-shards N`; a lone process is part 0
+of 1) records every shard the moment it is in storage, then its end, or its failure, under `<stage>/parts/stream/`:
+
+    IIIII-KKKKK.json   shard K of part I: {config_hash, parts, shard}, `shard` being its manifest entry
+    IIIII-end.json     part I ended after `shards` shards: {config_hash, parts, shards}
+    IIIII-failed.json  part I failed: {config_hash, parts, error, time}
+
+Reading part 0's shards, then part 1's, and so on is the order the stage's manifest lists them in, so a follower sees
+the samples in the order a reader of the finished output does. Records of another config are ignored. Once the
+manifest for the config is committed, the follower checks that what it read is the manifest's beginning and takes the
+rest from the manifest, which ends the stream.
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+from rlaif.errors import UserError, redact
+from rlaif.io import manifest, storage
+
+FIRST_POLL_S, MAX_POLL_S = 0.2, 5.0  # idle polls back off to at most one round of reads per MAX_POLL_S
+
+
+def record_url(stage_url: str, part: int | str, name: str) -> str:
+    """`part` is an index, or a glob pattern such as "*"."""
+    prefix = f"{part:05d}" if isinstance(part, int) else part
+    return storage.join(stage_url, "parts", "stream", f"{prefix}-{name}.json")
+
+
+class PartRecorder:
+    """The writing side for one part: pass `shard` as the ShardWriter's on_shard, then call `end` or `failed`."""
+
+    def __init__(self, stage_url: str, part: int, parts: int, config_hash: str):
+        self.stage_url, self.part, self.parts, self.config_hash = stage_url, part, parts, config_hash
+        self.written = 0
+
+    def _write(self, name: str, **fields) -> None:
+        record = {"config_hash": self.config_hash, "parts": self.parts, **fields}
+        storage.write_bytes_atomic(record_url(self.stage_url, self.part, name), json.dumps(record).encode())
+
+    def shard(self, entry: dict) -> None:
+        self._write(f"{self.written:05d}", shard=entry)
+        self.written += 1
+
+    def end(self) -> None:
+        self._write("end", shards=self.written)
+
+    def failed(self, exc: BaseException) -> None:
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        self._write("failed", error=redact(text)[:300], time=time.time())
+
+
+def forget(stage_url: str, part: int) -> None:
+    """A part starting over removes its records first, before any of its old shards go."""
+    for url in storage.glob(record_url(stage_url, part, "*")):
+        storage.remove(url)
+
+
+class Follower:
+    """The shards of `stage_url`'s output for `config_hash`, yielded in manifest order as they land; `manifest` is
+    set when the stream ends (the output committed). `reader` names the waiting stage and `timeout_setting` the
+    setting that bounds a wait without news, for the errors."""
+
+    def __init__(self, stage_url: str, config_hash: str, timeout_s: float, reader: str, timeout_setting: str):
+        self.stage_url, self.config_hash, self.timeout_s = stage_url, config_hash, timeout_s
+        self.reader, self.timeout_setting = reader, timeout_setting
+        self.stage = stage_url.rstrip("/").rsplit("/", 1)[-1]
+        self.since = time.time()  # failures recorded before this are an earlier attempt's, which a retry replaces
+        self.manifest: dict | None = None
+
+    def _read(self, part: int, name: str) -> dict | None:
+        try:
+            record = json.loads(storage.read_bytes(record_url(self.stage_url, part, name)))
+        except FileNotFoundError:
+            return None
+        return record if record.get("config_hash") == self.config_hash else None
+
+    def _committed(self) -> dict | None:
+        committed = manifest.read(self.stage_url)
+        return committed if committed and committed["config_hash"] == self.config_hash else None
+
+    def _check_failures(self) -> None:
+        for url in storage.glob(record_url(self.stage_url, "*", "failed")):
+            part = int(url.rsplit("/", 1)[1][:5])
+            record = self._read(part, "failed")
+            if record and record["time"] >= self.since:
+                raise UserError(f"stage '{self.stage}' failed in part {part} ({record['error']}) while "
+                                f"{self.reader} was streaming its output: fix it and re-run both")
+
+    def _rest(self, committed: dict, consumed: list[dict]) -> list[dict]:
+        """The committed shards after the ones already read, which must be the manifest's first ones."""
+        key = ("url", "count", "sha256")
+        for got, listed in zip(consumed, committed["shards"]):
+            if [got[k] for k in key] != [listed[k] for k in key]:
+                raise UserError(f"stage '{self.stage}' committed other shards than the ones {self.reader} streamed "
+                                f"({got['url']}): it was re-run meanwhile; re-run {self.reader}")
+        if len(consumed) > len(committed["shards"]):
+            raise UserError(f"stage '{self.stage}' committed fewer shards than {self.reader} streamed: it was re-run "
+                            f"meanwhile; re-run {self.reader}")
+        return committed["shards"][len(consumed):]
+
+    def shards(self) -> Iterator[dict]:
+        part, within, consumed = 0, 0, []
+        idle_since, wait = time.time(), FIRST_POLL_S
+        while True:
+            storage.filesystem(self.stage_url).invalidate_cache()  # an s3:// listing cache would hide new records
+            if committed := self._committed():
+                yield from self._rest(committed, consumed)
+                self.manifest = committed
+                return
+            if record := self._read(part, f"{within:05d}"):
+                consumed.append(record["shard"])
+                within += 1
+                yield record["shard"]
+                idle_since, wait = time.time(), FIRST_POLL_S  # the wait for the next one starts now
+                continue
+            end = self._read(part, "end")
+            if end and end["shards"] == within and part + 1 < end["parts"]:
+                part, within = part + 1, 0
+                continue
+            self._check_failures()
+            if time.time() - idle_since > self.timeout_s:
+                raise UserError(f"{self.reader} streams stage '{self.stage}', which wrote no new shard for "
+                                f"{self.timeout_s:g}s ({len(consumed)} read so far): check that '{self.stage}' is "
+                                f"running (or run it), or raise {self.timeout_setting}")
+            time.sleep(wait)
+            wait = min(wait * 2, MAX_POLL_S)
