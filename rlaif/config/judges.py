@@ -133,6 +133,12 @@ class JudgeSettings(Strict):
     reference: ReferenceJudgeConfig = ReferenceJudgeConfig()
     """Settings of the `reference` judge."""
 
+    @property
+    def pod_judge(self) -> str:
+        """This judge as the pod plan sees it: `served` for an hf judge whose model runs in a service (the label pod
+        then needs no GPU), else the judge's name."""
+        return "served" if self.judge == "hf" and self.hf.endpoint.base_url else self.judge
+
 
 class JudgeSpec(JudgeSettings):
     """A further judge used by the evaluation (the training judge, `label`'s, is always first, named `training`)."""

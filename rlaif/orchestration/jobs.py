@@ -28,7 +28,7 @@ def job_name(stage: Stage, cfg: PipelineConfig) -> str:
 def job_manifest(stage: Stage, cfg: PipelineConfig, config_url: str, nodes: int, spec: ClusterSpec,
                  namespace: str) -> dict:
     """The TrainJob or PyTorchJob custom resource for a stage on `nodes` pods, each pod from the stage's pod plan."""
-    plan = pod_plan(stage, spec, cfg.label.judge)
+    plan = pod_plan(stage, spec, cfg.label.pod_judge)
     nproc = plan.gpus or getattr(cfg, stage.name).nproc
     entry = ["-m", "rlaif", *stage.argv(config_url)[1:]]
     metadata = {"name": job_name(stage, cfg), "namespace": namespace,

@@ -105,7 +105,7 @@ def compile_pipeline(output: str, cluster: "str | None" = None, components_dir: 
     if not target.parent.is_dir():
         raise UserError(f"--output {output}: directory {target.parent} does not exist: create it first")
     label = load_config(config).label if config else None
-    pipeline = build_pipeline(load(cluster), label and label.judge, bool(label and label.streaming))
+    pipeline = build_pipeline(load(cluster), label and label.pod_judge, bool(label and label.streaming))
     compiler.Compiler().compile(pipeline, output)
     if components_dir:
         for name, component in COMPONENTS.items():
@@ -131,7 +131,7 @@ def submit(endpoint: str, config: str | None, overrides: list[str], run_id: str,
         config = read_user_file(config, "config file", "give a YAML config file, e.g. configs/demo.yaml")
     # Refuse a bad config here, not in the first pod; its judge sizes label's pod, its streaming wires label.
     cfg = load_config_source(config, overrides, run_id, storage_root)
-    pipeline = build_pipeline(load(cluster), cfg.label.judge, cfg.label.streaming)
+    pipeline = build_pipeline(load(cluster), cfg.label.pod_judge, cfg.label.streaming)
     try:
         with warnings.catch_warnings():  # kfp.Client warns about server versions on every construction
             warnings.simplefilter("ignore", FutureWarning)

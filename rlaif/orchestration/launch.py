@@ -93,6 +93,10 @@ def check_judges(cfg: PipelineConfig, prompts: list[dict]) -> None:
     if cfg.ppo.reward == "judge" and cfg.label.judge not in scorers:
         raise UserError(f"ppo.reward=judge needs label.judge hf, rules or reference (they score one response alone), "
                         f"not {cfg.label.judge}")
+    served = cfg.label.pod_judge == "served"
+    if served and (cfg.label.mode == "score" or cfg.ppo.reward == "judge"):
+        raise UserError("label.hf.endpoint serves pairwise judging only (score mode and ppo.reward=judge read whole "
+                        "continuations): run the judge in-process (empty label.hf.endpoint.base_url)")
     if "reference" in (cfg.label.judge, *(j.judge for j in cfg.evaluate.judges)):
         from rlaif.judges.reference import reference_points
 

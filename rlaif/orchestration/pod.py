@@ -12,8 +12,9 @@ from rlaif.graph import Stage
 from rlaif.orchestration.cluster import ClusterSpec, Toleration
 
 SHM_VOLUME = "dshm"
-# Judges that run no model inside the pod: rules and reference are programs, openai calls an HTTP endpoint.
-JUDGES_WITHOUT_MODEL = ("openai", "rules", "reference")
+# Judges that run no model inside the pod: rules and reference are programs, openai calls an HTTP endpoint, and
+# `served` is an hf judge whose model runs in an `rlaif serve` service (JudgeSettings.pod_judge).
+JUDGES_WITHOUT_MODEL = ("openai", "rules", "reference", "served")
 
 
 @dataclass(frozen=True)

@@ -121,7 +121,7 @@ def test_gpus_follow_the_judge_and_the_cluster_settings():
 
 
 def test_every_judge_is_classified():
-    judges = set(LabelConfig.model_fields["judge"].annotation.__args__)
+    judges = set(LabelConfig.model_fields["judge"].annotation.__args__) | {"served"}  # served: JudgeSettings.pod_judge
     assert set(JUDGES_WITHOUT_MODEL) < judges  # a renamed judge must not silently get a GPU again
 
 

@@ -148,3 +148,18 @@ def test_serve_manifest_cli(capsys):
     assert main(["serve", "--config", "configs/tiny.yaml", "--set", "serve.min_replicas=3", "--set",
                  "serve.autoscale=true"]) == 2
     assert "min_replicas (3) <= replicas (1)" in capsys.readouterr().err
+
+
+def test_a_served_judge_needs_no_gpu_in_the_label_pod_and_only_pairwise_is_served():
+    from rlaif.graph import STAGE_BY_NAME
+    from rlaif.orchestration.launch import check_judges
+    from rlaif.orchestration.pod import pod_plan
+
+    served = ["label.judge=hf", "label.hf.model=/models/judge", "label.hf.endpoint.base_url=http://judge:8000/v1"]
+    cluster = from_dict({"gpus_per_node": 1})
+    for overrides, gpus in ((served, 0), (served[:2], 1)):
+        cfg = load_config("configs/tiny.yaml", overrides)
+        assert pod_plan(STAGE_BY_NAME["label"], cluster, cfg.label.pod_judge).gpus == gpus
+    for extra in ("label.mode=score", "ppo.reward=judge"):
+        with pytest.raises(UserError, match="serves pairwise judging only"):
+            check_judges(load_config("configs/tiny.yaml", [*served, extra]), [])
