@@ -9,6 +9,7 @@ in its own process (its own peak RSS): one warm-up iteration, then the median of
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -65,21 +66,23 @@ def main() -> None:
     p.add_argument("--worker")
     p.add_argument("--work", default="runs")
     p.add_argument("--append", action="store_true")
+    p.add_argument("--points", type=int, default=len(POINTS), help="measure only the first N points")
     a = p.parse_args()
+    points = POINTS[: a.points]
     if a.worker:
         report_result(worker(Path(a.work), a.worker, a.iterations))
         return
     Path(a.work).mkdir(exist_ok=True)
-    for point in POINTS:
+    for point in points:
         shared_models(Path(a.work), point["size"])
-    med = side_by_side(__file__, tuple(name(pt) for pt in POINTS), 1,
+    med = side_by_side(__file__, tuple(name(pt) for pt in points), 1,
                        ["--work", a.work, "--iterations", str(a.iterations)], (*PHASES, "response_tokens", "params_m"))
     base = med[name(POINTS[0])]
     base_total = sum(base[k] for k in PHASES)
     lines = ["| policy | params | rollout batch | max new tokens | tokens sampled | generate s | score s | "
              "reference s | update s | iteration s | vs base | samples/s | peak RSS (MiB) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for point in POINTS:
+    for point in points:
         r = med[name(point)]
         total = sum(r[k] for k in PHASES)
         lines.append(f"| {point['size']} | {r['params_m']:.2f}M | {point['batch']} | {point['tokens']} | "
@@ -88,7 +91,8 @@ def main() -> None:
                      + f" | {total:.2f} | {total / base_total:.2f}x | {point['batch'] / total:.1f} | "
                      f"{r['peak_rss_mib']:.0f} |")
     publish(f"PPO iteration cost by phase against model size, batch and response length (median of {a.iterations} "
-            "iterations after a warm-up, one process)", "\n".join(lines), a.append)
+            f"iterations after a warm-up, one process, decoder {os.environ.get('RLAIF_DECODER', 'auto')})",
+            "\n".join(lines), a.append)
 
 
 if __name__ == "__main__":

@@ -5,9 +5,10 @@ autocast as the stage runs it, against the measured bf16 peak, with two larger s
 FLOPs are counted, not estimated: torch's FlopCounterMode records every matmul of one update (forward and backward).
 The peak is the best of repeated 2048^3 fp32 matmuls with the same threads (8192^3 bf16 on a GPU). Sizes: the
 demo's tiny Llama and two wider/deeper ones (random weights; throughput does not depend on them). Batch and lengths
-are the demo's.
+are the demo's by default; `--large` measures 0.5B-1.6B-parameter policies in the shape a GPU deployment runs
+(32k vocabulary, 128+384 tokens, minibatches of 32 sequences).
 
-    .venv/bin/python bench/bench_ppo_update.py [--trials 3] [--append]
+    .venv/bin/python bench/bench_ppo_update.py [--trials 3] [--append] [--large]
 """
 from __future__ import annotations
 
@@ -33,7 +34,9 @@ SIZES = {  # name: (hidden, layers, heads, intermediate)
     "h512 x8": (512, 8, 8, 1536),
 }
 GPU_SIZES = {"h1024 x16": (1024, 16, 16, 2816), "h2048 x16": (2048, 16, 16, 5632)}
+LARGE_SIZES = {"h1536 x20 (Qwen2.5-0.5B-like width)": (1536, 20, 12, 4096), "h2048 x24": (2048, 24, 16, 5632)}
 ROLLOUT, MINIBATCH, PROMPT_LEN, RESPONSE_LEN, VOCAB = 64, 16, 24, 48, 1024
+LARGE_SHAPE = dict(ROLLOUT=64, MINIBATCH=32, PROMPT_LEN=128, RESPONSE_LEN=384, VOCAB=32000)
 
 
 def matmul_peak(repeats: int = 10) -> float:
@@ -58,7 +61,8 @@ def policy_of_size(hidden, layers, heads, intermediate, lora_rank):
     torch.manual_seed(0)
     lm = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, num_hidden_layers=layers,
                                       num_attention_heads=heads, intermediate_size=intermediate,
-                                      max_position_embeddings=256, tie_word_embeddings=True))
+                                      max_position_embeddings=PROMPT_LEN + RESPONSE_LEN,
+                                      tie_word_embeddings=True))
     if lora_rank:
         lm = get_peft_model(lm, LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, target_modules=ppo.LORA_TARGETS))
     return ppo.PolicyWithValue(lm, hidden).to(dist.local_device())
@@ -100,16 +104,21 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--append", action="store_true")
+    p.add_argument("--large", action="store_true", help="0.5B+ policies, 32k vocabulary, 128+384 tokens (GPU)")
     a = p.parse_args()
     dist.avoid_per_shape_attention_plans()  # as run_stage does for every stage
     dist.setup()  # one process; sets the thread count as the stage does
     peak = matmul_peak()
     sizes = {**SIZES, **GPU_SIZES} if dist.local_device().type == "cuda" else SIZES
+    if a.large:
+        globals().update(LARGE_SHAPE)
+        sizes = LARGE_SIZES
     rows = [measure(name, dims, lora, a.trials) for name, dims in sizes.items() for lora in (16, 0)]
     peak_what = ("bf16 matmul peak (8192^3)" if dist.local_device().type == "cuda"
                  else f"fp32 matmul peak (2048^3, {torch.get_num_threads()} threads)")
     lines = [f"{peak_what}: {peak / 1e9:.1f} GFLOP/s", "",
-             f"| policy | params | training | update s (64 seq x {PROMPT_LEN}+{RESPONSE_LEN} tok, 2 epochs) | "
+             f"| policy | params | training | update s ({ROLLOUT} seq x {PROMPT_LEN}+{RESPONSE_LEN} tok, minibatch "
+             f"{MINIBATCH}, vocab {VOCAB}, 2 epochs) | "
              "counted GFLOP | GFLOP/s | of peak |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -6,6 +6,9 @@
 #   scripts/gpu_check.sh micro      gae and the PPO update's model FLOPs utilisation against the bf16 matmul peak
 #   scripts/gpu_check.sh ppo-vs-trl SIZE...   PPO iteration vs TRL PPOTrainer (needs trl==1.12.0 importable)
 #   scripts/gpu_check.sh rm-vs-trl  reward-model training vs TRL RewardTrainer (needs trl==1.16.0; after pipeline)
+#   scripts/gpu_check.sh decode     the static decoder's tests on CUDA, generation throughput at the demo size and
+#                                   at h512x8 (static decoder with CUDA graph vs eager vs generate), PPO phases with
+#                                   each decoder, update MFU at 0.5B+
 # Each step's full log goes to $LOGS/<step>.log (default runs/gpu-check); the benches append to BENCHMARKS.md.
 set -uo pipefail
 PY=${PY:-python3}
@@ -40,6 +43,18 @@ micro)
 ppo-vs-trl)
     shift
     for size in "$@"; do step "ppo-$size" $PY bench/bench_ppo.py --trials 3 --iterations 6 --size "$size"; done
+    ;;
+decode)
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    step decode-tests $PY -m pytest -q tests/unit/test_decode.py
+    step generation $PY bench/bench_generation.py --trials 3
+    step generation-h512 $PY bench/bench_generation.py --trials 3 --set policy.tiny.hidden_size=512 \
+        --set policy.tiny.num_layers=8 --set policy.tiny.num_heads=8 --set policy.tiny.intermediate_size=1536 \
+        --set policy.tiny.sft_steps=20
+    step ppo-phases-static $PY bench/bench_ppo_scaling.py --points 3 --work "$LOGS/../ppo-work"
+    step ppo-phases-generate env RLAIF_DECODER=generate $PY bench/bench_ppo_scaling.py --points 3 \
+        --work "$LOGS/../ppo-work"
+    step mfu-large $PY bench/bench_ppo_update.py --large --trials 3
     ;;
 rm-vs-trl)
     step rm $PY bench/bench_reward_model.py --source-run runs/gpu-demo --trials 3

@@ -164,6 +164,9 @@ class GenerateConfig(Strict):
     """Keep only the k most likely tokens (0: off)."""
     stop: list[str] = []
     """Stop strings: a response ends before the first of these (besides the EOS token)."""
+    fixed_length: bool = False
+    """Sample exactly max_new_tokens tokens per response: EOS is barred until then (transformers' min_new_tokens),
+    as peers' benchmarks generate. Off: a response ends at its EOS."""
     samples_per_prompt: int = Field(2, ge=2)
     """Responses sampled per prompt; the pair is the first two distinct ones."""
     identical_pairs: Literal["resample", "drop", "keep"] = "resample"
@@ -331,6 +334,10 @@ class PPOConfig(Strict):
     """LoRA scaling numerator."""
     max_new_tokens: int = Field(40, ge=1, le=32768)
     """Longest response during rollout."""
+    fixed_length: bool = False
+    """Roll out exactly max_new_tokens tokens per response, EOS barred until then (TRL's PPOTrainer generates so,
+    with min_new_tokens = response_length): every sequence is scored at its last token. For benchmarks against
+    such trainers; off, a response ends at its EOS."""
     temperature: float = Field(0.7, gt=0, le=100)
     """Rollout sampling temperature; log-probs are taken at the same temperature (TRL's default, 0.7, and the
     evaluation's). At 1.0 a small policy's long answers come out garbled often enough that PPO settles on a short,
@@ -376,6 +383,9 @@ class PPOConfig(Strict):
         if self.rollout_batch_size % self.minibatch_size:
             raise ValueError(f"minibatch_size {self.minibatch_size} must divide "
                              f"rollout_batch_size {self.rollout_batch_size}")
+        if self.fixed_length and self.missing_eos_penalty:
+            raise ValueError("missing_eos_penalty would penalise every response under fixed_length (no response "
+                             "ends with EOS): set one of them off")
         if self.algorithm == "grpo" and self.rollout_batch_size % self.group_size:
             raise ValueError(f"rollout_batch_size {self.rollout_batch_size} must be a multiple of "
                              f"group_size {self.group_size}")

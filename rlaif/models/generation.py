@@ -1,9 +1,12 @@
 """Sampling and log-probs for causal LMs with left-padded prompts and right-padded responses."""
 from __future__ import annotations
 
+import os
+
 import torch
 
 from rlaif.errors import UserError
+from rlaif.models.decode import decode_static, supports_static_decode
 
 
 def format_prompts(tokenizer, policy, prompts: list[str]) -> list[str]:
@@ -25,13 +28,36 @@ def encode_prompts(tokenizer, texts: list[str], device) -> dict:
     return {k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask")}
 
 
+DECODERS = ("auto", "static", "generate")
+
+
+def static_decoder_applies(model, enc: dict, decoder: str, stop=()) -> bool:
+    """`auto`: $RLAIF_DECODER when set, else the static decoder on a GPU for models it supports and no stop strings;
+    `static` or `generate` force one (the static decoder also runs on CPUs, without the CUDA graph)."""
+    if decoder == "auto":
+        decoder = os.environ.get("RLAIF_DECODER", "auto")
+        if decoder not in DECODERS:
+            raise UserError(f"RLAIF_DECODER={decoder!r} is not one of {', '.join(DECODERS)}: unset it or pick one")
+    if decoder != "auto":
+        return decoder == "static"
+    return enc["input_ids"].is_cuda and not stop and supports_static_decode(model)
+
+
 @torch.no_grad()
 def sample(model, tokenizer, enc: dict, *, max_new_tokens: int, temperature: float, top_p: float = 1.0, top_k: int = 0,
-           num_return_sequences: int = 1, seed: int | None = None) -> torch.Tensor:
-    """Response token ids [batch * n, <= max_new_tokens] (KV cache on); rows are padded after their EOS.
-    bf16 autocast on GPUs (never on CPUs, where bf16 matmuls are slow)."""
+           num_return_sequences: int = 1, seed: int | None = None, min_new_tokens: int = 0,
+           decoder: str = "auto") -> torch.Tensor:
+    """Response token ids [batch * n, <= max_new_tokens] (KV cache on); rows are padded after their EOS, a prompt's
+    n samples are adjacent. bf16 autocast on GPUs (never on CPUs, where bf16 matmuls are slow). min_new_tokens bars
+    EOS before that many tokens (= max_new_tokens: fixed-length responses)."""
     if seed is not None:
         torch.manual_seed(seed)
+    if static_decoder_applies(model, enc, decoder):
+        seeds = torch.randint(0, 2**62, (enc["input_ids"].shape[0] * num_return_sequences,)).tolist()
+        repeated = {k: v.repeat_interleave(num_return_sequences, 0) for k, v in enc.items()}
+        return decode_static(model, repeated, seeds, max_new_tokens=max_new_tokens, temperature=temperature,
+                             top_k=top_k, top_p=top_p, eos_id=tokenizer.eos_token_id,
+                             pad_id=tokenizer.pad_token_id, min_new_tokens=min_new_tokens)
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=enc["input_ids"].is_cuda):
         out = model.generate(
             **enc,
@@ -41,6 +67,7 @@ def sample(model, tokenizer, enc: dict, *, max_new_tokens: int, temperature: flo
             top_k=top_k or None,
             max_new_tokens=max_new_tokens,
             num_return_sequences=num_return_sequences,
+            min_new_tokens=min_new_tokens or None,
             pad_token_id=tokenizer.pad_token_id,
             eos_token_id=tokenizer.eos_token_id,
             use_cache=True,
@@ -72,15 +99,22 @@ class PerRowSampler:
 
 @torch.no_grad()
 def sample_seeded(model, tokenizer, enc: dict, seeds: list[int], *, max_new_tokens: int, temperature: float,
-                  top_p: float = 1.0, top_k: int = 0, stop: list[str] = ()) -> torch.Tensor:
-    """Response token ids [batch, <= max_new_tokens], row i sampled from its own seeds[i] (see PerRowSampler);
-    temperature 0 is greedy. Stops at EOS or, when given, a stop string."""
+                  top_p: float = 1.0, top_k: int = 0, stop: list[str] = (), min_new_tokens: int = 0,
+                  decoder: str = "auto") -> torch.Tensor:
+    """Response token ids [batch, <= max_new_tokens], row i sampled from its own seeds[i]; temperature 0 is greedy.
+    Stops at EOS (not before min_new_tokens) or, when given, a stop string. On a GPU the static decoder
+    (rlaif.models.decode) draws the per-row randomness on the device; elsewhere PerRowSampler does, on the CPU."""
     from transformers import LogitsProcessorList
 
+    if static_decoder_applies(model, enc, decoder, stop):
+        return decode_static(model, enc, seeds, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                             top_p=top_p, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
+                             min_new_tokens=min_new_tokens)
     processors = LogitsProcessorList([PerRowSampler(seeds, temperature, top_k, top_p)]
                                      if temperature > 0 else [])
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=enc["input_ids"].is_cuda):
         out = model.generate(**enc, do_sample=False, logits_processor=processors, max_new_tokens=max_new_tokens,
+                             min_new_tokens=min_new_tokens or None,
                              pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, use_cache=True,
                              **({"stop_strings": list(stop), "tokenizer": tokenizer} if stop else {}))
     return out[:, enc["input_ids"].shape[1]:]
@@ -97,11 +131,16 @@ def sample_encoded(model, tokenizer, enc: dict, seeds: list[int], settings) -> l
     """sample_texts for prompts already encoded (left-padded input_ids and attention_mask)."""
     out = sample_seeded(model, tokenizer, enc, seeds, max_new_tokens=settings.max_new_tokens,
                         temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
-                        stop=settings.stop).cpu()
+                        stop=settings.stop, min_new_tokens=fixed_length_tokens(settings)).cpu()
     mask = (response_mask(out, tokenizer.eos_token_id)
             * (out != tokenizer.pad_token_id if tokenizer.pad_token_id != tokenizer.eos_token_id else 1))
     responses = [truncate_at_stop(t, settings.stop) for t in decode(tokenizer, out, mask)]
     return list(zip(responses, mask.sum(1).tolist()))
+
+
+def fixed_length_tokens(settings) -> int:
+    """min_new_tokens for a sampling section: all of max_new_tokens when it asks for fixed-length responses."""
+    return settings.max_new_tokens if getattr(settings, "fixed_length", False) else 0
 
 
 def truncate_at_stop(text: str, stop: list[str]) -> str:

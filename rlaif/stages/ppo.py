@@ -31,6 +31,7 @@ from rlaif.models import card
 from rlaif.models.generation import (
     decode,
     encode_prompts,
+    fixed_length_tokens,
     format_prompts,
     response_logits_and_hidden,
     response_mask,
@@ -116,7 +117,8 @@ def rollout(cfg, policy, reference_logits, tokenizer, reward_fn, prompts, seed, 
     enc = encode_prompts(tokenizer, texts, device)
     with amp():
         responses = sample(policy.lm, tokenizer, enc, max_new_tokens=settings.max_new_tokens,
-                           temperature=settings.temperature, num_return_sequences=samples, seed=seed)
+                           temperature=settings.temperature, num_return_sequences=samples, seed=seed,
+                           min_new_tokens=fixed_length_tokens(settings))
     # A fixed response width: every rank's tensors line up for the gather before the update.
     responses = pad_right(responses, settings.max_new_tokens, tokenizer.pad_token_id)
     mask = response_mask(responses, tokenizer.eos_token_id)

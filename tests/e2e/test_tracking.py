@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -67,18 +68,30 @@ def test_metrics_arrive_while_the_stages_run(tmp_path, mlflow_server):
     argv = [sys.executable, "-m", "rlaif", "run", "--config", "configs/tiny.yaml", "--storage-root", f"file://{root}",
             "--set", "tracking.report_to=[tensorboard,mlflow]", "--set", f"tracking.mlflow_tracking_uri={uri}",
             "--set", "tracking.mlflow_experiment=rlaif-e2e", "--set", "tracking.flush_every_s=1",
-            "--set", "ppo.iterations=6", "--set", "ppo.checkpoint_every=0"]
+            "--set", "ppo.iterations=12", "--set", "ppo.checkpoint_every=0"]
     proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # The storage watcher polls on its own thread: the MLflow queries below take long enough on a loaded 2-core
+    # machine to miss the interval between ppo's first flush and its manifest.
+    ppo_dir = root / "tiny" / "ppo"
+    tensorboard_seen = threading.Event()
+
+    def watch_storage():
+        while proc.poll() is None and not tensorboard_seen.is_set():
+            if (ppo_dir / "tensorboard").is_dir() and not (ppo_dir / "manifest.json").exists():
+                tensorboard_seen.set()
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch_storage, daemon=True)
+    watcher.start()
     live = {"train_rm": False, "ppo": False}
-    tensorboard_live = False
     while proc.poll() is None:
         for stage in live:
             if not live[stage] and not (root / "tiny" / stage / "manifest.json").exists():
                 run = stage_run(client, stage)
                 live[stage] = bool(run and run.data.metrics)
-        ppo_dir = root / "tiny" / "ppo"
-        tensorboard_live |= (ppo_dir / "tensorboard").is_dir() and not (ppo_dir / "manifest.json").exists()
         time.sleep(0.2)
+    watcher.join()
+    tensorboard_live = tensorboard_seen.is_set()
     output = proc.stdout.read()
     assert proc.returncode == 0, output[-3000:]
     assert live == {"train_rm": True, "ppo": True}, "metrics reached MLflow only after the stage ended"
@@ -86,9 +99,9 @@ def test_metrics_arrive_while_the_stages_run(tmp_path, mlflow_server):
 
     ppo = stage_run(client, "ppo")
     assert ppo.info.run_name == "tiny/ppo" and ppo.info.status == "FINISHED"
-    assert ppo.data.params["ppo.iterations"] == "6" and ppo.data.params["policy.model"] == "builtin:tiny-llama"
+    assert ppo.data.params["ppo.iterations"] == "12" and ppo.data.params["policy.model"] == "builtin:tiny-llama"
     history = client.get_metric_history(ppo.info.run_id, "reward_raw")
-    assert [m.step for m in history] == [1, 2, 3, 4, 5, 6]
+    assert [m.step for m in history] == list(range(1, 13))
     assert [a.path for a in client.list_artifacts(ppo.info.run_id)] == ["README.md"]
     card = Path(client.download_artifacts(ppo.info.run_id, "README.md", str(tmp_path)))
     assert "base_model: builtin:tiny-llama" in card.read_text()

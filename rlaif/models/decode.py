@@ -1,0 +1,276 @@
+"""Static-shape decoding with per-row seeds drawn on the device, for GPUs.
+
+`generate()` with a logits processor pays host work on every token: Python in the decode loop, the processor's
+per-row draws, a growing KV cache (a new shape, so new kernels, per step). Here the KV cache is preallocated
+(transformers' StaticCache), a decode step (forward, filtering, sampling, EOS bookkeeping) reads and writes only
+fixed tensors, so it is captured once as a CUDA graph and replayed per token; the host checks for the end only
+every few steps. The random numbers come from a counter-based hash of (row seed, token index) computed on the
+device: one uniform per row and token, used by inverse-CDF sampling, so a row's tokens depend only on its own seed
+and logits, whichever rows share its batch (the property the generate stage's per-sample seeds promise).
+
+It draws different (equally distributed) samples than the CPU path (`PerRowSampler`'s torch.Generator streams),
+so a GPU run's samples differ from a CPU run's, as they already did through bf16 autocast.
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+MASK32 = 0xFFFFFFFF
+# Odd multipliers below 2**31: a 32-bit value times one stays inside int64, so the hash is exact on every device.
+MULTIPLIERS = (0x7FEB352D, 0x2C1B3C6D, 0x297A2D39)
+STEP_SALT = 0x9E3779B9
+END_CHECK_EVERY = 4  # decode steps between host checks for "every row has ended" (each check is one sync)
+
+
+def mix32(x: torch.Tensor) -> torch.Tensor:
+    """A bijective 32-bit integer hash (xor-shift-multiply rounds) in int64 arithmetic."""
+    x = x & MASK32
+    for multiplier in MULTIPLIERS:
+        x = ((x ^ (x >> 16)) * multiplier) & MASK32
+    return x ^ (x >> 16)
+
+
+def seed_keys(seeds: list[int], device) -> torch.Tensor:
+    """One 32-bit key per row from Python int seeds of any size (folded 32 bits at a time)."""
+    folded = []
+    for seed in seeds:
+        seed, key = abs(int(seed)), 0
+        while True:
+            key ^= seed & MASK32
+            seed >>= 32
+            if not seed:
+                break
+        folded.append(key)
+    return mix32(torch.tensor(folded, dtype=torch.int64, device=device))
+
+
+def row_uniforms(keys: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """One uniform in (0, 1) per row, a function of the row's key and the token index only (24 random bits)."""
+    bits = mix32(keys ^ mix32(index + STEP_SALT))
+    return ((bits >> 8).float() + 0.5) * 2.0**-24
+
+
+def choose_tokens(logits: torch.Tensor, uniforms: torch.Tensor, temperature: float, top_k: int = 0,
+                  top_p: float = 1.0) -> torch.Tensor:
+    """Token per row: argmax at temperature 0, else the inverse CDF of softmax(logits / T) (after top-k and top-p
+    filtering) at the row's uniform. Shapes are fixed (no host sync), so this is captured with the model step."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    logits = logits.float() / temperature
+    if top_k:
+        kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    order = None
+    if top_p < 1.0:
+        probs, order = probs.sort(dim=-1, descending=True)
+        # The smallest prefix of the sorted tokens whose mass reaches top_p (the first token is always kept).
+        probs = probs.masked_fill(probs.cumsum(-1) - probs >= top_p, 0.0)
+    cdf = probs.cumsum(-1)
+    index = torch.searchsorted(cdf, (uniforms * cdf[:, -1]).unsqueeze(-1)).clamp_(max=logits.shape[-1] - 1)
+    return (order.gather(-1, index) if order is not None else index).squeeze(-1)
+
+
+def _static_cache_api() -> bool:
+    """transformers 5.23 or later: StaticCache(config, max_cache_len) whose layers count their own positions."""
+    import transformers
+    from packaging.version import Version
+
+    return Version(transformers.__version__).release >= (5, 23)
+
+
+STATIC_CACHE_API = _static_cache_api()
+
+
+def supports_static_decode(model) -> bool:
+    """Models whose forward takes a StaticCache and a prepared 4D mask without host syncs (transformers marks them
+    as compilable in full graphs: Llama, Qwen2, Mistral, Gemma and most decoder-only families), unless DeepSpeed
+    ZeRO-3 partitions their weights (its forward hooks gather them with collectives, which a graph cannot hold)."""
+    if not getattr(model, "_can_compile_fullgraph", False) or not hasattr(model, "config") or not STATIC_CACHE_API:
+        return False
+    return not any(hasattr(weight, "ds_id") for weight in model.parameters())
+
+
+def key_slots(prompt_len: int, max_new_tokens: int) -> int:
+    """Cache length for a batch: rounded up to 16, so attention kernels take the mask without copying it, and
+    batches whose prompts differ by a few tokens share one captured graph."""
+    return -(-(prompt_len + max_new_tokens) // 16) * 16
+
+
+class StaticDecode:
+    """One batch shape's decode state: the preallocated cache and the buffers every step updates in place. `load`
+    puts a new batch of that shape in them, so a graph captured on an earlier batch replays on it."""
+
+    def __init__(self, model, batch: int, slots: int, device, *, max_new_tokens: int, temperature: float, top_k: int,
+                 top_p: float, eos_id: int, pad_id: int, min_new_tokens: int):
+        from transformers import StaticCache
+
+        self.model, self.batch, self.max_new_tokens = model, batch, max_new_tokens
+        self.sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+        self.eos_id = eos_id if eos_id is not None else -1  # no EOS token: rows run to max_new_tokens
+        self.pad_id, self.min_new_tokens = pad_id, min_new_tokens
+        self.cache = StaticCache(config=model.config, max_cache_len=slots)
+        # bf16 under the GPU's autocast (attention runs in bf16 there), the weights' dtype elsewhere.
+        cache_dtype = torch.bfloat16 if torch.device(device).type == "cuda" else next(model.parameters()).dtype
+        for layer in self.cache.layers:
+            cast_on_update(layer, cache_dtype)
+        self.additive_mask = getattr(model.config, "_attn_implementation", "sdpa") == "eager"
+        self.key_index = torch.arange(slots, device=device)
+        self.key_valid = torch.zeros((batch, slots), dtype=torch.bool, device=device)
+        self.keys = torch.zeros(batch, dtype=torch.long, device=device)
+        self.next_position = torch.zeros((batch, 1), dtype=torch.long, device=device)  # first response position
+        self.prompt_len = torch.zeros((), dtype=torch.long, device=device)
+        self.tokens = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long, device=device)
+        self.index = torch.zeros((), dtype=torch.long, device=device)  # response index of the token fed next
+        self.done = torch.zeros(batch, dtype=torch.bool, device=device)
+
+    def load(self, enc: dict, seeds: list[int]) -> None:
+        """Start a batch: its prompts' key slots, positions and seeds, an empty cache and response."""
+        prompt_mask = enc["attention_mask"].bool()
+        prompt_len = prompt_mask.shape[1]
+        self.cache.reset()
+        self.key_valid.zero_()
+        self.key_valid[:, :prompt_len] = prompt_mask
+        self.key_valid[:, prompt_len : prompt_len + self.max_new_tokens] = True
+        self.keys.copy_(seed_keys(seeds, self.keys.device))
+        self.next_position.copy_(prompt_mask.sum(1, keepdim=True))
+        self.prompt_len.fill_(prompt_len)
+        self.tokens.fill_(self.pad_id)
+        self.index.zero_()
+        self.done.zero_()
+
+    def autocast(self):
+        # cache_enabled=False: cached bf16 weight copies would be freed under a captured graph.
+        return torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.key_index.is_cuda, cache_enabled=False)
+
+    def mask(self, visible: torch.Tensor) -> torch.Tensor:
+        """sdpa and flash kernels take the boolean mask; eager attention adds a float one."""
+        if not self.additive_mask:
+            return visible
+        return torch.zeros(visible.shape, device=visible.device).masked_fill_(~visible, torch.finfo(torch.float32).min)
+
+    def prefill(self, ids: torch.Tensor) -> None:
+        prompt_len = ids.shape[1]
+        query = torch.arange(prompt_len, device=ids.device)
+        visible = self.key_valid[:, None, None, :] & (self.key_index <= query[:, None])[None, None]
+        # A padding query sees no valid key; letting it see itself keeps its (unused) outputs finite.
+        visible |= (self.key_index == query[:, None])[None, None]
+        positions = (self.key_valid[:, :prompt_len].long().cumsum(1) - 1).clamp(min=0)
+        with self.autocast():
+            logits = self.model(input_ids=ids, attention_mask=self.mask(visible), position_ids=positions,
+                                past_key_values=self.cache, use_cache=True).logits[:, -1]
+        self._record(logits)
+
+    def step(self) -> None:
+        """Feed the token at response index `index`, sample the next one: fixed shapes, no host sync."""
+        fed = self.tokens.index_select(1, self.index.view(1))
+        visible = self.key_valid & (self.key_index <= self.prompt_len + self.index)
+        with self.autocast():
+            logits = self.model(input_ids=fed, attention_mask=self.mask(visible[:, None, None, :]),
+                                position_ids=self.next_position + self.index, past_key_values=self.cache,
+                                use_cache=True).logits[:, -1]
+        self.index.add_(1)
+        self._record(logits)
+
+    def _record(self, logits: torch.Tensor) -> None:
+        """Sample response token `index` (EOS barred before min_new_tokens), pad it after a row's EOS."""
+        logits = logits.float()
+        if self.eos_id >= 0 and self.min_new_tokens:
+            barred = self.index < self.min_new_tokens
+            logits[:, self.eos_id] = torch.where(barred, float("-inf"), logits[:, self.eos_id])
+        token = choose_tokens(logits, row_uniforms(self.keys, self.index), **self.sampling)
+        token = torch.where(self.done, self.pad_id, token)
+        self.done |= token == self.eos_id
+        self.tokens.index_copy_(1, self.index.view(1), token[:, None])
+
+    def responses(self) -> torch.Tensor:
+        """Token ids [batch, <= max_new_tokens], cut after the token where the last row ended (as generate())."""
+        is_eos = (self.tokens == self.eos_id).long()
+        lengths = ((is_eos.cumsum(1) - is_eos) == 0).sum(1)  # tokens up to and including each row's first EOS
+        return self.tokens[:, : int(lengths.max())]
+
+
+def cast_on_update(layer, dtype: torch.dtype) -> None:
+    """Store keys and values in one dtype: under autocast a Llama's keys leave the rotary embedding in fp32 while
+    its values are bf16, and a preallocated cache holds a single dtype."""
+    update = layer.update
+
+    def update_cast(key_states, value_states, *args, **kwargs):
+        return update(key_states.to(dtype), value_states.to(dtype), *args, **kwargs)
+
+    layer.update = update_cast
+
+
+@torch.no_grad()
+def decode_static(model, enc: dict, seeds: list[int], *, max_new_tokens: int, temperature: float, top_k: int = 0,
+                  top_p: float = 1.0, eos_id: int, pad_id: int, min_new_tokens: int = 0,
+                  cuda_graph: bool | None = None) -> torch.Tensor:
+    """Response token ids [batch, <= max_new_tokens], row i sampled from seeds[i] (temperature 0: greedy); rows are
+    padded after their EOS. `cuda_graph` (default: on CUDA) replays a captured decode step; the graph and its state
+    are kept for the next batch of the same shape (GRAPHS_KEPT shapes at most)."""
+    ids = enc["input_ids"]
+    use_graph = ids.is_cuda if cuda_graph is None else cuda_graph
+    settings = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                    eos_id=eos_id, pad_id=pad_id, min_new_tokens=min_new_tokens)
+    shape = (ids.shape[0], key_slots(ids.shape[1], max_new_tokens), str(ids.device))
+    kept = CAPTURED.find(model, shape, settings) if use_graph else None
+    state = kept[0] if kept else StaticDecode(model, shape[0], shape[1], ids.device, **settings)
+    state.load(enc, seeds)
+    state.prefill(ids)
+    steps, done = max_new_tokens - 1, 0
+    run_step = kept[1] if kept else state.step
+    if use_graph and not kept and steps > 3:
+        run_step, done = capture(state), 2  # the two warm-up steps were real decode steps
+        CAPTURED.keep(model, shape, settings, state, run_step)
+    while done < steps:
+        run_step()
+        done += 1
+        if min_new_tokens < max_new_tokens and done % END_CHECK_EVERY == 0 and bool(state.done.all()):
+            break
+    return state.responses()
+
+
+class CapturedGraphs:
+    """Captured decode graphs by (model, batch shape, sampling settings), least recently used dropped first. A graph
+    reads the model's weights where they are, so in-place training updates (PPO's optimizer) are seen by the next
+    replay; a model that is gone or replaced is a new key."""
+
+    def __init__(self, limit: int):
+        self.limit, self.entries = limit, {}
+
+    def _key(self, model, shape, settings) -> tuple:
+        return (id(model), *shape, *sorted(settings.items()))
+
+    def find(self, model, shape, settings):
+        entry = self.entries.pop(self._key(model, shape, settings), None)
+        if entry is None or entry[0]() is not model:
+            return None
+        self.entries[self._key(model, shape, settings)] = entry  # most recently used last
+        return entry[1], entry[2]
+
+    def keep(self, model, shape, settings, state, replay) -> None:
+        self.entries[self._key(model, shape, settings)] = (weakref.ref(model), state, replay)
+        while len(self.entries) > self.limit:
+            self.entries.pop(next(iter(self.entries)))
+
+
+GRAPHS_KEPT = 8
+CAPTURED = CapturedGraphs(GRAPHS_KEPT)
+
+
+def capture(state: StaticDecode):
+    """Two eager steps on a side stream (CUDA graphs need allocator and library state settled first), then one step
+    captured; returns the graph's replay. Captured work is recorded, not run: the caller replays it."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        state.step()
+        state.step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    # thread_local: PPO's asynchronous rollout captures in a thread while the update runs on the main one.
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        state.step()
+    return graph.replay

@@ -1,0 +1,149 @@
+"""The static decoder (rlaif.models.decode) on the CPU, without the CUDA graph: greedy decoding equals transformers'
+generate on left-padded batches, a row's sample depends only on its seed, the inverse-CDF sampler draws from the
+filtered softmax, fixed-length rollouts never end early, and the counter hash is the same everywhere (golden values).
+On a GPU, bench/bench_generation.py checks the captured graph against these eager steps token for token."""
+import pytest
+import torch
+
+from rlaif.models.decode import choose_tokens, decode_static, mix32, row_uniforms, seed_keys
+
+EOS, PAD = 1, 0
+
+
+@pytest.fixture(scope="module")
+def model():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         eos_token_id=EOS, pad_token_id=PAD)
+    return LlamaForCausalLM(config).eval()
+
+
+def left_padded(rows: list[list[int]]) -> dict:
+    width = max(map(len, rows))
+    ids = torch.tensor([[PAD] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+PROMPTS = [[5, 9, 13, 2, 40], [7, 3], [11, 12, 13], [60, 61, 62, 63, 8, 8, 30]]
+
+
+def test_greedy_equals_transformers_generate(model):
+    enc = left_padded(PROMPTS)
+    ours = decode_static(model, enc, [0] * 4, max_new_tokens=12, temperature=0, eos_id=EOS, pad_id=PAD)
+    theirs = model.generate(**enc, do_sample=False, max_new_tokens=12, eos_token_id=EOS, pad_token_id=PAD)
+    assert torch.equal(ours, theirs[:, enc["input_ids"].shape[1]:])
+
+
+def test_a_rows_sample_depends_only_on_its_seed(model):
+    together = decode_static(model, left_padded(PROMPTS), [11, 22, 33, 44], max_new_tokens=10, temperature=1.0,
+                             eos_id=EOS, pad_id=PAD)
+    alone = decode_static(model, left_padded([PROMPTS[1]]), [22], max_new_tokens=10, temperature=1.0, eos_id=EOS,
+                          pad_id=PAD)
+    other_partners = decode_static(model, left_padded([PROMPTS[2], PROMPTS[1]]), [5, 22], max_new_tokens=10,
+                                   temperature=1.0, eos_id=EOS, pad_id=PAD)
+    width = alone.shape[1]
+    assert torch.equal(together[1, :width], alone[0]) and torch.equal(other_partners[1, :width], alone[0])
+    reseeded = decode_static(model, left_padded([PROMPTS[1]]), [23], max_new_tokens=10, temperature=1.0, eos_id=EOS,
+                             pad_id=PAD)
+    assert not torch.equal(reseeded, alone)
+
+
+def test_rows_end_at_eos_and_fixed_length_runs_to_the_end(model):
+    # A bias towards EOS makes most rows end early; barring it until max_new_tokens makes none do.
+    model.lm_head.weight.data[EOS] += 0.5 * model.model.embed_tokens.weight.data.mean(0).sign()
+    try:
+        enc = left_padded(PROMPTS)
+        free = decode_static(model, enc, [1, 2, 3, 4], max_new_tokens=16, temperature=1.0, eos_id=EOS, pad_id=PAD)
+        fixed = decode_static(model, enc, [1, 2, 3, 4], max_new_tokens=16, temperature=1.0, eos_id=EOS, pad_id=PAD,
+                              min_new_tokens=16)
+    finally:
+        model.lm_head.weight.data[EOS] -= 0.5 * model.model.embed_tokens.weight.data.mean(0).sign()
+    assert fixed.shape == (4, 16) and not (fixed == EOS).any()
+    for row in free:
+        ends = (row == EOS).nonzero()
+        if len(ends):
+            assert (row[int(ends[0]) + 1:] == PAD).all()
+
+
+def test_inverse_cdf_sampling_matches_the_filtered_softmax():
+    torch.manual_seed(0)
+    logits = torch.randn(1, 12) * 2
+    rows = 40_000
+    keys = seed_keys(list(range(rows)), "cpu")
+    draws = choose_tokens(logits.expand(rows, -1), row_uniforms(keys, torch.tensor(3)), temperature=0.8)
+    frequency = torch.bincount(draws, minlength=12).float() / rows
+    expected = torch.softmax(logits[0] / 0.8, -1)
+    assert (frequency - expected).abs().max() < 0.01
+
+    top_k = choose_tokens(logits.expand(rows, -1), row_uniforms(keys, torch.tensor(4)), temperature=1.0, top_k=3)
+    assert set(top_k.unique().tolist()) == set(logits[0].topk(3).indices.tolist())
+    probs = torch.softmax(logits[0], -1)
+    ordered = probs.sort(descending=True)
+    kept = int((ordered.values.cumsum(0) - ordered.values < 0.7).sum())
+    top_p = choose_tokens(logits.expand(rows, -1), row_uniforms(keys, torch.tensor(5)), temperature=1.0, top_p=0.7)
+    assert set(top_p.unique().tolist()) == set(ordered.indices[:kept].tolist())
+
+
+def test_the_counter_hash_is_fixed_and_uniform():
+    # The tensor hash equals plain Python integers (int64 arithmetic without overflow), on any device: a seed means
+    # the same draws on a CPU and a GPU.
+    def reference(x: int) -> int:
+        for multiplier in (0x7FEB352D, 0x2C1B3C6D, 0x297A2D39):
+            x = ((x ^ (x >> 16)) * multiplier) % 2**32
+        return x ^ (x >> 16)
+
+    values = [0, 1, 2, 12345, 2**31, 2**32 - 1]
+    assert mix32(torch.tensor(values)).tolist() == [reference(v) for v in values]
+    assert len(set(mix32(torch.arange(100_000)).tolist())) == 100_000  # a bijection: no two counters collide
+    assert seed_keys([7, 7 + 2**64], "cpu").tolist()[0] != seed_keys([8], "cpu").tolist()[0]
+    uniforms = row_uniforms(seed_keys(list(range(100_000)), "cpu"), torch.tensor(0))
+    assert 0 < float(uniforms.min()) and float(uniforms.max()) < 1
+    assert abs(float(uniforms.mean()) - 0.5) < 0.005 and abs(float(uniforms.var()) - 1 / 12) < 0.002
+
+
+def test_fixed_length_through_transformers_generate_too(model):
+    from types import SimpleNamespace
+
+    from rlaif.models.generation import sample_seeded
+
+    tokenizer = SimpleNamespace(eos_token_id=EOS, pad_token_id=PAD)
+    model.lm_head.weight.data[EOS] += 5.0  # EOS is the likeliest token everywhere
+    try:
+        out = sample_seeded(model, tokenizer, left_padded(PROMPTS), [1, 2, 3, 4], max_new_tokens=9, temperature=1.0,
+                            min_new_tokens=9, decoder="generate")
+        free = sample_seeded(model, tokenizer, left_padded(PROMPTS), [1, 2, 3, 4], max_new_tokens=9, temperature=1.0,
+                             decoder="generate")
+    finally:
+        model.lm_head.weight.data[EOS] -= 5.0
+    assert out.shape == (4, 9) and not (out == EOS).any()
+    assert free.shape[1] < 9
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_on_a_gpu_the_captured_graph_replays_the_eager_steps(model):
+    from types import SimpleNamespace
+
+    from rlaif.models.generation import sample
+
+    gpu = model.cuda()
+    try:
+        enc = {k: v.cuda() for k, v in left_padded(PROMPTS * 8).items()}
+        seeds = list(range(32))
+        kwargs = dict(max_new_tokens=24, temperature=1.0, top_k=20, eos_id=EOS, pad_id=PAD)
+        graph = decode_static(gpu, enc, seeds, cuda_graph=True, **kwargs)
+        eager = decode_static(gpu, enc, seeds, cuda_graph=False, **kwargs)
+        assert torch.equal(graph, eager)
+        # The next batch of that shape (other prompts, one token shorter, other seeds) replays the kept graph.
+        other = {k: v.cuda() for k, v in left_padded([p[1:] or p for p in reversed(PROMPTS)] * 8).items()}
+        replayed = decode_static(gpu, other, seeds[::-1], cuda_graph=True, **kwargs)
+        assert torch.equal(replayed, decode_static(gpu, other, seeds[::-1], cuda_graph=False, **kwargs))
+        tokenizer = SimpleNamespace(eos_token_id=EOS, pad_token_id=PAD)
+        two = sample(gpu, tokenizer, enc, max_new_tokens=24, temperature=1.0, num_return_sequences=2, seed=3)
+        assert two.shape[0] == 64 and torch.equal(two, sample(gpu, tokenizer, enc, max_new_tokens=24,
+                                                              temperature=1.0, num_return_sequences=2, seed=3))
+    finally:
+        model.cpu()
