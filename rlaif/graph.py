@@ -69,7 +69,8 @@ STAGES: tuple[Stage, ...] = (
         description="train the preference (reward) model on the soft labels, DDP under torchrun",
         inputs=("label",),
         outputs=("model/ (HF directory, safetensors, reward_stats.json)", "metrics.jsonl"),
-        config_sections=("seed", "data", "train_rm"),  # data: the prompts' references grade the reward model
+        # data: the prompts' references grade the reward model; policy: its student samples the starting policy
+        config_sections=("seed", "data", "policy", "train_rm"),
         uses_prompts=True,
         resources=Resources(cpu=8, memory_gib=32, gpus=1, torchrun=True),
     ),

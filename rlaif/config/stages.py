@@ -10,6 +10,7 @@ from pydantic import Field, field_validator, model_validator
 from rlaif.config.base import Strict, no_credentials, runtime_field
 from rlaif.config.judges import JudgeSettings, JudgeSpec
 from rlaif.config.serving import ServeConfig, ServiceEndpoint
+from rlaif.config.student import StudentConfig
 
 
 class StorageConfig(Strict):
@@ -285,6 +286,8 @@ class TrainRMConfig(Strict):
     """Optimizer steps between checkpoints (0: none). A restarted stage resumes from the newest one."""
     keep_checkpoints: int = Field(2, ge=1)
     """Checkpoints kept; older ones are deleted."""
+    student: StudentConfig = StudentConfig()
+    """A distilled student reward model for PPO (off unless student.layers > 0)."""
 
 
 class PPOConfig(Strict):
@@ -364,6 +367,9 @@ class PPOConfig(Strict):
     """`reward_model`: the stage-3 reward model's normalised score. `judge` (d-RLAIF, Lee et al. 2023): label's judge
     scores each response alone in [-1, 1] (judges hf and rules) against a principle sampled per prompt; no reward
     model in the loop (stage 3 still runs, and evaluation still reports its score)."""
+    reward_model: Literal["teacher", "student"] = "teacher"
+    """With reward reward_model: score rollouts with the trained reward model (`teacher`) or its distilled student
+    (`student`, needs train_rm.student.layers > 0): a fraction of the scoring time, agreement in train_rm's summary."""
     reward_clip: float = Field(5.0, gt=0)
     """Clip normalised rewards to +-this."""
     missing_eos_penalty: float | None = Field(None, ge=0)
@@ -482,6 +488,12 @@ class PipelineConfig(Strict):
     """Experiment tracking while training (TensorBoard, MLflow, W&B)."""
     serve: ServeConfig = ServeConfig()
     """`rlaif serve`: the policy or the judge as a scalable completions service (no stage's cache key covers it)."""
+
+    @model_validator(mode="after")
+    def _student(self):
+        if self.ppo.reward_model == "student" and not self.train_rm.student.layers:
+            raise ValueError("ppo.reward_model=student needs a student: set train_rm.student.layers (e.g. 1)")
+        return self
 
     @field_validator("run_id")
     @classmethod

@@ -64,8 +64,17 @@ def reward_model(run: Run) -> Block:
             ["calibration MAE, mean |sigmoid(r_a - r_b) - p|", num(rm.get("held_out_calibration_mae"))],
             ["reward on training answers: mean / std", f"{num(rm.get('reward_mean'))} / {num(rm.get('reward_std'))}"],
             ["optimizer steps / pairs per second", steps]]
+    student = rm.get("student") or {}
+    if student:
+        size = num((student.get("parameters") or 0) / 1e6, ".1f")
+        rows += [[f"student ({student.get('layers')} layers, {size}M parameters): agreement with the teacher on "
+                  "held-out pairs", num(student.get("pairwise_agreement"))],
+                 ["student: Pearson / Spearman with the teacher's scores",
+                  f"{num(student.get('pearson'))} / {num(student.get('spearman'))}"],
+                 ["student: accuracy against the AI labels", num(student.get("held_out_accuracy"))]]
     return Block("Reward model", ["held-out quality", "value"], rows,
-                 note="From train_rm's manifest, on labelled pairs held out of training by a key-hash split.")
+                 note="From train_rm's manifest, on labelled pairs held out of training by a key-hash split"
+                      + ("; the student's agreement on prompts held out of its distillation." if student else "."))
 
 
 def _first_last(rows: list[dict], key: str) -> tuple:

@@ -278,6 +278,17 @@ def check_sizes(settings, world: int) -> None:
         raise UserError("ppo.async_rollout needs strategy ddp (an actor copy of sharded ZeRO weights is not supported)")
 
 
+def reward_model_dir(ctx: StageContext) -> Path:
+    """train_rm's reward model, or its distilled student (ppo.reward_model)."""
+    path = model_dir(ctx, "train_rm", "model")
+    if ctx.cfg.ppo.reward_model == "teacher":
+        return path
+    if not (path / "student" / "config.json").exists():
+        raise UserError("ppo.reward_model=student, but train_rm exported no student: re-run train_rm with "
+                        "train_rm.student.layers set")
+    return path / "student"
+
+
 def judge_scorer(cfg):
     """d-RLAIF: label's judge scores each response alone in [-1, 1], against a principle sampled per prompt."""
     from rlaif.judges import make_judge
@@ -366,7 +377,7 @@ def run(ctx: StageContext) -> dict:
     amp = autocast(device.type == "cuda" and settings.strategy == "ddp")  # DeepSpeed runs bf16 itself
 
     tokenizer, policy, reference_logits = build_policy(cfg, device)
-    reward_fn = (normalised_scorer(model_dir(ctx, "train_rm", "model"), device) if settings.reward == "reward_model"
+    reward_fn = (normalised_scorer(reward_model_dir(ctx), device) if settings.reward == "reward_model"
                  else judge_scorer(cfg))
     engine = make_engine(cfg, policy, device)
     adaptive = settings.adaptive_kl_target is not None and settings.algorithm == "ppo"

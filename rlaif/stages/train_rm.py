@@ -8,7 +8,9 @@ Data modes (`train_rm.data_split`):
   shard: each rank and DataLoader worker streams disjoint shards; ranks agree on the number of steps each epoch.
 Checkpoints every `checkpoint_every` steps (model, optimizer, schedule, RNG, data position) and resumes from the
 newest one on restart. Exports a Hugging Face directory (safetensors) with reward_stats.json (mean/std of rewards on
-the training pairs, which PPO uses to normalise), and reports held-out accuracy and calibration.
+the training pairs, which PPO uses to normalise), and reports held-out accuracy and calibration. With
+train_rm.student.layers, a smaller student distilled from it goes in model/student/ (a restarted stage distills
+again from the trained teacher).
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ from rlaif.io.shards import read_samples, shuffled, shuffled_stream
 from rlaif.judges.reference import CLEAR_MARGIN as CLEAR
 from rlaif.judges.reference import grader as reference_grader
 from rlaif.models import card
+from rlaif.models.distill import distill_student, save_student
 from rlaif.models.loading import resolve
 from rlaif.models.reward import batched_rewards, load_reward_model, reward
 from rlaif.progress import progress
@@ -137,6 +140,8 @@ def run(ctx: StageContext) -> dict:
     try:  # the exported weights are large: never left behind
         plain = export(ctx, engine, model, tokenizer, export_root / "model", rank, device)
         summary = evaluate_reward_model(ctx, plain.eval(), tokenizer, rank, world, device)
+        if settings.student.layers:
+            summary["student"] = distill(ctx, plain, tokenizer, summary, export_root / "model" / "student", device)
         summary.update(steps=step, seconds=seconds, samples_per_s=step * settings.batch_size / max(seconds, 1e-9),
                        world_size=world, replica_param_spread=replica_spread)
         result = publish(ctx, export_root / "model", metrics, summary) if rank == 0 else None
@@ -144,6 +149,19 @@ def run(ctx: StageContext) -> dict:
         shutil.rmtree(export_root, ignore_errors=True)
     dist.barrier()
     dist.teardown()
+    return result
+
+
+def distill(ctx: StageContext, teacher, tokenizer, summary: dict, out: Path, device) -> dict:
+    """train_rm.student: the distilled reward model (rlaif/models/distill.py), its agreement with the teacher and its
+    held-out accuracy against the AI labels; rank 0 exports it beside the teacher with the teacher's normalisation."""
+    labels = (checked(s) for s in read_samples(ctx.input_url("label"), ctx.inputs["label"]))
+    student, result = distill_student(ctx.cfg, labels, teacher, tokenizer, summary["reward_std"], device)
+    result["held_out_accuracy"] = evaluate_reward_model(ctx, student, tokenizer, dist.rank(), dist.world_size(),
+                                                        device)["held_out_accuracy"]
+    if dist.rank() == 0:
+        save_student(student, tokenizer, out, {"mean": summary["reward_mean"], "std": summary["reward_std"],
+                                               "max_length": result["max_length"]})
     return result
 
 
@@ -192,6 +210,11 @@ def publish(ctx: StageContext, export_dir: Path, metrics: Tracker, summary: dict
           f"({fmt(summary['held_out_accuracy_confident'])} on confident pairs, "
           f"{fmt(summary['held_out_reference_accuracy'])} against the reference judge), "
           f"{summary['samples_per_s']:.1f} pairs/s")
+    if "student" in summary:
+        student = summary["student"]
+        print(f"train_rm: student ({student['layers']} of the teacher's layers, {student['parameters'] / 1e6:.1f}M "
+              f"parameters) agrees with the teacher on {fmt(student['pairwise_agreement'])} of held-out pairs "
+              f"(Spearman {fmt(student['spearman'])}), held-out accuracy {fmt(student['held_out_accuracy'])}")
     return ctx.commit(files=files, num_samples=summary["train_pairs"], summary=summary)
 
 

@@ -4,11 +4,14 @@ them while one replica of each is killed; the pairs and labels are the ones a ru
 (same manifest digests), none lost, none twice."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -53,18 +56,39 @@ def ray_cluster(tmp_path_factory):
     """A Ray head on loopback for this module's services; stopped (with every process it started) at the end."""
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     port = free_port()
+    # Ray's session files (and the replicas' logs, which a failure shows) in a directory of this run's own; short,
+    # since Ray's Unix socket paths live under it (at most 107 bytes)
+    temp_dir = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
     started = subprocess.run([str(BIN / "ray"), "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1",
-                              "--num-cpus=8", "--include-dashboard=false", "--disable-usage-stats"],
+                              "--num-cpus=8", "--include-dashboard=false", "--disable-usage-stats",
+                              f"--temp-dir={temp_dir}"],
                              env=env, capture_output=True, text=True, timeout=180)
     assert started.returncode == 0, started.stderr[-2000:]
-    yield f"127.0.0.1:{port}"
+    yield RayCluster(f"127.0.0.1:{port}", temp_dir)
     subprocess.run([str(BIN / "ray"), "stop", "--force"], env=env, capture_output=True, timeout=120)
+    shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def replica_pids(base_url: str, want: int, timeout_s: float = 300) -> set[int]:
+@dataclass
+class RayCluster:
+    address: str
+    temp_dir: Path
+
+    def diagnosis(self, servers) -> str:
+        """What the `rlaif serve` drivers printed and the tail of Ray Serve's own logs (controller, proxy, replicas):
+        why a service did not come up, in the failure message rather than on a machine that is gone."""
+        parts = [f"--- {s.log.name} (exit {s.poll()}):\n{s.log.read_text()[-3000:]}" for s in servers]
+        for log in sorted(self.temp_dir.glob("session_*/logs/serve/*.log"))[-8:]:
+            parts.append(f"--- {log.name}:\n{log.read_text(errors='replace')[-1500:]}")
+        return "\n".join(parts)
+
+
+def replica_pids(base_url: str, want: int, cluster: RayCluster, servers, timeout_s: float = 300) -> set[int]:
     """The process ids of the replicas answering at base_url, once `want` distinct ones have answered."""
     seen, deadline = set(), time.time() + timeout_s
     while time.time() < deadline:
+        if any(s.poll() is not None for s in servers):
+            raise AssertionError(f"a service stopped before {base_url} answered\n{cluster.diagnosis(servers)}")
         try:
             with urllib.request.urlopen(base_url + "/models", timeout=10) as resp:
                 seen.add(int(resp.headers["x-rlaif-replica"]))
@@ -72,15 +96,19 @@ def replica_pids(base_url: str, want: int, timeout_s: float = 300) -> set[int]:
             time.sleep(0.5)
         if len(seen) >= want:
             return seen
-    raise AssertionError(f"{base_url} did not answer from {want} replicas within {timeout_s}s (saw {seen})")
+    raise AssertionError(f"{base_url} did not answer from {want} replicas within {timeout_s}s (saw {seen})\n"
+                         f"{cluster.diagnosis(servers)}")
 
 
-def serve(config, ray_address, model, prefix, port):
-    proc = subprocess.Popen([sys.executable, "-m", "rlaif", "serve", "--config", str(config), "--address",
-                             ray_address, "--set", f"serve.model={model}", "--set", "serve.replicas=2", "--set",
-                             f"serve.route_prefix={prefix}", "--set", f"serve.port={port}", "--set",
-                             "serve.cpus_per_replica=1"],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def serve(config, cluster: RayCluster, model, prefix, port, log_dir: Path):
+    log = log_dir / f"serve-{model}.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "rlaif", "serve", "--config", str(config), "--address",
+                                 cluster.address, "--set", f"serve.model={model}", "--set", "serve.replicas=2",
+                                 "--set", f"serve.route_prefix={prefix}", "--set", f"serve.port={port}", "--set",
+                                 "serve.cpus_per_replica=1"],
+                                cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True)
+    proc.log = log
     return proc
 
 
@@ -101,17 +129,16 @@ def labels_of(cfg, stage):
 
 
 @pytest.mark.slow
-def test_generate_and_label_through_ray_serve_with_a_replica_killed(config, ray_cluster):
+def test_generate_and_label_through_ray_serve_with_a_replica_killed(config, ray_cluster, tmp_path):
     for stage in ("generate", "label"):  # the reference: both models in-process
         done = rlaif("stage", stage, "--config", str(config), "--set", "run_id=local", timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
 
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    servers = [serve(config, ray_cluster, "policy", "/policy", port), serve(config, ray_cluster, "judge", "/judge",
-                                                                             port)]
+    servers = [serve(config, ray_cluster, model, f"/{model}", port, tmp_path) for model in ("policy", "judge")]
     try:
-        pids = {model: replica_pids(f"{base}/{model}/v1", 2) for model in ("policy", "judge")}
+        pids = {model: replica_pids(f"{base}/{model}/v1", 2, ray_cluster, servers) for model in ("policy", "judge")}
         served = ["--set", "run_id=served", "--set", "generate.backend=endpoint",
                   "--set", f"generate.endpoint.base_url={base}/policy/v1", "--set", "generate.endpoint.backoff_s=0.2",
                   "--set", f"label.hf.endpoint.base_url={base}/judge/v1", "--set", "label.hf.endpoint.backoff_s=0.2"]
@@ -126,7 +153,8 @@ def test_generate_and_label_through_ray_serve_with_a_replica_killed(config, ray_
             assert proc.returncode == 0, out[-3000:]
         # the killed replicas were replaced: a new process answers beside the survivor
         for model in ("policy", "judge"):
-            assert replica_pids(f"{base}/{model}/v1", 2) - pids[model], f"{model}: no replacement replica answered"
+            assert replica_pids(f"{base}/{model}/v1", 2, ray_cluster, servers) - pids[model], \
+                f"{model}: no replacement replica answered"
     finally:
         for server in servers:
             server.send_signal(signal.SIGINT)

@@ -182,3 +182,21 @@ def test_adafactor_trains_and_exports(upstream, tmp_path):
     checkpoint = run / "ppo/checkpoints/step-00000001/engine.pt"
     state = torch.load(checkpoint, weights_only=True)["optimizer"]["state"]
     assert any("exp_avg_sq_row" in s for s in state.values()) and not any("exp_avg" in s for s in state.values())
+
+
+def test_ppo_scores_with_the_distilled_student_when_asked(upstream, tmp_path):
+    run = copy_run(upstream, tmp_path, "student")
+    refused = launch_ppo(run, "ppo.reward_model=student", "ppo.iterations=1")
+    assert refused.returncode == 2 and "ppo.reward_model=student needs a student" in refused.stderr
+    student = ("train_rm.student.layers=1", "train_rm.student.max_prompts=8", "train_rm.student.max_new_tokens=6",
+               "train_rm.student.batch_size=8", "train_rm.student.epochs=1")
+    missing = launch_ppo(run, "ppo.reward_model=student", *student, "ppo.iterations=1")
+    assert missing.returncode == 2 and "train_rm exported no student" in missing.stderr, missing.stderr[-2000:]
+    distilled = subprocess.run([sys.executable, "-m", "rlaif", "launch", "train_rm", "--config", "configs/tiny.yaml",
+                                "--storage-root", f"file://{run.parent}", "--run-id", run.name,
+                                *(a for item in student for a in ("--set", item))],
+                               cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert distilled.returncode == 0, distilled.stderr[-3000:]
+    proc = launch_ppo(run, "ppo.reward_model=student", *student, "ppo.iterations=2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(rows_of(run)) == 2 and (run / "ppo/policy/config.json").exists()

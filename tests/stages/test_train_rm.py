@@ -176,3 +176,27 @@ def test_adafactor_trains_and_a_killed_run_resumes_to_its_weights(tmp_path, back
     expected, got = weights(tmp_path, "adafactor"), weights(tmp_path, "adafactor-crash")
     for name in expected:
         torch.testing.assert_close(got[name], expected[name], atol=1e-6, rtol=1e-6, msg=name)
+
+
+def test_a_distilled_student_is_exported_with_its_agreement(tmp_path, backbone):
+    from transformers import AutoConfig
+
+    from rlaif.models.reward import normalised_scorer
+
+    extra = ("train_rm.student.layers=1", "train_rm.student.max_prompts=24", "train_rm.student.max_new_tokens=8",
+             "train_rm.student.batch_size=16", "train_rm.student.epochs=3", "train_rm.student.lr=1e-3",
+             "train_rm.checkpoint_every=0")
+    proc = train(tmp_path, "student", backbone, 2, *extra)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    student = summary(tmp_path, "student")["student"]
+    assert student["layers"] == 1 and student["policy_samples"] == 48 and student["train_items"] > 300
+    assert student["parameters"] < student["teacher_parameters"]
+    # The teacher learned the topic rule; a student that learned nothing from it would agree on about half.
+    assert student["pairwise_agreement"] >= 0.8 and student["spearman"] >= 0.6, student
+    assert student["held_out_accuracy"] >= 0.8
+    path = tmp_path / "student/train_rm/model/student"
+    assert AutoConfig.from_pretrained(str(path)).num_hidden_layers == 1
+    score = normalised_scorer(path, torch.device("cpu"))
+    scores = score(["how do I get better at rice?"] * 2, ["here is help with rice today", "no idea about sleep sorry"])
+    assert scores[0] > scores[1]
+    assert "agrees with the teacher" in proc.stdout + proc.stderr
