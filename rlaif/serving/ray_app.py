@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
@@ -63,6 +64,23 @@ def build(args: dict):
     return application(parse_config(args["config"], "serveConfigV2 args.config"))
 
 
+def start_serve(settings, attempts: int = 5) -> None:
+    """Start Serve on the cluster, or join the Serve already there. Two `rlaif serve` (the policy's and the judge's)
+    starting at once on a fresh cluster race to create Serve's controller, a named actor that Ray creates without
+    get_if_exists: the loser gets ActorAlreadyExistsError (or, when both passed the name check, a dead actor) and, a
+    moment later, finds the winner's controller."""
+    from ray.exceptions import ActorAlreadyExistsError, RayActorError
+
+    for attempt in range(attempts):
+        try:
+            serve.start(http_options={"host": settings.host, "port": settings.port})
+            return
+        except (ActorAlreadyExistsError, RayActorError):
+            if attempt == attempts - 1:
+                raise
+            time.sleep(1.0 + attempt)
+
+
 def run(cfg: PipelineConfig, address: str | None) -> None:
     """Start Ray (or join the cluster at `address`), deploy the service and block until SIGINT/SIGTERM; then remove
     it (and stop Ray when this process started it)."""
@@ -70,7 +88,7 @@ def run(cfg: PipelineConfig, address: str | None) -> None:
 
     settings = cfg.serve
     ray.init(address=address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
-    serve.start(http_options={"host": settings.host, "port": settings.port})
+    start_serve(settings)
     serve.run(application(cfg), name=settings.service_name, route_prefix=settings.route_prefix, blocking=False)
     replicas = (f"{settings.min_replicas}-{settings.max_replicas} replicas (autoscaling)" if settings.autoscale
                 else f"{settings.replicas} replica{'s' * (settings.replicas > 1)}")

@@ -121,6 +121,34 @@ def test_the_rayservice_builder_applies_the_serve_section():
     assert scaled._deployment_config.autoscaling_config.max_replicas == 4
 
 
+def test_a_service_that_loses_the_race_for_serves_controller_joins_the_winner(monkeypatch):
+    """Two `rlaif serve` starting at once on a fresh cluster: the second finds Serve's controller name taken (Ray
+    creates it without get_if_exists); it must join that controller, not exit. Other errors still surface."""
+    from ray.exceptions import ActorAlreadyExistsError
+
+    from rlaif.serving import ray_app
+
+    calls = []
+
+    def start(http_options):
+        calls.append(http_options)
+        if len(calls) == 1:
+            raise ActorAlreadyExistsError("The name SERVE_CONTROLLER_ACTOR (namespace=serve) is already taken.")
+
+    monkeypatch.setattr(ray_app.serve, "start", start)
+    monkeypatch.setattr(ray_app.time, "sleep", lambda seconds: None)
+    settings = served_config().serve
+    ray_app.start_serve(settings)
+    assert calls == [{"host": settings.host, "port": settings.port}] * 2
+
+    def broken(http_options):
+        raise TimeoutError("HTTP proxies not available after 10s.")
+
+    monkeypatch.setattr(ray_app.serve, "start", broken)
+    with pytest.raises(TimeoutError):
+        ray_app.start_serve(settings)
+
+
 def test_deployment_service_and_hpa_manifests():
     plain = manifests.deployment(served_config(), CLUSTER)
     assert [d["kind"] for d in plain] == ["ConfigMap", "Deployment", "Service"]  # no HPA without autoscale
