@@ -7,7 +7,8 @@ num_iterations=2, steps_per_generation=4), KL weight 0.05 as a loss term (k3 in 
 (TRL loss_type="grpo"), group-std-scaled advantages (both). One process each with the same threads; medians over
 --trials. TRL runs from .venv-bench (trl 1.16; 1.12's GRPOTrainer needs packages its environment lacks).
 
-    .venv-bench/bin/python bench/bench_grpo.py --trials 3 --iterations 6
+    .venv-bench/bin/python bench/bench_grpo.py --trials 3 --iterations 6 [--size h512x8] [--lora-rank 0]
+        [--fixed-length]
 """
 from __future__ import annotations
 
@@ -17,17 +18,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_ppo import (  # noqa: E402
     EPOCHS,
-    LORA_RANK,
     LR,
     MINIBATCH,
-    OVERRIDES,
     RESPONSE_LEN,
     ROLLOUT,
+    bench_overrides,
     cli,
     ours_setup,
     prompts,
     shared_models,
+    trl_peft_config,
 )
+from common import mark_import_baseline  # noqa: E402
 
 from rlaif.distributed import clock  # noqa: E402
 
@@ -35,36 +37,40 @@ GROUP = 4
 KL = 0.05
 
 
-def worker_ours(work: Path, iterations: int, size: str) -> dict:
+def worker_ours(a) -> dict:
+    import transformers  # noqa: F401  (the import baseline: what TRL's worker imports too, before its models)
+
     from rlaif.io.prompts import split
     from rlaif.stages import ppo
 
-    policy_dir, rm_dir = shared_models(work, size)
-    cfg, device, tokenizer, policy, reference_logits, reward_fn, engine, amp = ours_setup(
-        [*OVERRIDES, f"policy.model={policy_dir}", "ppo.algorithm=grpo", f"ppo.group_size={GROUP}",
+    mark_import_baseline()
+    iterations = a.iterations
+    policy_dir, rm_dir = shared_models(Path(a.work), a.size)
+    cfg, device, tokenizer, policy, reference_logprobs, reward_fn, engine, amp = ours_setup(
+        [*bench_overrides(a), f"policy.model={policy_dir}", "ppo.algorithm=grpo", f"ppo.group_size={GROUP}",
          "ppo.kl_estimator=k3", f"ppo.kl_coef={KL}"], rm_dir)
     rows, per_iteration = split(cfg.data, "train"), ROLLOUT // GROUP
     start = clock()
     for it in range(iterations):
         chunk = [rows[(it * per_iteration + k) % len(rows)] for k in range(per_iteration)]
-        batch, _, _ = ppo.rollout(cfg, policy, reference_logits, tokenizer, reward_fn, chunk, seed=it, device=device,
+        batch, _, _ = ppo.rollout(cfg, policy, reference_logprobs, tokenizer, reward_fn, chunk, seed=it, device=device,
                                   kl_coef=KL, amp=amp)
         ppo.update(cfg, engine, ppo.whiten_advantages(cfg, batch), seed=it, kl_coef=KL, amp=amp)
     seconds = clock() - start
     return {"iterations_per_s": iterations / seconds, "samples_per_s": iterations * ROLLOUT / seconds}
 
 
-def worker_trl(work: Path, iterations: int, size: str) -> dict:
+def worker_trl(a) -> dict:
     import torch
     from datasets import Dataset
-    from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
     from trl import GRPOConfig, GRPOTrainer
 
     from rlaif.distributed import avoid_per_shape_attention_plans
     from rlaif.models.loading import load_tokenizer
-    from rlaif.stages.ppo import LORA_TARGETS
 
+    mark_import_baseline()
+    work, iterations, size = Path(a.work), a.iterations, a.size
     avoid_per_shape_attention_plans()  # the same attention backends as ours (ours_setup), a PyTorch setting
     policy_dir, rm_dir = shared_models(work, size)
     tok = load_tokenizer(policy_dir, padding_side="left")
@@ -78,12 +84,13 @@ def worker_trl(work: Path, iterations: int, size: str) -> dict:
                       report_to=[], save_strategy="no", logging_steps=10**6, disable_tqdm=True,
                       dataloader_num_workers=0,
                       bf16=torch.cuda.is_available(), fp16=False, use_cpu=not torch.cuda.is_available(),
+                      generation_kwargs={"min_new_tokens": RESPONSE_LEN} if a.fixed_length else None,
                       gradient_checkpointing=False)  # TRL's default recomputes activations; rlaif does not
     trainer = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(str(policy_dir)), args=args, processing_class=tok,
         reward_funcs=AutoModelForSequenceClassification.from_pretrained(str(rm_dir)), reward_processing_classes=rm_tok,
         train_dataset=Dataset.from_dict({"prompt": prompts(ROLLOUT * iterations)}),
-        peft_config=LoraConfig(r=LORA_RANK, lora_alpha=2 * LORA_RANK, lora_dropout=0.0, target_modules=LORA_TARGETS),
+        peft_config=trl_peft_config(a),
     )
     start = clock()
     trainer.train()

@@ -8,7 +8,13 @@ threads. TRL adds its own critic (a second Llama with a score head, as its PPOTr
 head on the policy's backbone. Each trainer runs in its own process, so its peak memory (RSS on CPUs, allocated GPU
 memory on GPUs) is its own. On a GPU both run bf16 autocast. Medians over --trials.
 
-    .venv-bench-ppo/bin/python bench/bench_ppo.py --trials 3 --iterations 6
+    .venv-bench-ppo/bin/python bench/bench_ppo.py --trials 3 --iterations 6 [--size h512x8] [--lora-rank 0]
+        [--fixed-length]
+
+--lora-rank 0 trains all weights (the reference is a frozen copy in both); --fixed-length makes every response
+max_new_tokens long in both (no stop at EOS), so both sample the same number of tokens whatever the policy.
+Memory: each worker's peak RSS, and its peak above the RSS it had once its imports were done (the trainers import
+different libraries).
 """
 from __future__ import annotations
 
@@ -17,15 +23,28 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import compare_iterations, report_result  # noqa: E402
+from common import compare_iterations, mark_import_baseline, report_result  # noqa: E402
 
 from rlaif.distributed import clock  # noqa: E402
 
-ROLLOUT, MINIBATCH, EPOCHS, RESPONSE_LEN, LORA_RANK, LR = 64, 16, 2, 48, 16, 1e-3
+ROLLOUT, MINIBATCH, EPOCHS, RESPONSE_LEN, LR = 64, 16, 2, 48, 1e-3
 OVERRIDES = [f"ppo.rollout_batch_size={ROLLOUT}", f"ppo.minibatch_size={MINIBATCH}", f"ppo.ppo_epochs={EPOCHS}",
-             f"ppo.max_new_tokens={RESPONSE_LEN}", f"ppo.lora_rank={LORA_RANK}", f"ppo.lr={LR}",
-             "ppo.checkpoint_every=0",
+             f"ppo.max_new_tokens={RESPONSE_LEN}", f"ppo.lr={LR}", "ppo.checkpoint_every=0",
              "ppo.temperature=1.0"]  # both trainers sample at 1.0 (TRL's worker passes temperature=1.0)
+
+
+def bench_overrides(a) -> list[str]:
+    """OVERRIDES plus the run's LoRA rank and response-length mode."""
+    return [*OVERRIDES, f"ppo.lora_rank={a.lora_rank}", f"ppo.fixed_length={str(a.fixed_length).lower()}"]
+
+
+def trl_peft_config(a):
+    from peft import LoraConfig
+
+    from rlaif.models.policy import LORA_TARGETS
+
+    return (LoraConfig(r=a.lora_rank, lora_alpha=2 * a.lora_rank, lora_dropout=0.0, target_modules=LORA_TARGETS)
+            if a.lora_rank else None)
 
 
 SIZES = {"demo": None, "h128x2": (128, 2, 4, 384), "h256x4": (256, 4, 4, 768), "h512x8": (512, 8, 8, 1536),
@@ -81,12 +100,13 @@ def ours_setup(overrides: list[str], rm_dir: Path):
     from rlaif import distributed as dist
     from rlaif.config import load_config
     from rlaif.models.loading import load_tokenizer
+    from rlaif.models.policy import build_policy
     from rlaif.stages import ppo
 
     cfg = load_config("configs/demo.yaml", overrides)
     dist.avoid_per_shape_attention_plans()  # as run_stage does for every stage
     _, _, device = dist.setup()
-    tokenizer, policy, reference_logits = ppo.build_policy(cfg, device)
+    tokenizer, policy, reference_logprobs = build_policy(cfg, device)
     rm = AutoModelForSequenceClassification.from_pretrained(str(rm_dir)).to(device).eval().requires_grad_(False)
     rm_tok = load_tokenizer(rm_dir, padding_side="right")
     amp = ppo.autocast(device.type == "cuda")  # bf16 on GPUs, as the stage does (and as TRL's bf16=True does)
@@ -98,38 +118,41 @@ def ours_setup(overrides: list[str], rm_dir: Path):
             return rm(**enc).logits.squeeze(-1).float()
 
     engine = ppo.make_engine(cfg, policy, device)
-    return cfg, device, tokenizer, policy, reference_logits, reward_fn, engine, amp
+    return cfg, device, tokenizer, policy, reference_logprobs, reward_fn, engine, amp
 
 
-def worker_ours(work: Path, iterations: int, size: str) -> dict:
+def worker_ours(a) -> dict:
+    import transformers  # noqa: F401  (the import baseline: what TRL's worker imports too, before its models)
+
     from rlaif.io.prompts import split
     from rlaif.stages import ppo
 
-    policy_dir, rm_dir = shared_models(work, size)
-    cfg, device, tokenizer, policy, reference_logits, reward_fn, engine, amp = ours_setup(
-        [*OVERRIDES, f"policy.model={policy_dir}"], rm_dir)  # the demo settings + OVERRIDES: DDP, constant LR
-    rows = split(cfg.data, "train")
+    mark_import_baseline()
+    policy_dir, rm_dir = shared_models(Path(a.work), a.size)
+    cfg, device, tokenizer, policy, reference_logprobs, reward_fn, engine, amp = ours_setup(
+        [*bench_overrides(a), f"policy.model={policy_dir}"], rm_dir)  # the demo settings + OVERRIDES: DDP, const LR
+    rows, iterations = split(cfg.data, "train"), a.iterations
     start = clock()
     for it in range(iterations):
         chunk = [rows[(it * ROLLOUT + k) % len(rows)] for k in range(ROLLOUT)]
-        batch, _, _ = ppo.rollout(cfg, policy, reference_logits, tokenizer, reward_fn, chunk, seed=it, device=device,
+        batch, _, _ = ppo.rollout(cfg, policy, reference_logprobs, tokenizer, reward_fn, chunk, seed=it, device=device,
                                   kl_coef=cfg.ppo.kl_coef, amp=amp)
         ppo.update(cfg, engine, ppo.whiten_advantages(cfg, batch), seed=it, kl_coef=cfg.ppo.kl_coef, amp=amp)
     seconds = clock() - start
     return {"iterations_per_s": iterations / seconds, "samples_per_s": iterations * ROLLOUT / seconds}
 
 
-def worker_trl(work: Path, iterations: int, size: str) -> dict:
+def worker_trl(a) -> dict:
     import torch
     from datasets import Dataset
-    from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
     from trl.experimental.ppo import PPOConfig, PPOTrainer
 
     from rlaif.distributed import avoid_per_shape_attention_plans
     from rlaif.models.loading import load_tokenizer
-    from rlaif.stages.ppo import LORA_TARGETS
 
+    mark_import_baseline()
+    work, iterations, size = Path(a.work), a.iterations, a.size
     avoid_per_shape_attention_plans()  # the same attention backends as ours (ours_setup), a PyTorch setting
     policy_dir, rm_dir = shared_models(work, size)
     tok = load_tokenizer(policy_dir, padding_side="left")
@@ -138,7 +161,8 @@ def worker_trl(work: Path, iterations: int, size: str) -> dict:
     args = PPOConfig(output_dir=str(work / "trl-ppo-out"), per_device_train_batch_size=ROLLOUT,
                      gradient_accumulation_steps=1, num_mini_batches=ROLLOUT // MINIBATCH, num_ppo_epochs=EPOCHS,
                      local_rollout_forward_batch_size=ROLLOUT, total_episodes=ROLLOUT * iterations,
-                     response_length=RESPONSE_LEN, learning_rate=LR, stop_token="eos",
+                     response_length=RESPONSE_LEN, learning_rate=LR,
+                     stop_token=None if a.fixed_length else "eos",  # None: no EOS in generate (fixed length)
                      num_sample_generations=0, report_to=[], save_strategy="no", logging_steps=10**6,
                      use_cpu=not torch.cuda.is_available(), bf16=torch.cuda.is_available(), fp16=False,
                      dataloader_num_workers=0, disable_tqdm=True, kl_coef=0.05, vf_coef=0.1,
@@ -149,7 +173,7 @@ def worker_trl(work: Path, iterations: int, size: str) -> dict:
         reward_model=AutoModelForSequenceClassification.from_pretrained(str(rm_dir)),
         value_model=AutoModelForSequenceClassification.from_pretrained(str(rm_dir)),
         train_dataset=Dataset.from_dict({"input_ids": ids}),
-        peft_config=LoraConfig(r=LORA_RANK, lora_alpha=2 * LORA_RANK, lora_dropout=0.0, target_modules=LORA_TARGETS),
+        peft_config=trl_peft_config(a),
     )
     start = clock()
     trainer.train()
@@ -165,15 +189,20 @@ def cli(script: str, workers: dict, algorithm: str, ours: str, peer: str) -> Non
     p.add_argument("--worker", choices=list(workers))
     p.add_argument("--work", default="runs")
     p.add_argument("--size", choices=list(SIZES), default="demo", help="policy size (h512x8: 28M parameters)")
+    p.add_argument("--lora-rank", type=int, default=16, help="0: all weights trained")
+    p.add_argument("--fixed-length", action="store_true", help="every response max_new_tokens long (no EOS stop)")
     a = p.parse_args()
     if a.worker:
-        report_result(workers[a.worker](Path(a.work), a.iterations, a.size))
+        report_result(workers[a.worker](a))
         return
     import trl
 
+    passed = ["--lora-rank", str(a.lora_rank), *(["--fixed-length"] if a.fixed_length else [])]
+    weights = f"LoRA r{a.lora_rank}" if a.lora_rank else "all weights"
     compare_iterations(script, a, lambda: shared_models(Path(a.work), a.size),
-                       f"{algorithm} iteration vs {peer} (policy {a.size}; trl {trl.__version__}; median of {a.trials} "
-                       f"trials of {a.iterations} iterations)", ours, peer)
+                       f"{algorithm} iteration vs {peer} (policy {a.size}, {weights}"
+                       f"{', fixed-length responses' if a.fixed_length else ''}; trl {trl.__version__}; median of "
+                       f"{a.trials} trials of {a.iterations} iterations)", ours, peer, passed)
 
 
 def main() -> None:

@@ -40,14 +40,14 @@ def worker(work: Path, point_name: str, iterations: int) -> dict:
     size, batch_size, tokens = point_name.split(",")
     batch_size, tokens = int(batch_size), int(tokens)
     policy_dir, rm_dir = shared_models(work, size)
-    cfg, device, tokenizer, policy, reference_logits, reward_fn, engine, amp = ours_setup([
+    cfg, device, tokenizer, policy, reference_logprobs, reward_fn, engine, amp = ours_setup([
         f"policy.model={policy_dir}", f"ppo.rollout_batch_size={batch_size}", "ppo.minibatch_size=16",
         f"ppo.ppo_epochs={EPOCHS}", f"ppo.max_new_tokens={tokens}", f"ppo.lora_rank={LORA_RANK}", f"ppo.lr={LR}",
         "ppo.checkpoint_every=0"], rm_dir)
     rows, per_iteration = split(cfg.data, "train"), []
     for it in range(iterations + 1):  # the first is a warm-up
         chunk = [rows[(it * batch_size + k) % len(rows)] for k in range(batch_size)]
-        batch, _, timings = ppo.rollout(cfg, policy, reference_logits, tokenizer, reward_fn, chunk, seed=it,
+        batch, _, timings = ppo.rollout(cfg, policy, reference_logprobs, tokenizer, reward_fn, chunk, seed=it,
                                         device=device, kl_coef=cfg.ppo.kl_coef, amp=amp)
         start = clock()
         ppo.update(cfg, engine, ppo.whiten_advantages(cfg, batch), seed=it, kl_coef=cfg.ppo.kl_coef, amp=amp)

@@ -22,7 +22,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from rlaif import distributed as dist
 from rlaif.config import load_config
-from rlaif.models.generation import token_logprobs
+from rlaif.models.policy import LORA_TARGETS, PolicyWithValue
 from rlaif.stages import ppo
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -64,8 +64,8 @@ def policy_of_size(hidden, layers, heads, intermediate, lora_rank):
                                       max_position_embeddings=PROMPT_LEN + RESPONSE_LEN,
                                       tie_word_embeddings=True))
     if lora_rank:
-        lm = get_peft_model(lm, LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, target_modules=ppo.LORA_TARGETS))
-    return ppo.PolicyWithValue(lm, hidden).to(dist.local_device())
+        lm = get_peft_model(lm, LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, target_modules=LORA_TARGETS))
+    return PolicyWithValue(lm, hidden, temperature=1.0).to(dist.local_device())
 
 
 def batch_for(policy) -> dict:
@@ -77,8 +77,7 @@ def batch_for(policy) -> dict:
                  returns=torch.randn(ROLLOUT, RESPONSE_LEN, generator=g))
     batch = {k: v.to(dist.local_device()) for k, v in batch.items()}
     with torch.no_grad():
-        logits, values = policy(batch["prompt_ids"], batch["prompt_mask"], batch["responses"], batch["mask"])
-    logprobs = token_logprobs(logits, batch["responses"])
+        logprobs, _, values = policy(batch["prompt_ids"], batch["prompt_mask"], batch["responses"], batch["mask"])
     return dict(batch, old_logprobs=logprobs, ref_logprobs=logprobs, old_values=values.float())
 
 

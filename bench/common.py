@@ -14,10 +14,22 @@ from collections.abc import Callable
 
 import torch
 
+_baseline_rss_mib: float | None = None
+
+
+def mark_import_baseline() -> None:
+    """Called by a worker once its imports are done, before it builds anything: the RSS that the runtime and the
+    libraries cost, which the peak above it excludes (the trainers import different libraries)."""
+    global _baseline_rss_mib
+    _baseline_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
 
 def report_result(result: dict) -> None:
-    """Called at the end of a worker process: its result plus its own peak RSS, on one parseable line."""
+    """Called at the end of a worker process: its result plus its own peak RSS (and the peak above its import
+    baseline, when marked), on one parseable line."""
     result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if _baseline_rss_mib is not None:
+        result["rss_above_baseline_mib"] = result["peak_rss_mib"] - _baseline_rss_mib
     if torch.cuda.is_available():
         result["peak_gpu_mib"] = torch.cuda.max_memory_allocated() / 2**20
     print("RESULT " + json.dumps(result), flush=True)
@@ -38,11 +50,15 @@ def side_by_side(script: str, workers: tuple[str, ...], trials: int, args: list[
                 sys.exit(f"{who} failed:\n{out.stderr[-4000:]}")
             results[who].append(json.loads(line[0][7:]))
             print(f"trial {trial + 1} {who}: {results[who][-1]}", flush=True)
-    return {w: {k: statistics.median(r[k] for r in rs) for k in (*keys, *MEMORY_KEYS) if k in rs[0]}
-            for w, rs in results.items()}
+    medians = {w: {k: statistics.median(r[k] for r in rs) for k in (*keys, *MEMORY_KEYS) if k in rs[0]}
+               for w, rs in results.items()}
+    for w, rs in results.items():  # the spread of each median, for the tables
+        medians[w]["range"] = {k: f"{min(r[k] for r in rs):.3g}-{max(r[k] for r in rs):.3g}"
+                               for k in (*keys, *MEMORY_KEYS) if k in rs[0]}
+    return medians
 
 
-MEMORY_KEYS = ("peak_rss_mib", "peak_gpu_mib")
+MEMORY_KEYS = ("peak_rss_mib", "rss_above_baseline_mib", "peak_gpu_mib")
 
 
 def peak_memory_key() -> tuple[str, str]:
@@ -71,22 +87,33 @@ def timed(fn: Callable[[], object], trials: int) -> float:
     return statistics.median(times)
 
 
-def compare_iterations(script: str, a, prepare: Callable[[], None], title: str, ours: str, peer: str) -> None:
+def compare_iterations(script: str, a, prepare: Callable[[], None], title: str, ours: str, peer: str,
+                       passed: list[str] = ()) -> None:
     """Side-by-side RL iterations/s and peak memory of workers 'ours' and 'trl' (medians), appended to BENCHMARKS.md."""
     from pathlib import Path
 
     Path(a.work).mkdir(exist_ok=True)
     prepare()
     med = side_by_side(script, ("ours", "trl"), a.trials,
-                       ["--work", a.work, "--iterations", str(a.iterations), "--size", a.size],
+                       ["--work", a.work, "--iterations", str(a.iterations), "--size", a.size, *passed],
                        ("iterations_per_s", "samples_per_s"))
     o, t = med["ours"], med["trl"]
     mem, mem_title = peak_memory_key()
-    append(title, "\n".join([
-        f"| trainer | iterations/s | samples/s | {mem_title} |", "|---|---|---|---|",
-        f"| {ours} | {o['iterations_per_s']:.3f} | {o['samples_per_s']:.1f} | {o[mem]:.0f} |",
-        f"| {peer} | {t['iterations_per_s']:.3f} | {t['samples_per_s']:.1f} | {t[mem]:.0f} |",
-        f"| ratio (rlaif / TRL) | {o['iterations_per_s'] / t['iterations_per_s']:.2f}x | | {o[mem] / t[mem]:.2f}x |"]))
+    above = mem == "peak_rss_mib" and "rss_above_baseline_mib" in o
+    extra_title, extra_rule = (" | peak RSS above the import baseline (MiB)", "|---") if above else ("", "")
+
+    def row(name: str, r: dict) -> str:
+        speed = f"{r['iterations_per_s']:.3f} ({r['range']['iterations_per_s']})" if "range" in r else \
+            f"{r['iterations_per_s']:.3f}"
+        return (f"| {name} | {speed} | {r['samples_per_s']:.1f} | {r[mem]:.0f}"
+                + (f" | {r['rss_above_baseline_mib']:.0f} ({r['range']['rss_above_baseline_mib']})" if above else "")
+                + " |")
+
+    ratio = (f"| ratio (rlaif / TRL) | {o['iterations_per_s'] / t['iterations_per_s']:.2f}x | | "
+             f"{o[mem] / t[mem]:.2f}x" + (f" | {o['rss_above_baseline_mib'] / t['rss_above_baseline_mib']:.2f}x"
+                                          if above else "") + " |")
+    append(title, "\n".join([f"| trainer | iterations/s (range) | samples/s | {mem_title}{extra_title} |",
+                             f"|---|---|---|---{extra_rule}|", row(ours, o), row(peer, t), ratio]))
 
 
 def publish(title: str, table: str, to_benchmarks: bool) -> None:

@@ -111,14 +111,14 @@ def worker_ppo(work: Path, optimizer: str) -> dict:
     from rlaif.stages import ppo
 
     policy_dir, rm_dir = shared_models(work, SIZE)
-    cfg, device, tokenizer, policy, reference_logits, reward_fn, engine, amp = ours_setup([
+    cfg, device, tokenizer, policy, reference_logprobs, reward_fn, engine, amp = ours_setup([
         f"policy.model={policy_dir}", f"ppo.rollout_batch_size={ROLLOUT}", f"ppo.minibatch_size={MINIBATCH}",
         "ppo.ppo_epochs=1", f"ppo.max_new_tokens={RESPONSE_LEN}", "ppo.lora_rank=0", "ppo.checkpoint_every=0",
         f"ppo.optimizer={optimizer}"], rm_dir)
     rows = split(cfg.data, "train")
     for it in range(PPO_ITERATIONS):
         chunk = [rows[(it * ROLLOUT + k) % len(rows)] for k in range(ROLLOUT)]
-        batch, _, _ = ppo.rollout(cfg, policy, reference_logits, tokenizer, reward_fn, chunk, seed=it, device=device,
+        batch, _, _ = ppo.rollout(cfg, policy, reference_logprobs, tokenizer, reward_fn, chunk, seed=it, device=device,
                                   kl_coef=cfg.ppo.kl_coef, amp=amp)
         ppo.update(cfg, engine, ppo.whiten_advantages(cfg, batch), seed=it, kl_coef=cfg.ppo.kl_coef, amp=amp)
     return {"state_mib": state_mib(engine.optimizer), "train_rss_above_imports_mib": rss_mib() - baseline}

@@ -132,11 +132,6 @@ def group_advantages(scores: torch.Tensor, group_size: int, mask: torch.Tensor, 
     return relative[:, None] * mask
 
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    logp = torch.log_softmax(logits, dim=-1)
-    return -(logp.exp() * logp).sum(-1)
-
-
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
     var_r = masked_mean((returns - masked_mean(returns, mask)).square(), mask)
     resid = returns - values

@@ -1,10 +1,12 @@
 """Sampling and log-probs for causal LMs with left-padded prompts and right-padded responses."""
 from __future__ import annotations
 
+import inspect
 import os
 
 import torch
 
+from rlaif.algo.logprobs import chosen_logprobs
 from rlaif.errors import UserError
 from rlaif.models.decode import decode_static, supports_static_decode
 
@@ -166,15 +168,58 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def response_logits_and_hidden(model, prompt_ids, prompt_mask, responses, resp_mask, want_hidden: bool = False):
-    """Logits predicting each response token ([B, T, V]) and, optionally, the hidden states at those positions."""
+    """Logits predicting each response token ([B, T, V]) and, optionally, the hidden states at those positions (the
+    model's output layer is applied to the response positions only)."""
     input_ids = torch.cat([prompt_ids, responses], dim=1)
     attention = torch.cat([prompt_mask, resp_mask], dim=1)
+    keep = {"logits_to_keep": responses.shape[1] + 1} if _keeps_logits(model) else {}
     out = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids(attention),
-                output_hidden_states=want_hidden, use_cache=False)
+                output_hidden_states=want_hidden, use_cache=False, **keep)
     p = prompt_ids.shape[1]
-    logits = out.logits[:, p - 1 : -1]
+    logits = out.logits[:, -responses.shape[1] - 1 : -1]
     hidden = out.hidden_states[-1][:, p - 1 : -1] if want_hidden else None
     return logits, hidden
+
+
+def _keeps_logits(model) -> bool:
+    forward = model.get_base_model().forward if hasattr(model, "get_base_model") else model.forward
+    return "logits_to_keep" in inspect.signature(forward).parameters
+
+
+# Architectures whose logits are exactly lm_head(backbone output): no softcapping or logit scaling after the head.
+PLAIN_HEADS = {"llama", "mistral", "qwen2", "qwen3", "gpt2", "phi3"}
+
+
+def backbone_and_head(model):
+    """(backbone, output layer) when the logits are a plain nn.Linear of the backbone's last hidden state, else None
+    (other architectures, a LoRA-wrapped head, or a head that ZeRO-3 partitions and only its own forward gathers)."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
+    if (getattr(inner.config, "model_type", None) not in PLAIN_HEADS or type(head) is not torch.nn.Linear
+            or hasattr(head.weight, "ds_id")):
+        return None
+    return getattr(inner, inner.base_model_prefix), head
+
+
+def response_logprobs(model, prompt_ids, prompt_mask, responses, resp_mask, temperature: float = 1.0,
+                      want_hidden: bool = False):
+    """(log p(response token), entropy) per response position [B, T] in fp32, under the distribution sampled at
+    `temperature`, plus the backbone's last hidden states there [B, T, H] when asked. Where the head is plain, the
+    logits never exist for the whole batch (rlaif/algo/logprobs.py); entropy carries no gradient."""
+    parts = backbone_and_head(model)
+    if parts is None:
+        logits, hidden = response_logits_and_hidden(model, prompt_ids, prompt_mask, responses, resp_mask, want_hidden)
+        logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+        with torch.no_grad():
+            entropy = -(logp.exp() * logp).sum(-1)
+        return logp.gather(-1, responses.unsqueeze(-1)).squeeze(-1), entropy, hidden
+    backbone, head = parts
+    input_ids = torch.cat([prompt_ids, responses], dim=1)
+    attention = torch.cat([prompt_mask, resp_mask], dim=1)
+    out = backbone(input_ids=input_ids, attention_mask=attention, position_ids=position_ids(attention), use_cache=False)
+    hidden = out.last_hidden_state[:, prompt_ids.shape[1] - 1 : -1]
+    logprobs, entropy = chosen_logprobs(hidden, head.weight, head.bias, responses, temperature)
+    return logprobs, entropy, hidden if want_hidden else None
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

@@ -31,10 +31,9 @@ from rlaif.models.generation import (
     decode,
     encode_prompts,
     format_prompts,
-    response_logits_and_hidden,
+    response_logprobs,
     response_mask,
     sample,
-    token_logprobs,
 )
 from rlaif.models.loading import load_causal_lm, load_policy
 from rlaif.models.reward import normalised_scorer
@@ -77,8 +76,8 @@ def kl_to_reference(tuned, reference, batches, temperature) -> tuple[float, floa
     seq_kl, tokens = [], 0.0
     for enc, resp, mask, _ in batches:
         args = (enc["input_ids"], enc["attention_mask"], resp, mask)
-        lp = token_logprobs(response_logits_and_hidden(tuned, *args)[0], resp, temperature)
-        ref = token_logprobs(response_logits_and_hidden(reference, *args)[0], resp, temperature)
+        lp = response_logprobs(tuned, *args, temperature)[0]
+        ref = response_logprobs(reference, *args, temperature)[0]
         seq_kl.append(((lp - ref) * mask).sum(1))
         tokens += mask.sum().item()
     total = torch.cat(seq_kl)

@@ -33,63 +33,15 @@ from rlaif.models.generation import (
     encode_prompts,
     fixed_length_tokens,
     format_prompts,
-    response_logits_and_hidden,
     response_mask,
     sample,
-    token_logprobs,
 )
-from rlaif.models.loading import load_policy
+from rlaif.models.policy import PolicyWithValue, build_policy
 from rlaif.models.reward import normalised_scorer
 from rlaif.progress import progress
 from rlaif.stages.common import StageContext, model_dir
 from rlaif.tracking import Tracker
 from rlaif.training import Checkpoints, Engine
-
-LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-class PolicyWithValue(nn.Module):
-    """The policy LM plus a scalar value head on its last hidden state (one backbone pass for both)."""
-
-    def __init__(self, lm: nn.Module, hidden_size: int):
-        super().__init__()
-        self.lm = lm
-        self.value_head = nn.Linear(hidden_size, 1)
-        nn.init.zeros_(self.value_head.weight)
-        nn.init.zeros_(self.value_head.bias)
-
-    def forward(self, prompt_ids, prompt_mask, responses, resp_mask):
-        logits, hidden = response_logits_and_hidden(self.lm, prompt_ids, prompt_mask, responses, resp_mask,
-                                                    want_hidden=True)
-        return logits, self.value_head(hidden).squeeze(-1)
-
-
-def build_policy(cfg, device):
-    """(tokenizer, trainable PolicyWithValue, reference_logits(policy, *inputs)). LoRA: the reference is the adapter
-    disabled; all weights: a frozen copy."""
-    settings = cfg.ppo
-    tokenizer, lm = load_policy(cfg.policy)
-    torch.manual_seed(cfg.seed)  # the same adapter and value-head initialisation whether or not the policy was cached
-    if settings.lora_rank > 0:
-        from peft import LoraConfig, get_peft_model
-
-        targets = [t for t in LORA_TARGETS if any(n.endswith(t) for n, _ in lm.named_modules())]
-        lm = get_peft_model(lm, LoraConfig(r=settings.lora_rank, lora_alpha=settings.lora_alpha, lora_dropout=0.0,
-                                           target_modules=targets))
-
-        def reference_logits(policy, *args):
-            with policy.lm.disable_adapter():  # of the policy given: the learner's or the async actor's copy
-                return response_logits_and_hidden(policy.lm, *args)[0]
-    else:
-        frozen = copy.deepcopy(lm).eval().requires_grad_(False).to(device)
-
-        def reference_logits(policy, *args):
-            return response_logits_and_hidden(frozen, *args)[0]
-
-    policy = PolicyWithValue(lm, lm.config.hidden_size).to(device)
-    if settings.algorithm == "grpo":
-        policy.value_head.requires_grad_(False)  # no critic: advantages come from the group
-    return tokenizer, policy, reference_logits
 
 
 def autocast(enabled: bool):
@@ -105,8 +57,19 @@ def pad_left(x: torch.Tensor, width: int, value: int) -> torch.Tensor:
     return torch.nn.functional.pad(x, (width - x.shape[1], 0), value=value)
 
 
+def trimmed(batch: dict, rows=slice(None)) -> dict:
+    """Those rows of a batch of [rows, columns] tensors without the columns that are padding in all of them: left of
+    their longest prompt, right of their longest response. Exact: those positions are masked out of attention, or
+    come after every real token."""
+    picked = {k: v[rows] for k, v in batch.items()}
+    start = int(picked["prompt_mask"].any(0).int().argmax())
+    real = picked["mask"].any(0).nonzero()
+    width = int(real.max()) + 1 if len(real) else 1
+    return {k: v[:, start:] if k.startswith("prompt") else v[:, :width] for k, v in picked.items()}
+
+
 @torch.no_grad()
-def rollout(cfg, policy, reference_logits, tokenizer, reward_fn, prompts, seed, device, kl_coef, amp):
+def rollout(cfg, policy, reference_logprobs, tokenizer, reward_fn, prompts, seed, device, kl_coef, amp):
     """One rank's rollout: responses, scores, old/reference log-probs, values, advantages and returns."""
     settings, timings = cfg.ppo, {}
     grpo = settings.algorithm == "grpo"
@@ -136,12 +99,14 @@ def rollout(cfg, policy, reference_logits, tokenizer, reward_fn, prompts, seed, 
     timings["score_s"] = clock() - t0
 
     t0 = clock()
-    args = (prompt_ids, prompt_mask, responses, mask)
+    rows = trimmed(dict(prompt_ids=prompt_ids, prompt_mask=prompt_mask, responses=responses, mask=mask))
+    args = (rows["prompt_ids"], rows["prompt_mask"], rows["responses"], rows["mask"])
     with amp():
-        logits, values = policy(*args)
-        old_logprobs = token_logprobs(logits, responses, settings.temperature)
-        ref_logprobs = token_logprobs(reference_logits(policy, *args), responses, settings.temperature)
-    values = values.float()
+        old_logprobs, _, values = policy(*args)
+        ref_logprobs = reference_logprobs(policy, *args)
+    # back to the fixed width (zeros past every response's end: masked out)
+    old_logprobs, ref_logprobs, values = (pad_right(x.float(), settings.max_new_tokens, 0)
+                                          for x in (old_logprobs, ref_logprobs, values))
     timings["reference_s"] = clock() - t0
 
     maskf = mask.float()
@@ -209,29 +174,25 @@ def update(cfg, engine: Engine, batch: dict, seed: int, kl_coef: float, amp) -> 
             step = {"policy_loss": 0.0, "value_loss": 0.0, "kl_loss": 0.0, "entropy": 0.0, "clip_frac": 0.0,
                     "approx_kl": 0.0}
             for j in range(settings.grad_accum_steps):
-                idx = mine[j * micro : (j + 1) * micro]
-                mask = batch["mask"][idx].float()
+                rows = trimmed(batch, mine[j * micro : (j + 1) * micro])
+                mask = rows["mask"].float()
                 with engine.accumulating(), amp():
-                    logits, values = engine(batch["prompt_ids"][idx], batch["prompt_mask"][idx],
-                                            batch["responses"][idx], batch["mask"][idx])
-                    logprobs = token_logprobs(logits, batch["responses"][idx], settings.temperature)
-                    pg_loss, pg_stats = algo.policy_loss(logprobs, batch["old_logprobs"][idx], batch["advantages"][idx],
-                                                         mask, settings.clip_eps, normalizer)
+                    logprobs, entropy, values = engine(rows["prompt_ids"], rows["prompt_mask"], rows["responses"],
+                                                       rows["mask"])
+                    pg_loss, pg_stats = algo.policy_loss(logprobs, rows["old_logprobs"], rows["advantages"], mask,
+                                                         settings.clip_eps, normalizer)
                     if grpo:
-                        kl = algo.kl_penalty(logprobs, batch["ref_logprobs"][idx], settings.kl_estimator)
+                        kl = algo.kl_penalty(logprobs, rows["ref_logprobs"], settings.kl_estimator)
                         aux = algo.token_average(kl, mask, normalizer)
                         loss = pg_loss + kl_coef * aux
                     else:
-                        aux = algo.value_loss(values.float(), batch["old_values"][idx], batch["returns"][idx], mask,
+                        aux = algo.value_loss(values.float(), rows["old_values"], rows["returns"], mask,
                                               settings.value_clip, normalizer)
                         loss = pg_loss + settings.vf_coef * aux
                     engine.backward(loss)
-                with torch.no_grad():
-                    entropy = algo.masked_mean(algo.entropy_from_logits(logits.float() / settings.temperature),
-                                               mask).item()
                 step["policy_loss"] += pg_loss.item() / settings.grad_accum_steps
                 step["kl_loss" if grpo else "value_loss"] += aux.item() / settings.grad_accum_steps
-                step["entropy"] += entropy / settings.grad_accum_steps
+                step["entropy"] += algo.masked_mean(entropy, mask).item() / settings.grad_accum_steps
                 for k in ("clip_frac", "approx_kl"):
                     step[k] += pg_stats[k] / settings.grad_accum_steps
             step["grad_norm"] = engine.step()
@@ -312,10 +273,10 @@ class Rollouts:
     (`ppo.async_rollout`): an actor copy generates iteration it+1 with the weights from before update it, in a thread,
     while the learner trains on iteration it; PPO's ratio to the rollout log-probs corrects the one step."""
 
-    def __init__(self, cfg, engine: Engine, tokenizer, reference_logits, reward_fn, prompts: list[dict], amp):
+    def __init__(self, cfg, engine: Engine, tokenizer, reference_logprobs, reward_fn, prompts: list[dict], amp):
         settings = cfg.ppo
         self.cfg, self.engine, self.prompts, self.amp = cfg, engine, prompts, amp
-        self.tokenizer, self.reference_logits, self.reward_fn = tokenizer, reference_logits, reward_fn
+        self.tokenizer, self.reference_logprobs, self.reward_fn = tokenizer, reference_logprobs, reward_fn
         self.order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
         self.per_iteration = settings.rollout_batch_size // (settings.group_size if settings.algorithm == "grpo" else 1)
         self.actor = self.stream = self.pool = self.pending = None
@@ -332,7 +293,7 @@ class Rollouts:
         global_ids = [self.order[(start + k) % len(self.prompts)] for k in range(self.per_iteration)]
         mine = [self.prompts[i] for i in global_ids[rank * local : (rank + 1) * local]]
         with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
-            return rollout(self.cfg, model, self.reference_logits, self.tokenizer, self.reward_fn, mine,
+            return rollout(self.cfg, model, self.reference_logprobs, self.tokenizer, self.reward_fn, mine,
                            seed=self.cfg.seed * 1_000_003 + it * 1009 + rank, device=self.engine.device,
                            kl_coef=kl_coef, amp=self.amp)
 
@@ -376,7 +337,7 @@ def run(ctx: StageContext) -> dict:
     torch.manual_seed(cfg.seed)
     amp = autocast(device.type == "cuda" and settings.strategy == "ddp")  # DeepSpeed runs bf16 itself
 
-    tokenizer, policy, reference_logits = build_policy(cfg, device)
+    tokenizer, policy, reference_logprobs = build_policy(cfg, device)
     reward_fn = (normalised_scorer(reward_model_dir(ctx), device) if settings.reward == "reward_model"
                  else judge_scorer(cfg))
     engine = make_engine(cfg, policy, device)
@@ -390,7 +351,7 @@ def run(ctx: StageContext) -> dict:
     metrics = Tracker(ctx, enabled=rank == 0, resume_step=state["iteration"],
                       restored_rows=[(row["iteration"], row) for row in rows])
 
-    rollouts = Rollouts(cfg, engine, tokenizer, reference_logits, reward_fn, split(cfg.data, "train"), amp)
+    rollouts = Rollouts(cfg, engine, tokenizer, reference_logprobs, reward_fn, split(cfg.data, "train"), amp)
     bar = progress(range(state["iteration"], settings.iterations), desc=settings.algorithm, unit="iter",
                    disable=rank != 0, initial=state["iteration"], total=settings.iterations)
     for it in bar:

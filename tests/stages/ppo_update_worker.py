@@ -11,11 +11,11 @@ import torch
 
 from rlaif import distributed as dist
 from rlaif.config import load_config
-from rlaif.models.generation import token_logprobs
+from rlaif.models.policy import build_policy
 from rlaif.stages import ppo
 
 
-def synthetic_batch(cfg, policy, reference_logits, vocab: int, rows: int = 8, prompt_len: int = 6) -> dict:
+def synthetic_batch(cfg, policy, reference_logprobs, vocab: int, rows: int = 8, prompt_len: int = 6) -> dict:
     g = torch.Generator().manual_seed(123)
     width = cfg.ppo.max_new_tokens
     prompt_ids = torch.randint(3, vocab, (rows, prompt_len), generator=g)
@@ -26,10 +26,8 @@ def synthetic_batch(cfg, policy, reference_logits, vocab: int, rows: int = 8, pr
     lengths = torch.randint(2, width + 1, (rows,), generator=g)
     mask = (torch.arange(width)[None, :] < lengths[:, None]).long()
     with torch.no_grad():
-        logits, values = policy(prompt_ids, prompt_mask, responses, mask)
-        old_logprobs = token_logprobs(logits, responses, cfg.ppo.temperature)
-        ref_logprobs = token_logprobs(reference_logits(policy, prompt_ids, prompt_mask, responses, mask), responses,
-                                      cfg.ppo.temperature)
+        old_logprobs, _, values = policy(prompt_ids, prompt_mask, responses, mask)
+        ref_logprobs = reference_logprobs(policy, prompt_ids, prompt_mask, responses, mask)
     return dict(prompt_ids=prompt_ids, prompt_mask=prompt_mask, responses=responses, mask=mask,
                 old_logprobs=old_logprobs, ref_logprobs=ref_logprobs, old_values=values.float(),
                 advantages=torch.randn(rows, width, generator=g) * mask,
@@ -39,8 +37,8 @@ def synthetic_batch(cfg, policy, reference_logits, vocab: int, rows: int = 8, pr
 def one_update(out: str, overrides: list[str], rank: int, world: int, device) -> None:
     cfg = load_config("configs/tiny.yaml", ["ppo.rollout_batch_size=8", "ppo.minibatch_size=4", "ppo.ppo_epochs=2",
                                             *overrides])
-    tokenizer, policy, reference_logits = ppo.build_policy(cfg, device)
-    batch = synthetic_batch(cfg, policy, reference_logits, len(tokenizer))
+    tokenizer, policy, reference_logprobs = build_policy(cfg, device)
+    batch = synthetic_batch(cfg, policy, reference_logprobs, len(tokenizer))
     local = batch["responses"].shape[0] // world
     mine = {k: v[rank * local : (rank + 1) * local] for k, v in batch.items()}
     gathered = ppo.gather_batch(mine, tokenizer.pad_token_id)

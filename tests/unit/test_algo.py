@@ -138,10 +138,6 @@ def test_adaptive_kl_controller_moves_toward_target():
     assert math.isclose(ctl.value, 0.1 * (1 - 0.02))  # error -0.5 clipped to -0.2
 
 
-def test_entropy_of_uniform_is_log_vocab():
-    assert math.isclose(ppo.entropy_from_logits(torch.zeros(2, 3, 11))[0, 0].item(), math.log(11), rel_tol=1e-6)
-
-
 def test_group_advantages_match_loop():
     torch.manual_seed(3)
     k, groups, steps = 4, 3, 5

@@ -1,0 +1,79 @@
+"""Log-probabilities of chosen tokens straight from the last hidden states, without a [tokens, vocabulary] logits
+tensor that lives through the backward pass.
+
+The plain way, log_softmax(lm_head(h) / T).gather(token), keeps the full logits (and the log-softmax output) of a
+whole micro-batch for the backward: at a 32k vocabulary that is 128 KiB per token, more than everything else the
+update keeps for a small policy. Here the logits exist one chunk of tokens at a time: the forward keeps only the
+chosen token's logit and the log-sum-exp per token; the backward recomputes each chunk's logits (one extra
+[chunk, hidden] x [hidden, vocab] matmul) to form softmax - onehot. Entropy comes out of the same pass, without a
+gradient (PPO logs it).
+"""
+from __future__ import annotations
+
+import torch
+
+CHUNK_TOKENS = 1024  # 4 MiB of fp32 logits per 1k vocabulary entries: small against the model, large for the matmul
+
+
+def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float):
+    logits = hidden.to(weight.dtype) @ weight.t()
+    if bias is not None:
+        logits = logits + bias
+    return logits.float() / temperature
+
+
+class _ChosenLogprobs(torch.autograd.Function):
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cuda")  # the backward's matmuls run in the forward's autocast state
+    def forward(ctx, hidden, weight, bias, tokens, temperature, chunk):
+        logprobs = torch.empty(tokens.shape, dtype=torch.float32, device=hidden.device)
+        entropy = torch.empty_like(logprobs)
+        lse = torch.empty_like(logprobs)
+        for start in range(0, tokens.shape[0], chunk):
+            part = slice(start, start + chunk)
+            logits = _chunk_logits(hidden[part], weight, bias, temperature)
+            lse[part] = torch.logsumexp(logits, -1)
+            logp = logits - lse[part, None]
+            logprobs[part] = logp.gather(-1, tokens[part, None]).squeeze(-1)
+            entropy[part] = -(logp.exp() * logp).sum(-1)
+        ctx.save_for_backward(hidden, weight, bias, tokens, lse)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        ctx.mark_non_differentiable(entropy)
+        return logprobs, entropy
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cuda")
+    def backward(ctx, grad_logprobs, _grad_entropy):
+        hidden, weight, bias, tokens, lse = ctx.saved_tensors
+        grad_hidden = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
+        grad_bias = torch.zeros_like(bias, dtype=torch.float32) if bias is not None and ctx.needs_input_grad[2] \
+            else None
+        for start in range(0, tokens.shape[0], ctx.chunk):
+            part = slice(start, start + ctx.chunk)
+            probs = (_chunk_logits(hidden[part], weight, bias, ctx.temperature) - lse[part, None]).exp_()
+            # d logp(token) / d logits = (onehot(token) - softmax) / T, scaled by the incoming gradient
+            grad_logits = probs.mul_(-grad_logprobs[part, None])
+            grad_logits.scatter_add_(-1, tokens[part, None], grad_logprobs[part, None])
+            grad_logits.div_(ctx.temperature)
+            if grad_hidden is not None:
+                grad_hidden[part] = (grad_logits.to(weight.dtype) @ weight).to(hidden.dtype)
+            if grad_weight is not None:
+                grad_weight += grad_logits.t() @ hidden[part].float()
+            if grad_bias is not None:
+                grad_bias += grad_logits.sum(0)
+        if grad_weight is not None:
+            grad_weight = grad_weight.to(weight.dtype)
+        if grad_bias is not None:
+            grad_bias = grad_bias.to(bias.dtype)
+        return grad_hidden, grad_weight, grad_bias, None, None, None
+
+
+def chosen_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tokens: torch.Tensor,
+                    temperature: float = 1.0, chunk: int = CHUNK_TOKENS) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log p(token), entropy) per position under softmax((hidden @ weight.T + bias) / temperature), in fp32.
+    hidden [..., H], weight [V, H], tokens [...]; gradients flow to hidden, weight and bias (not through entropy)."""
+    shape = tokens.shape
+    logprobs, entropy = _ChosenLogprobs.apply(hidden.reshape(-1, hidden.shape[-1]), weight, bias,
+                                              tokens.reshape(-1), float(temperature), int(chunk))
+    return logprobs.view(shape), entropy.view(shape)

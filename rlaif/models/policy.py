@@ -1,0 +1,59 @@
+"""The policy PPO trains: the causal LM with a scalar value head on its backbone (one pass gives the response
+tokens' log-probs, their entropy and the values), and the reference it is held to (the LoRA adapter disabled, or a
+frozen copy when all weights train)."""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn as nn
+
+from rlaif.models.generation import response_logprobs
+from rlaif.models.loading import load_policy
+
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class PolicyWithValue(nn.Module):
+    """The policy LM plus a scalar value head on its last hidden state (one backbone pass for both). Its forward gives
+    the response tokens' log-probs at the sampling temperature, their entropy (no gradient) and the values."""
+
+    def __init__(self, lm: nn.Module, hidden_size: int, temperature: float):
+        super().__init__()
+        self.lm, self.temperature = lm, temperature
+        self.value_head = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+
+    def forward(self, prompt_ids, prompt_mask, responses, resp_mask):
+        logprobs, entropy, hidden = response_logprobs(self.lm, prompt_ids, prompt_mask, responses, resp_mask,
+                                                      self.temperature, want_hidden=True)
+        return logprobs, entropy, self.value_head(hidden).squeeze(-1)
+
+
+def build_policy(cfg, device):
+    """(tokenizer, trainable PolicyWithValue, reference_logprobs(policy, *inputs)). LoRA: the reference is the
+    adapter disabled; all weights: a frozen copy."""
+    settings = cfg.ppo
+    tokenizer, lm = load_policy(cfg.policy)
+    torch.manual_seed(cfg.seed)  # the same adapter and value-head initialisation whether or not the policy was cached
+    if settings.lora_rank > 0:
+        from peft import LoraConfig, get_peft_model
+
+        targets = [t for t in LORA_TARGETS if any(n.endswith(t) for n, _ in lm.named_modules())]
+        lm = get_peft_model(lm, LoraConfig(r=settings.lora_rank, lora_alpha=settings.lora_alpha, lora_dropout=0.0,
+                                           target_modules=targets))
+
+        def reference_logprobs(policy, *args):
+            with policy.lm.disable_adapter():  # of the policy given: the learner's or the async actor's copy
+                return response_logprobs(policy.lm, *args, settings.temperature)[0]
+    else:
+        frozen = copy.deepcopy(lm).eval().requires_grad_(False).to(device)
+
+        def reference_logprobs(policy, *args):
+            return response_logprobs(frozen, *args, settings.temperature)[0]
+
+    policy = PolicyWithValue(lm, lm.config.hidden_size, settings.temperature).to(device)
+    if settings.algorithm == "grpo":
+        policy.value_head.requires_grad_(False)  # no critic: advantages come from the group
+    return tokenizer, policy, reference_logprobs
