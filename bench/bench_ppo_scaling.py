@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_ppo import EPOCHS, LORA_RANK, LR, ours_setup, shared_models  # noqa: E402
+from bench_ppo import EPOCHS, LR, ours_setup, shared_models  # noqa: E402
 from common import publish, report_result, side_by_side  # noqa: E402
 
 from rlaif.distributed import clock  # noqa: E402
@@ -27,6 +27,7 @@ POINTS = [dict(BASE, **change) for change in (
     {"tokens": 24}, {"tokens": 96},
 )]
 PHASES = ("generate_s", "score_s", "reference_s", "update_s")
+LORA_RANK = 16  # as the demo trains
 
 
 def name(point: dict) -> str:

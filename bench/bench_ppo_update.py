@@ -22,6 +22,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from rlaif import distributed as dist
 from rlaif.config import load_config
+from rlaif.models import generation
 from rlaif.models.policy import LORA_TARGETS, PolicyWithValue
 from rlaif.stages import ppo
 
@@ -90,12 +91,15 @@ def measure(name, dims, lora_rank, trials) -> dict:
     amp = ppo.autocast(dist.local_device().type == "cuda")
     run = lambda: ppo.update(cfg, engine, batch, seed=0, kl_coef=0.05, amp=amp)  # noqa: E731
     run()  # warm-up
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
     with FlopCounterMode(display=False) as counter:
         run()
     flops = counter.get_total_flops()
     seconds = statistics.median(_time(run) for _ in range(trials))
     params = sum(p.numel() for p in policy.parameters())
-    return {"name": name, "params": params, "lora": lora_rank, "seconds": seconds, "flops": flops,
+    peak_mib = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else float("nan")
+    return {"peak_mib": peak_mib, "name": name, "params": params, "lora": lora_rank, "seconds": seconds, "flops": flops,
             "flops_per_s": flops / seconds}
 
 
@@ -104,7 +108,11 @@ def main() -> None:
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--append", action="store_true")
     p.add_argument("--large", action="store_true", help="0.5B+ policies, 32k vocabulary, 128+384 tokens (GPU)")
+    p.add_argument("--full-logits", action="store_true",
+                   help="log-probs through the full [tokens, vocabulary] logits (the path before algo/logprobs.py)")
     a = p.parse_args()
+    if a.full_logits:
+        generation.backbone_and_head = lambda model: None  # response_logprobs falls back to log_softmax over logits
     dist.avoid_per_shape_attention_plans()  # as run_stage does for every stage
     dist.setup()  # one process; sets the thread count as the stage does
     peak = matmul_peak()
@@ -118,15 +126,16 @@ def main() -> None:
     lines = [f"{peak_what}: {peak / 1e9:.1f} GFLOP/s", "",
              f"| policy | params | training | update s ({ROLLOUT} seq x {PROMPT_LEN}+{RESPONSE_LEN} tok, minibatch "
              f"{MINIBATCH}, vocab {VOCAB}, 2 epochs) | "
-             "counted GFLOP | GFLOP/s | of peak |",
-             "|---|---|---|---|---|---|---|"]
+             "counted GFLOP | GFLOP/s | of peak | peak GPU allocated (MiB) |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['name']} | {r['params'] / 1e6:.2f}M | "
                      f"{'LoRA r' + str(r['lora']) if r['lora'] else 'all weights'} | "
                      f"{r['seconds']:.2f} | {r['flops'] / 1e9:.1f} | {r['flops_per_s'] / 1e9:.1f} | "
-                     f"{r['flops_per_s'] / peak:.0%} |")
+                     f"{r['flops_per_s'] / peak:.0%} | {r['peak_mib']:.0f} |")
     table = "\n".join(lines) + "\n"
-    publish("PPO update phase: model FLOPs utilisation", table, a.append)
+    title = "PPO update phase: model FLOPs utilisation" + (" (full-vocabulary logits)" if a.full_logits else "")
+    publish(title, table, a.append)
 
 
 if __name__ == "__main__":

@@ -53,12 +53,17 @@ def side_by_side(script: str, workers: tuple[str, ...], trials: int, args: list[
     medians = {w: {k: statistics.median(r[k] for r in rs) for k in (*keys, *MEMORY_KEYS) if k in rs[0]}
                for w, rs in results.items()}
     for w, rs in results.items():  # the spread of each median, for the tables
-        medians[w]["range"] = {k: f"{min(r[k] for r in rs):.3g}-{max(r[k] for r in rs):.3g}"
+        medians[w]["range"] = {k: f"{short(min(r[k] for r in rs))}-{short(max(r[k] for r in rs))}"
                                for k in (*keys, *MEMORY_KEYS) if k in rs[0]}
     return medians
 
 
 MEMORY_KEYS = ("peak_rss_mib", "rss_above_baseline_mib", "peak_gpu_mib")
+
+
+def short(x: float) -> str:
+    """Three significant digits, without exponents (1,392 MiB reads as 1392, not 1.39e+03)."""
+    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.3g}"
 
 
 def peak_memory_key() -> tuple[str, str]:

@@ -12,7 +12,12 @@ from __future__ import annotations
 
 import torch
 
-CHUNK_TOKENS = 1024  # 4 MiB of fp32 logits per 1k vocabulary entries: small against the model, large for the matmul
+CHUNK_ELEMENTS = 2**25  # fp32 logits per chunk, 128 MiB: ~1k tokens at a 32k vocabulary, ~220 at Qwen's 152k
+
+
+def chunk_tokens(vocab: int) -> int:
+    """Tokens per chunk for this vocabulary: a bounded slice of logits, large enough to keep the matmul efficient."""
+    return max(16, CHUNK_ELEMENTS // vocab)
 
 
 def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float):
@@ -33,9 +38,9 @@ class _ChosenLogprobs(torch.autograd.Function):
             part = slice(start, start + chunk)
             logits = _chunk_logits(hidden[part], weight, bias, temperature)
             lse[part] = torch.logsumexp(logits, -1)
-            logp = logits - lse[part, None]
+            logp = logits.sub_(lse[part, None])  # in place: two [chunk, vocab] tensors at most
             logprobs[part] = logp.gather(-1, tokens[part, None]).squeeze(-1)
-            entropy[part] = -(logp.exp() * logp).sum(-1)
+            entropy[part] = -(logp.exp().mul_(logp)).sum(-1)
         ctx.save_for_backward(hidden, weight, bias, tokens, lse)
         ctx.temperature, ctx.chunk = temperature, chunk
         ctx.mark_non_differentiable(entropy)
@@ -58,8 +63,8 @@ class _ChosenLogprobs(torch.autograd.Function):
             grad_logits.div_(ctx.temperature)
             if grad_hidden is not None:
                 grad_hidden[part] = (grad_logits.to(weight.dtype) @ weight).to(hidden.dtype)
-            if grad_weight is not None:
-                grad_weight += grad_logits.t() @ hidden[part].float()
+            if grad_weight is not None:  # the matmul in the hidden states' dtype (bf16 under DeepSpeed), summed in fp32
+                grad_weight += (grad_logits.to(hidden.dtype).t() @ hidden[part]).float()
             if grad_bias is not None:
                 grad_bias += grad_logits.sum(0)
         if grad_weight is not None:
@@ -70,10 +75,11 @@ class _ChosenLogprobs(torch.autograd.Function):
 
 
 def chosen_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tokens: torch.Tensor,
-                    temperature: float = 1.0, chunk: int = CHUNK_TOKENS) -> tuple[torch.Tensor, torch.Tensor]:
+                    temperature: float = 1.0, chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(log p(token), entropy) per position under softmax((hidden @ weight.T + bias) / temperature), in fp32.
     hidden [..., H], weight [V, H], tokens [...]; gradients flow to hidden, weight and bias (not through entropy)."""
     shape = tokens.shape
+    chunk = chunk or chunk_tokens(weight.shape[0])
     logprobs, entropy = _ChosenLogprobs.apply(hidden.reshape(-1, hidden.shape[-1]), weight, bias,
                                               tokens.reshape(-1), float(temperature), int(chunk))
     return logprobs.view(shape), entropy.view(shape)

@@ -341,6 +341,12 @@ class PPOConfig(Strict):
     """Roll out exactly max_new_tokens tokens per response, EOS barred until then (TRL's PPOTrainer generates so,
     with min_new_tokens = response_length): every sequence is scored at its last token. For benchmarks against
     such trainers; off, a response ends at its EOS."""
+    rollout_logprobs: Literal["auto", "sampled", "recompute"] = "auto"
+    """Where the rollout's old log-probs and values come from. `sampled`: the hidden states the sampler computed for
+    each token (one policy forward fewer per iteration); `recompute`: a forward over the finished rollout (TRL,
+    OpenRLHF, verl). `auto`: sampled in fp32 (CPUs), where the two agree to float rounding, recomputed under bf16
+    (GPUs), where they differ more and the static decoder keeps no hidden states (measured in BENCHMARKS.md). Models
+    whose logits are not a plain head over the last hidden state always recompute."""
     temperature: float = Field(0.7, gt=0, le=100)
     """Rollout sampling temperature; log-probs are taken at the same temperature (TRL's default, 0.7, and the
     evaluation's). At 1.0 a small policy's long answers come out garbled often enough that PPO settles on a short,

@@ -1,6 +1,7 @@
 """Sampling and log-probs for causal LMs with left-padded prompts and right-padded responses."""
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 
@@ -48,19 +49,21 @@ def static_decoder_applies(model, enc: dict, decoder: str, stop=()) -> bool:
 @torch.no_grad()
 def sample(model, tokenizer, enc: dict, *, max_new_tokens: int, temperature: float, top_p: float = 1.0, top_k: int = 0,
            num_return_sequences: int = 1, seed: int | None = None, min_new_tokens: int = 0,
-           decoder: str = "auto") -> torch.Tensor:
+           decoder: str = "auto", want_hidden: bool = False):
     """Response token ids [batch * n, <= max_new_tokens] (KV cache on); rows are padded after their EOS, a prompt's
     n samples are adjacent. bf16 autocast on GPUs (never on CPUs, where bf16 matmuls are slow). min_new_tokens bars
-    EOS before that many tokens (= max_new_tokens: fixed-length responses)."""
+    EOS before that many tokens (= max_new_tokens: fixed-length responses). want_hidden (models with a plain head,
+    on transformers' generate): (ids, the backbone's last hidden state that predicted each token [batch * n, T, H])."""
     if seed is not None:
         torch.manual_seed(seed)
-    if static_decoder_applies(model, enc, decoder):
+    if not want_hidden and static_decoder_applies(model, enc, decoder):
         seeds = torch.randint(0, 2**62, (enc["input_ids"].shape[0] * num_return_sequences,)).tolist()
         repeated = {k: v.repeat_interleave(num_return_sequences, 0) for k, v in enc.items()}
         return decode_static(model, repeated, seeds, max_new_tokens=max_new_tokens, temperature=temperature,
                              top_k=top_k, top_p=top_p, eos_id=tokenizer.eos_token_id,
                              pad_id=tokenizer.pad_token_id, min_new_tokens=min_new_tokens)
-    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=enc["input_ids"].is_cuda):
+    recorder = LastHiddenRecorder(model) if want_hidden else contextlib.nullcontext()
+    with recorder, torch.autocast("cuda", dtype=torch.bfloat16, enabled=enc["input_ids"].is_cuda):
         out = model.generate(
             **enc,
             do_sample=temperature > 0,
@@ -74,7 +77,30 @@ def sample(model, tokenizer, enc: dict, *, max_new_tokens: int, temperature: flo
             eos_token_id=tokenizer.eos_token_id,
             use_cache=True,
         )
-    return out[:, enc["input_ids"].shape[1]:]
+    responses = out[:, enc["input_ids"].shape[1]:]
+    return (responses, recorder.hidden()) if want_hidden else responses
+
+
+class LastHiddenRecorder:
+    """Keeps, for each forward generate() makes, the backbone's last hidden state at the last position: the state
+    the next token was sampled from (the prefill's for the first token, each decode step's after). [batch, H] per
+    token, never the full-vocabulary logits."""
+
+    def __init__(self, model):
+        parts = backbone_and_head(model)
+        if parts is None:
+            raise ValueError("hidden states from sampling need a model whose logits are a plain head")
+        self.backbone, self.steps, self.handle = parts[0], [], None
+
+    def __enter__(self):
+        self.handle = self.backbone.register_forward_hook(lambda _m, _i, out: self.steps.append(out[0][:, -1]))
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.remove()
+
+    def hidden(self) -> torch.Tensor:
+        return torch.stack(self.steps, 1)
 
 
 class PerRowSampler:
@@ -192,13 +218,16 @@ PLAIN_HEADS = {"llama", "mistral", "qwen2", "qwen3", "gpt2", "phi3"}
 
 def backbone_and_head(model):
     """(backbone, output layer) when the logits are a plain nn.Linear of the backbone's last hidden state, else None
-    (other architectures, a LoRA-wrapped head, or a head that ZeRO-3 partitions and only its own forward gathers)."""
+    (other architectures, remote code, a LoRA-wrapped head, or a head that ZeRO-3 partitions and only its own forward
+    gathers)."""
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
     head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
-    if (getattr(inner.config, "model_type", None) not in PLAIN_HEADS or type(head) is not torch.nn.Linear
-            or hasattr(head.weight, "ds_id")):
+    backbone = getattr(inner, getattr(inner, "base_model_prefix", "") or "_", None)
+    if (getattr(inner.config, "model_type", None) not in PLAIN_HEADS
+            or not type(inner).__module__.startswith("transformers.models.")
+            or type(head) is not torch.nn.Linear or hasattr(head.weight, "ds_id") or backbone is None):
         return None
-    return getattr(inner, inner.base_model_prefix), head
+    return backbone, head
 
 
 def response_logprobs(model, prompt_ids, prompt_mask, responses, resp_mask, temperature: float = 1.0,

@@ -8,7 +8,8 @@ import copy
 import torch
 import torch.nn as nn
 
-from rlaif.models.generation import response_logprobs
+from rlaif.algo.logprobs import chosen_logprobs
+from rlaif.models.generation import backbone_and_head, response_logprobs
 from rlaif.models.loading import load_policy
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -29,6 +30,13 @@ class PolicyWithValue(nn.Module):
         logprobs, entropy, hidden = response_logprobs(self.lm, prompt_ids, prompt_mask, responses, resp_mask,
                                                       self.temperature, want_hidden=True)
         return logprobs, entropy, self.value_head(hidden).squeeze(-1)
+
+    def from_hidden(self, hidden, responses):
+        """(log-probs, values) of the responses from the last hidden states that predicted them, as the sampler
+        computed them (ppo.rollout_logprobs): the output layer and the value head, no backbone pass."""
+        _, head = backbone_and_head(self.lm)
+        logprobs, _ = chosen_logprobs(hidden, head.weight, head.bias, responses, self.temperature)
+        return logprobs, self.value_head(hidden).squeeze(-1)
 
 
 def build_policy(cfg, device):

@@ -29,6 +29,7 @@ from rlaif.io import storage
 from rlaif.io.prompts import load_prompts, split
 from rlaif.models import card
 from rlaif.models.generation import (
+    backbone_and_head,
     decode,
     encode_prompts,
     fixed_length_tokens,
@@ -57,15 +58,39 @@ def pad_left(x: torch.Tensor, width: int, value: int) -> torch.Tensor:
     return torch.nn.functional.pad(x, (width - x.shape[1], 0), value=value)
 
 
-def trimmed(batch: dict, rows=slice(None)) -> dict:
+def trimmed(batch: dict, index=slice(None)) -> dict:
     """Those rows of a batch of [rows, columns] tensors without the columns that are padding in all of them: left of
-    their longest prompt, right of their longest response. Exact: those positions are masked out of attention, or
-    come after every real token."""
-    picked = {k: v[rows] for k, v in batch.items()}
+    their longest prompt, right of their longest response. Exact up to floating-point rounding (other shapes): those
+    positions are masked out of attention, or come after every real token."""
+    picked = {k: v[index] for k, v in batch.items()}
     start = int(picked["prompt_mask"].any(0).int().argmax())
     real = picked["mask"].any(0).nonzero()
     width = int(real.max()) + 1 if len(real) else 1
     return {k: v[:, start:] if k.startswith("prompt") else v[:, :width] for k, v in picked.items()}
+
+
+def logprobs_from_sampling(settings, lm, device) -> bool:
+    """ppo.rollout_logprobs: take the old log-probs and values from the sampler's hidden states? `auto` does in fp32
+    (CPUs) and recomputes under bf16 (GPUs); both need a plain output head (backbone_and_head)."""
+    if settings.rollout_logprobs == "recompute" or backbone_and_head(lm) is None:
+        return False
+    return settings.rollout_logprobs == "sampled" or device.type == "cpu"
+
+
+def rollout_logprobs(policy, reference_logprobs, rows: dict, sampled_hidden, amp):
+    """Old log-probs, reference log-probs and values of a rollout [rows, max_new_tokens] (zeros past every response's
+    end), computed on its columns that are not padding everywhere; the old ones and the values from the sampler's
+    hidden states when it kept them (one policy forward fewer)."""
+    width = rows["responses"].shape[1]
+    real = trimmed(rows)
+    args = (real["prompt_ids"], real["prompt_mask"], real["responses"], real["mask"])
+    with amp():
+        if sampled_hidden is None:
+            old_logprobs, _, values = policy(*args)
+        else:
+            old_logprobs, values = policy.from_hidden(sampled_hidden[:, : args[2].shape[1]], args[2])
+        ref_logprobs = reference_logprobs(policy, *args)
+    return tuple(pad_right(x.float(), width, 0) for x in (old_logprobs, ref_logprobs, values))
 
 
 @torch.no_grad()
@@ -78,10 +103,12 @@ def rollout(cfg, policy, reference_logprobs, tokenizer, reward_fn, prompts, seed
     policy.eval()
     texts = format_prompts(tokenizer, cfg.policy, [p["prompt"] for p in prompts])
     enc = encode_prompts(tokenizer, texts, device)
+    from_sampling = logprobs_from_sampling(settings, policy.lm, device)
     with amp():
-        responses = sample(policy.lm, tokenizer, enc, max_new_tokens=settings.max_new_tokens,
-                           temperature=settings.temperature, num_return_sequences=samples, seed=seed,
-                           min_new_tokens=fixed_length_tokens(settings))
+        sampled = sample(policy.lm, tokenizer, enc, max_new_tokens=settings.max_new_tokens,
+                         temperature=settings.temperature, num_return_sequences=samples, seed=seed,
+                         min_new_tokens=fixed_length_tokens(settings), want_hidden=from_sampling)
+    responses, sampled_hidden = sampled if from_sampling else (sampled, None)
     # A fixed response width: every rank's tensors line up for the gather before the update.
     responses = pad_right(responses, settings.max_new_tokens, tokenizer.pad_token_id)
     mask = response_mask(responses, tokenizer.eos_token_id)
@@ -99,14 +126,9 @@ def rollout(cfg, policy, reference_logprobs, tokenizer, reward_fn, prompts, seed
     timings["score_s"] = clock() - t0
 
     t0 = clock()
-    rows = trimmed(dict(prompt_ids=prompt_ids, prompt_mask=prompt_mask, responses=responses, mask=mask))
-    args = (rows["prompt_ids"], rows["prompt_mask"], rows["responses"], rows["mask"])
-    with amp():
-        old_logprobs, _, values = policy(*args)
-        ref_logprobs = reference_logprobs(policy, *args)
-    # back to the fixed width (zeros past every response's end: masked out)
-    old_logprobs, ref_logprobs, values = (pad_right(x.float(), settings.max_new_tokens, 0)
-                                          for x in (old_logprobs, ref_logprobs, values))
+    old_logprobs, ref_logprobs, values = rollout_logprobs(
+        policy, reference_logprobs, dict(prompt_ids=prompt_ids, prompt_mask=prompt_mask, responses=responses,
+                                         mask=mask), sampled_hidden, amp)
     timings["reference_s"] = clock() - t0
 
     maskf = mask.float()
@@ -174,19 +196,19 @@ def update(cfg, engine: Engine, batch: dict, seed: int, kl_coef: float, amp) -> 
             step = {"policy_loss": 0.0, "value_loss": 0.0, "kl_loss": 0.0, "entropy": 0.0, "clip_frac": 0.0,
                     "approx_kl": 0.0}
             for j in range(settings.grad_accum_steps):
-                rows = trimmed(batch, mine[j * micro : (j + 1) * micro])
-                mask = rows["mask"].float()
+                part = trimmed(batch, mine[j * micro : (j + 1) * micro])
+                mask = part["mask"].float()
                 with engine.accumulating(), amp():
-                    logprobs, entropy, values = engine(rows["prompt_ids"], rows["prompt_mask"], rows["responses"],
-                                                       rows["mask"])
-                    pg_loss, pg_stats = algo.policy_loss(logprobs, rows["old_logprobs"], rows["advantages"], mask,
+                    logprobs, entropy, values = engine(part["prompt_ids"], part["prompt_mask"], part["responses"],
+                                                       part["mask"])
+                    pg_loss, pg_stats = algo.policy_loss(logprobs, part["old_logprobs"], part["advantages"], mask,
                                                          settings.clip_eps, normalizer)
                     if grpo:
-                        kl = algo.kl_penalty(logprobs, rows["ref_logprobs"], settings.kl_estimator)
+                        kl = algo.kl_penalty(logprobs, part["ref_logprobs"], settings.kl_estimator)
                         aux = algo.token_average(kl, mask, normalizer)
                         loss = pg_loss + kl_coef * aux
                     else:
-                        aux = algo.value_loss(values.float(), rows["old_values"], rows["returns"], mask,
+                        aux = algo.value_loss(values.float(), part["old_values"], part["returns"], mask,
                                               settings.value_clip, normalizer)
                         loss = pg_loss + settings.vf_coef * aux
                     engine.backward(loss)
