@@ -35,7 +35,8 @@ OVERRIDES = [f"ppo.rollout_batch_size={ROLLOUT}", f"ppo.minibatch_size={MINIBATC
 
 def bench_overrides(a) -> list[str]:
     """OVERRIDES plus the run's LoRA rank and response-length mode."""
-    return [*OVERRIDES, f"ppo.lora_rank={a.lora_rank}", f"ppo.fixed_length={str(a.fixed_length).lower()}"]
+    return [*OVERRIDES, f"ppo.lora_rank={a.lora_rank}", f"ppo.fixed_length={str(a.fixed_length).lower()}",
+            f"ppo.rollout_logprobs={a.rollout_logprobs}"]
 
 
 def trl_peft_config(a):
@@ -191,17 +192,22 @@ def cli(script: str, workers: dict, algorithm: str, ours: str, peer: str) -> Non
     p.add_argument("--size", choices=list(SIZES), default="demo", help="policy size (h512x8: 28M parameters)")
     p.add_argument("--lora-rank", type=int, default=16, help="0: all weights trained")
     p.add_argument("--fixed-length", action="store_true", help="every response max_new_tokens long (no EOS stop)")
+    p.add_argument("--rollout-logprobs", choices=["auto", "sampled", "recompute"], default="auto",
+                   help="ours: ppo.rollout_logprobs (old log-probs and values from the sampler, or recomputed)")
     a = p.parse_args()
     if a.worker:
         report_result(workers[a.worker](a))
         return
     import trl
 
-    passed = ["--lora-rank", str(a.lora_rank), *(["--fixed-length"] if a.fixed_length else [])]
+    passed = ["--lora-rank", str(a.lora_rank), "--rollout-logprobs", a.rollout_logprobs,
+              *(["--fixed-length"] if a.fixed_length else [])]
     weights = f"LoRA r{a.lora_rank}" if a.lora_rank else "all weights"
     compare_iterations(script, a, lambda: shared_models(Path(a.work), a.size),
                        f"{algorithm} iteration vs {peer} (policy {a.size}, {weights}"
-                       f"{', fixed-length responses' if a.fixed_length else ''}; trl {trl.__version__}; median of "
+                       f"{', fixed-length responses' if a.fixed_length else ''}"
+                       f"{'' if a.rollout_logprobs == 'auto' else ', rollout log-probs ' + a.rollout_logprobs}"
+                       f"; trl {trl.__version__}; median of "
                        f"{a.trials} trials of {a.iterations} iterations)", ours, peer, passed)
 
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import torch
 
-CHUNK_ELEMENTS = 2**25  # fp32 logits per chunk, 128 MiB: ~1k tokens at a 32k vocabulary, ~220 at Qwen's 152k
+CHUNK_ELEMENTS = 2**25  # fp32 logits per chunk at most, 128 MiB: ~1k tokens at a 32k vocabulary, ~220 at 152k
+CHUNK_TOKENS = 1024  # and at most this many tokens: at small vocabularies a whole micro-batch would be one chunk
 
 
 def chunk_tokens(vocab: int) -> int:
     """Tokens per chunk for this vocabulary: a bounded slice of logits, large enough to keep the matmul efficient."""
-    return max(16, CHUNK_ELEMENTS // vocab)
+    return max(16, min(CHUNK_TOKENS, CHUNK_ELEMENTS // vocab))
 
 
 def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float):

@@ -84,7 +84,7 @@ def sample(model, tokenizer, enc: dict, *, max_new_tokens: int, temperature: flo
 class LastHiddenRecorder:
     """Keeps, for each forward generate() makes, the backbone's last hidden state at the last position: the state
     the next token was sampled from (the prefill's for the first token, each decode step's after). [batch, H] per
-    token, never the full-vocabulary logits."""
+    token, never the full-vocabulary logits (a copy: a view would keep the prefill's whole [batch, prompt, H])."""
 
     def __init__(self, model):
         parts = backbone_and_head(model)
@@ -93,7 +93,7 @@ class LastHiddenRecorder:
         self.backbone, self.steps, self.handle = parts[0], [], None
 
     def __enter__(self):
-        self.handle = self.backbone.register_forward_hook(lambda _m, _i, out: self.steps.append(out[0][:, -1]))
+        self.handle = self.backbone.register_forward_hook(lambda _m, _i, out: self.steps.append(out[0][:, -1].clone()))
         return self
 
     def __exit__(self, *exc):
