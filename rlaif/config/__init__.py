@@ -23,6 +23,7 @@ from rlaif.config.loading import (
     sha256_json,
     stage_config_hash,
 )
+from rlaif.config.ppo import PPOConfig
 from rlaif.config.serving import ServeConfig, ServiceEndpoint
 from rlaif.config.stages import (
     DataConfig,
@@ -31,7 +32,6 @@ from rlaif.config.stages import (
     LabelConfig,
     PipelineConfig,
     PolicyConfig,
-    PPOConfig,
     PromptColumns,
     StorageConfig,
     TinyPolicyConfig,
