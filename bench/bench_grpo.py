@@ -24,6 +24,7 @@ from bench_ppo import (  # noqa: E402
     ROLLOUT,
     bench_overrides,
     cli,
+    import_our_libraries,
     ours_setup,
     prompts,
     shared_models,
@@ -38,11 +39,10 @@ KL = 0.05
 
 
 def worker_ours(a) -> dict:
-    import transformers  # noqa: F401  (the import baseline: what TRL's worker imports too, before its models)
-
     from rlaif.io.prompts import split
     from rlaif.stages import ppo
 
+    import_our_libraries(a)
     mark_import_baseline()
     iterations = a.iterations
     policy_dir, rm_dir = shared_models(Path(a.work), a.size)

@@ -14,7 +14,8 @@ memory on GPUs) is its own. On a GPU both run bf16 autocast. Medians over --tria
 --lora-rank 0 trains all weights (the reference is a frozen copy in both); --fixed-length makes every response
 max_new_tokens long in both (no stop at EOS), so both sample the same number of tokens whatever the policy.
 Memory: each worker's peak RSS, and its peak above the RSS it had once its imports were done (the trainers import
-different libraries).
+different libraries). Each worker imports the libraries its trainer uses before that baseline: TRL's import brings
+peft, accelerate and datasets; ours imports peft when LoRA is on (the stage imports it lazily, ~150 MiB of RSS).
 """
 from __future__ import annotations
 
@@ -37,6 +38,18 @@ def bench_overrides(a) -> list[str]:
     """OVERRIDES plus the run's LoRA rank and response-length mode."""
     return [*OVERRIDES, f"ppo.lora_rank={a.lora_rank}", f"ppo.fixed_length={str(a.fixed_length).lower()}",
             f"ppo.rollout_logprobs={a.rollout_logprobs}"]
+
+
+def import_our_libraries(a) -> None:
+    """What rlaif's stage imports when it builds the policy (peft for LoRA), before the import baseline, as TRL's
+    worker has imported peft with trl."""
+    import transformers  # noqa: F401
+
+    import rlaif.models.policy  # noqa: F401
+    import rlaif.stages.ppo  # noqa: F401
+
+    if a.lora_rank:
+        import peft  # noqa: F401
 
 
 def trl_peft_config(a):
@@ -123,11 +136,10 @@ def ours_setup(overrides: list[str], rm_dir: Path):
 
 
 def worker_ours(a) -> dict:
-    import transformers  # noqa: F401  (the import baseline: what TRL's worker imports too, before its models)
-
     from rlaif.io.prompts import split
     from rlaif.stages import ppo
 
+    import_our_libraries(a)
     mark_import_baseline()
     policy_dir, rm_dir = shared_models(Path(a.work), a.size)
     cfg, device, tokenizer, policy, reference_logprobs, reward_fn, engine, amp = ours_setup(

@@ -1,4 +1,4 @@
-"""Static-shape decoding with per-row seeds drawn on the device, for GPUs.
+"""Static-shape decoding with per-row seeds drawn on the device (CUDA graphs on GPUs, eager steps on CPUs).
 
 `generate()` with a logits processor pays host work on every token: Python in the decode loop, the processor's
 per-row draws, a growing KV cache (a new shape, so new kernels, per step). Here the KV cache is preallocated
@@ -9,10 +9,13 @@ device: one uniform per row and token, used by inverse-CDF sampling, so a row's 
 and logits, whichever rows share its batch (the property the generate stage's per-sample seeds promise).
 
 It draws different (equally distributed) samples than the CPU path (`PerRowSampler`'s torch.Generator streams),
-so a GPU run's samples differ from a CPU run's, as they already did through bf16 autocast.
+and from `generate()`'s. On CPUs it runs the same steps eagerly: no growing cache to copy, no logits processors,
+25-40% less time than `generate()` on the demo policy (BENCHMARKS.md).
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import weakref
 
 import torch
@@ -93,6 +96,17 @@ def supports_static_decode(model) -> bool:
     return not any(hasattr(weight, "ds_id") for weight in model.parameters())
 
 
+def keeps_logits(model) -> bool:
+    """Does the model's forward take logits_to_keep (compute the output layer at the last positions only)?"""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return _forward_takes(type(inner), "logits_to_keep")
+
+
+@functools.cache
+def _forward_takes(model_type: type, name: str) -> bool:
+    return name in inspect.signature(model_type.forward).parameters
+
+
 def key_slots(prompt_len: int, max_new_tokens: int) -> int:
     """Cache length for a batch: rounded up to 16, so attention kernels take the mask without copying it, and
     batches whose prompts differ by a few tokens share one captured graph."""
@@ -158,9 +172,10 @@ class StaticDecode:
         # A padding query sees no valid key; letting it see itself keeps its (unused) outputs finite.
         visible |= (self.key_index == query[:, None])[None, None]
         positions = (self.key_valid[:, :prompt_len].long().cumsum(1) - 1).clamp(min=0)
+        keep = {"logits_to_keep": 1} if keeps_logits(self.model) else {}  # not [batch, prompt, vocabulary] logits
         with self.autocast():
             logits = self.model(input_ids=ids, attention_mask=self.mask(visible), position_ids=positions,
-                                past_key_values=self.cache, use_cache=True).logits[:, -1]
+                                past_key_values=self.cache, use_cache=True, **keep).logits[:, -1]
         self._record(logits)
 
     def step(self) -> None:
@@ -194,11 +209,12 @@ class StaticDecode:
 
 def cast_on_update(layer, dtype: torch.dtype) -> None:
     """Store keys and values in one dtype: under autocast a Llama's keys leave the rotary embedding in fp32 while
-    its values are bf16, and a preallocated cache holds a single dtype."""
-    update = layer.update
+    its values are bf16, and a preallocated cache holds a single dtype. The wrapper holds the layer weakly: a
+    reference cycle would keep the cache's tensors alive until the garbage collector's next full pass."""
+    update, owner = type(layer).update, weakref.ref(layer)
 
     def update_cast(key_states, value_states, *args, **kwargs):
-        return update(key_states.to(dtype), value_states.to(dtype), *args, **kwargs)
+        return update(owner(), key_states.to(dtype), value_states.to(dtype), *args, **kwargs)
 
     layer.update = update_cast
 

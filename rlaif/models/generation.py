@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import contextlib
-import inspect
 import os
 
 import torch
 
 from rlaif.algo.logprobs import chosen_logprobs
 from rlaif.errors import UserError
-from rlaif.models.decode import decode_static, supports_static_decode
+from rlaif.models.decode import decode_static, keeps_logits, supports_static_decode
 
 
 def format_prompts(tokenizer, policy, prompts: list[str]) -> list[str]:
@@ -35,15 +34,16 @@ DECODERS = ("auto", "static", "generate")
 
 
 def static_decoder_applies(model, enc: dict, decoder: str, stop=()) -> bool:
-    """`auto`: $RLAIF_DECODER when set, else the static decoder on a GPU for models it supports and no stop strings;
-    `static` or `generate` force one (the static decoder also runs on CPUs, without the CUDA graph)."""
+    """`auto`: $RLAIF_DECODER when set, else the static decoder for models it supports and no stop strings (on CPUs
+    too, without the CUDA graph: 25-40% less time than generate() there, BENCHMARKS.md); `static` or `generate`
+    force one."""
     if decoder == "auto":
         decoder = os.environ.get("RLAIF_DECODER", "auto")
         if decoder not in DECODERS:
             raise UserError(f"RLAIF_DECODER={decoder!r} is not one of {', '.join(DECODERS)}: unset it or pick one")
     if decoder != "auto":
         return decoder == "static"
-    return enc["input_ids"].is_cuda and not stop and supports_static_decode(model)
+    return not stop and supports_static_decode(model)
 
 
 @torch.no_grad()
@@ -52,17 +52,20 @@ def sample(model, tokenizer, enc: dict, *, max_new_tokens: int, temperature: flo
            decoder: str = "auto", want_hidden: bool = False):
     """Response token ids [batch * n, <= max_new_tokens] (KV cache on); rows are padded after their EOS, a prompt's
     n samples are adjacent. bf16 autocast on GPUs (never on CPUs, where bf16 matmuls are slow). min_new_tokens bars
-    EOS before that many tokens (= max_new_tokens: fixed-length responses). want_hidden (models with a plain head,
-    on transformers' generate): (ids, the backbone's last hidden state that predicted each token [batch * n, T, H])."""
+    EOS before that many tokens (= max_new_tokens: fixed-length responses). want_hidden (models with a plain head):
+    (ids, the backbone's last hidden state that predicted each token [batch * n, >= T, H]; no CUDA graph then)."""
     if seed is not None:
         torch.manual_seed(seed)
-    if not want_hidden and static_decoder_applies(model, enc, decoder):
+    recorder = LastHiddenRecorder(model) if want_hidden else contextlib.nullcontext()
+    if static_decoder_applies(model, enc, decoder):
         seeds = torch.randint(0, 2**62, (enc["input_ids"].shape[0] * num_return_sequences,)).tolist()
         repeated = {k: v.repeat_interleave(num_return_sequences, 0) for k, v in enc.items()}
-        return decode_static(model, repeated, seeds, max_new_tokens=max_new_tokens, temperature=temperature,
-                             top_k=top_k, top_p=top_p, eos_id=tokenizer.eos_token_id,
-                             pad_id=tokenizer.pad_token_id, min_new_tokens=min_new_tokens)
-    recorder = LastHiddenRecorder(model) if want_hidden else contextlib.nullcontext()
+        with recorder:  # a captured graph would not run the recorder's hook: eager steps when it is on
+            responses = decode_static(model, repeated, seeds, max_new_tokens=max_new_tokens, temperature=temperature,
+                                      top_k=top_k, top_p=top_p, eos_id=tokenizer.eos_token_id,
+                                      pad_id=tokenizer.pad_token_id, min_new_tokens=min_new_tokens,
+                                      cuda_graph=False if want_hidden else None)
+        return (responses, recorder.hidden()) if want_hidden else responses
     with recorder, torch.autocast("cuda", dtype=torch.bfloat16, enabled=enc["input_ids"].is_cuda):
         out = model.generate(
             **enc,
@@ -198,18 +201,13 @@ def response_logits_and_hidden(model, prompt_ids, prompt_mask, responses, resp_m
     model's output layer is applied to the response positions only)."""
     input_ids = torch.cat([prompt_ids, responses], dim=1)
     attention = torch.cat([prompt_mask, resp_mask], dim=1)
-    keep = {"logits_to_keep": responses.shape[1] + 1} if _keeps_logits(model) else {}
+    keep = {"logits_to_keep": responses.shape[1] + 1} if keeps_logits(model) else {}
     out = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids(attention),
                 output_hidden_states=want_hidden, use_cache=False, **keep)
     p = prompt_ids.shape[1]
     logits = out.logits[:, -responses.shape[1] - 1 : -1]
     hidden = out.hidden_states[-1][:, p - 1 : -1] if want_hidden else None
     return logits, hidden
-
-
-def _keeps_logits(model) -> bool:
-    forward = model.get_base_model().forward if hasattr(model, "get_base_model") else model.forward
-    return "logits_to_keep" in inspect.signature(forward).parameters
 
 
 # Architectures whose logits are exactly lm_head(backbone output): no softcapping or logit scaling after the head.
