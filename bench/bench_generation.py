@@ -1,8 +1,8 @@
 """Generation throughput on the demo policy: the generate stage's sampler (per-sample seeds, length-bucketed
 micro-batches) against the same without bucketing, plain `generate` on padded batches in prompt order (what a
-naive loop does), and one prompt at a time. On a GPU the stage's sampler is the static decoder (CUDA graph); its
-eager steps and transformers' generate with the per-row sampler are measured too, and the graph's tokens are checked
-against the eager steps'. Response tokens/s, medians over --trials.
+naive loop does), one prompt at a time, and transformers' generate with the per-row sampler (the stage's sampler
+before the static decoder). The stage's sampler is the static decoder (on a GPU with a CUDA graph, whose tokens are
+checked against its eager steps', measured too). Response tokens/s, medians over --trials.
 
     .venv/bin/python bench/bench_generation.py [--prompts 256] [--trials 3] [--append] [--set KEY=VALUE]
 """
@@ -92,12 +92,10 @@ def main() -> None:
         "rlaif generate without length buckets": (lambda: ours(backend, rows, texts, False), len(rows)),
     }
     if torch.cuda.is_available():
-        modes |= {
-            "static decoder, eager steps (no CUDA graph), length buckets": (
-                lambda: ours(backend, rows, texts, True, "eager"), len(rows)),
-            "transformers `generate` + per-row sampler (before), length buckets": (
-                lambda: ours(backend, rows, texts, True, "generate"), len(rows)),
-        }
+        modes["static decoder, eager steps (no CUDA graph), length buckets"] = (
+            lambda: ours(backend, rows, texts, True, "eager"), len(rows))
+    modes["transformers `generate` + per-row sampler (before), length buckets"] = (
+        lambda: ours(backend, rows, texts, True, "generate"), len(rows))
     modes |= {
         f"plain `generate`, padded batches of {per_batch} prompts": (lambda: plain(backend, texts, per_batch),
                                                                      len(rows)),

@@ -2,7 +2,8 @@
 has it), side by side in one run, on the same model and settings.
 
 Same policy (the demo's tiny Llama, LoRA r16, the reference = adapter disabled in both), same reward model (a
-Llama sequence classifier on the policy's tokenizer, fixed random weights: throughput does not depend on them), same
+Llama sequence classifier on the policy's tokenizer, fixed random weights: throughput does not depend on them; both
+score the sampled token ids, ours through the stage's scorer), same
 prompts, rollout batch 64, minibatch 16, 2 PPO epochs, responses up to 48 tokens, one process each with the same
 threads. TRL adds its own critic (a second Llama with a score head, as its PPOTrainer requires); rlaif puts a value
 head on the policy's backbone. Each trainer runs in its own process, so its peak memory (RSS on CPUs, allocated GPU
@@ -20,6 +21,7 @@ peft, accelerate and datasets; ours imports peft when LoRA is on (the stage impo
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -37,7 +39,7 @@ OVERRIDES = [f"ppo.rollout_batch_size={ROLLOUT}", f"ppo.minibatch_size={MINIBATC
 def bench_overrides(a) -> list[str]:
     """OVERRIDES plus the run's LoRA rank and response-length mode."""
     return [*OVERRIDES, f"ppo.lora_rank={a.lora_rank}", f"ppo.fixed_length={str(a.fixed_length).lower()}",
-            f"ppo.rollout_logprobs={a.rollout_logprobs}"]
+            f"ppo.rollout_logprobs={a.rollout_logprobs}", f"ppo.reward_inputs={a.reward_inputs}"]
 
 
 def import_our_libraries(a) -> None:
@@ -94,6 +96,8 @@ def shared_models(work: Path, size: str) -> tuple[Path, Path]:
         torch.manual_seed(0)
         LlamaForSequenceClassification(config).save_pretrained(rm_dir, safe_serialization=True)
         load_tokenizer(policy_dir).save_pretrained(rm_dir)
+    if not (rm_dir / "reward_stats.json").exists():  # as train_rm exports it, so ours scores through the stage's scorer
+        (rm_dir / "reward_stats.json").write_text(json.dumps({"mean": 0.0, "std": 1.0, "max_length": 4096}))
     return policy_dir, rm_dir
 
 
@@ -106,31 +110,20 @@ def prompts(n: int) -> list[str]:
 
 
 def ours_setup(overrides: list[str], rm_dir: Path):
-    """rlaif's side of a PPO/GRPO bench: the config, the stage's policy, reference and engine, and a reward function
-    scoring decoded text with the bench's reward model (as the stage does with its own)."""
-    import torch
-    from transformers import AutoModelForSequenceClassification
-
+    """rlaif's side of a PPO/GRPO bench: the config, the stage's policy, reference, reward scorer (on the policy's
+    token ids, as the stage scores with a reward model on the policy's tokenizer) and engine."""
     from rlaif import distributed as dist
     from rlaif.config import load_config
-    from rlaif.models.loading import load_tokenizer
     from rlaif.models.policy import build_policy
+    from rlaif.models.reward import reward_scorer
     from rlaif.stages import ppo
 
     cfg = load_config("configs/demo.yaml", overrides)
     dist.avoid_per_shape_attention_plans()  # as run_stage does for every stage
     _, _, device = dist.setup()
     tokenizer, policy, reference_logprobs = build_policy(cfg, device)
-    rm = AutoModelForSequenceClassification.from_pretrained(str(rm_dir)).to(device).eval().requires_grad_(False)
-    rm_tok = load_tokenizer(rm_dir, padding_side="right")
+    reward_fn = reward_scorer(rm_dir, cfg.ppo.reward_inputs, tokenizer, device)
     amp = ppo.autocast(device.type == "cuda")  # bf16 on GPUs, as the stage does (and as TRL's bf16=True does)
-
-    def reward_fn(prompt_texts, responses):
-        texts = [cfg.policy.prompt_template.format(prompt=p) + " " + r for p, r in zip(prompt_texts, responses)]
-        enc = rm_tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
-        with torch.no_grad(), amp():
-            return rm(**enc).logits.squeeze(-1).float()
-
     engine = ppo.make_engine(cfg, policy, device)
     return cfg, device, tokenizer, policy, reference_logprobs, reward_fn, engine, amp
 
@@ -206,6 +199,8 @@ def cli(script: str, workers: dict, algorithm: str, ours: str, peer: str) -> Non
     p.add_argument("--fixed-length", action="store_true", help="every response max_new_tokens long (no EOS stop)")
     p.add_argument("--rollout-logprobs", choices=["auto", "sampled", "recompute"], default="auto",
                    help="ours: ppo.rollout_logprobs (old log-probs and values from the sampler, or recomputed)")
+    p.add_argument("--reward-inputs", choices=["auto", "text"], default="auto",
+                   help="ours: ppo.reward_inputs (the sampled token ids, or decoded and re-tokenized text)")
     a = p.parse_args()
     if a.worker:
         report_result(workers[a.worker](a))
@@ -213,12 +208,14 @@ def cli(script: str, workers: dict, algorithm: str, ours: str, peer: str) -> Non
     import trl
 
     passed = ["--lora-rank", str(a.lora_rank), "--rollout-logprobs", a.rollout_logprobs,
+              "--reward-inputs", a.reward_inputs,
               *(["--fixed-length"] if a.fixed_length else [])]
     weights = f"LoRA r{a.lora_rank}" if a.lora_rank else "all weights"
     compare_iterations(script, a, lambda: shared_models(Path(a.work), a.size),
                        f"{algorithm} iteration vs {peer} (policy {a.size}, {weights}"
                        f"{', fixed-length responses' if a.fixed_length else ''}"
                        f"{'' if a.rollout_logprobs == 'auto' else ', rollout log-probs ' + a.rollout_logprobs}"
+                       f"{'' if a.reward_inputs == 'auto' else ', rewards on ' + a.reward_inputs}"
                        f"; trl {trl.__version__}; median of "
                        f"{a.trials} trials of {a.iterations} iterations)", ours, peer, passed)
 

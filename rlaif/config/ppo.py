@@ -94,6 +94,11 @@ class PPOConfig(Strict):
     reward_model: Literal["teacher", "student"] = "teacher"
     """With reward reward_model: score rollouts with the trained reward model (`teacher`) or its distilled student
     (`student`, needs train_rm.student.layers > 0): a fraction of the scoring time, agreement in train_rm's summary."""
+    reward_inputs: Literal["auto", "token_ids", "text"] = "auto"
+    """How rollouts reach the reward model. `token_ids`: the policy's sampled tokens go in as they are, in the reward
+    model's pair template (no decode and re-tokenize; needs the reward model's tokenizer to be the policy's). `text`:
+    responses are decoded and re-tokenized. `auto`: token ids when the tokenizers are the same. Sampled tokens can
+    split a text differently from re-tokenizing it (BENCHMARKS.md measures how often)."""
     reward_clip: float = Field(5.0, gt=0)
     """Clip normalised rewards to +-this."""
     missing_eos_penalty: float | None = Field(None, ge=0)

@@ -33,3 +33,22 @@ def make_judge(settings, batch_size: int, references: dict[str, list[str]] | Non
 
         return RulesJudge(settings.rules, settings.temperature)
     raise UserError(f"unknown judge {settings.judge!r}: use embedding, hf, openai, rules or reference")
+
+
+def judge_scorer(cfg):
+    """PPO with ppo.reward=judge (d-RLAIF): label's judge scores each response alone in [-1, 1], against a
+    principle sampled per prompt."""
+    from rlaif.io.prompts import load_prompts
+    from rlaif.judges.constitution import load_constitution, score_each
+    from rlaif.judges.reference import reference_points
+
+    judge = make_judge(cfg.label, cfg.label.batch_size, reference_points(load_prompts(cfg.data)))
+    if not hasattr(judge, "direct_score"):
+        raise UserError(f"ppo.reward=judge needs a judge that scores one response alone (hf, rules or reference), not "
+                        f"{judge.name}")
+    principles = load_constitution(cfg.label.constitution)
+
+    def score(prompts: list[str], responses: list[str]):  # -> a tensor of scores in [-1, 1]
+        return score_each(judge, principles, cfg.label.principles, cfg.seed, prompts, prompts, responses)
+
+    return score

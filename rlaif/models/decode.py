@@ -102,6 +102,11 @@ def keeps_logits(model) -> bool:
     return _forward_takes(type(inner), "logits_to_keep")
 
 
+def takes_cache(model) -> bool:
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return _forward_takes(type(inner), "cache")
+
+
 @functools.cache
 def _forward_takes(model_type: type, name: str) -> bool:
     return name in inspect.signature(model_type.forward).parameters
@@ -126,6 +131,8 @@ class StaticDecode:
         self.eos_id = eos_id if eos_id is not None else -1  # no EOS token: rows run to max_new_tokens
         self.pad_id, self.min_new_tokens = pad_id, min_new_tokens
         self.cache = StaticCache(config=model.config, max_cache_len=slots)
+        # transformers 5.24 renamed forward's past_key_values to cache (the old name warns, then goes in 5.40).
+        self.cache_argument = {"cache" if takes_cache(model) else "past_key_values": self.cache}
         # bf16 under the GPU's autocast (attention runs in bf16 there), the weights' dtype elsewhere.
         cache_dtype = torch.bfloat16 if torch.device(device).type == "cuda" else next(model.parameters()).dtype
         for layer in self.cache.layers:
@@ -175,7 +182,7 @@ class StaticDecode:
         keep = {"logits_to_keep": 1} if keeps_logits(self.model) else {}  # not [batch, prompt, vocabulary] logits
         with self.autocast():
             logits = self.model(input_ids=ids, attention_mask=self.mask(visible), position_ids=positions,
-                                past_key_values=self.cache, use_cache=True, **keep).logits[:, -1]
+                                use_cache=True, **self.cache_argument, **keep).logits[:, -1]
         self._record(logits)
 
     def step(self) -> None:
@@ -184,8 +191,8 @@ class StaticDecode:
         visible = self.key_valid & (self.key_index <= self.prompt_len + self.index)
         with self.autocast():
             logits = self.model(input_ids=fed, attention_mask=self.mask(visible[:, None, None, :]),
-                                position_ids=self.next_position + self.index, past_key_values=self.cache,
-                                use_cache=True).logits[:, -1]
+                                position_ids=self.next_position + self.index, use_cache=True,
+                                **self.cache_argument).logits[:, -1]
         self.index.add_(1)
         self._record(logits)
 

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import torch
 
+from rlaif.errors import UserError
+
 
 def load_reward_model(path: Path, lora_rank: int = 0, lora_alpha: int = 32):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -42,14 +44,122 @@ def batched_rewards(model, tokenizer, prompts, responses, max_length, device, ba
     return torch.cat(out).float().cpu() if out else torch.zeros(0)
 
 
-def normalised_scorer(path: Path, device):
-    """score(prompts, responses) -> the exported reward model's scores, normalised by its training mean and std."""
-    tokenizer, model = load_reward_model(path)
-    model.to(device).eval().requires_grad_(False)
-    stats = json.loads((path / "reward_stats.json").read_text())
+class NormalisedScorer:
+    """The exported reward model's scores normalised by its training mean and std (reward_stats.json): on text
+    (prompts, responses), or with `token_ids` set, on the policy's sampled response tokens (`score_tokens`): no
+    decode and re-tokenize, for a reward model whose tokenizer is the policy's (`shares_tokenizer`)."""
 
-    def score(prompts: list[str], responses: list[str]) -> torch.Tensor:
-        raw = batched_rewards(model, tokenizer, prompts, responses, stats["max_length"], device)
-        return (raw - stats["mean"]) / max(stats["std"], 1e-6)
+    def __init__(self, path: Path, device):
+        self.tokenizer, self.model = load_reward_model(path)
+        self.model.to(device).eval().requires_grad_(False)
+        stats = json.loads((path / "reward_stats.json").read_text())
+        self.mean, self.std, self.max_length = stats["mean"], max(stats["std"], 1e-6), stats["max_length"]
+        self.device, self.token_ids = device, False
 
-    return score
+    def __call__(self, prompts: list[str], responses: list[str]) -> torch.Tensor:
+        raw = batched_rewards(self.model, self.tokenizer, prompts, responses, self.max_length, self.device)
+        return (raw - self.mean) / self.std
+
+    def shares_tokenizer(self, tokenizer) -> bool:
+        """Same vocabulary, normalisation, pre-tokenization and added tokens (fast tokenizers only): the policy's
+        token ids mean the same text to the reward model."""
+        mine = tokenizer_identity(self.tokenizer)
+        return mine is not None and mine == tokenizer_identity(tokenizer)
+
+    @torch.no_grad()
+    def score_tokens(self, prompts: list[str], responses: torch.Tensor, mask: torch.Tensor,
+                     batch_size: int = 64) -> torch.Tensor:
+        """Scores of (prompt text, response token ids [rows, T] where mask is 1, special tokens dropped as decoding
+        drops them) in the reward model's own pair template, truncated as its tokenizer truncates text pairs."""
+        special = torch.tensor(self.tokenizer.all_special_ids, dtype=responses.dtype)
+        responses, mask = responses.cpu(), mask.cpu()
+        keep = mask.bool() & ~torch.isin(responses, special)
+        rows = [row[k].tolist() for row, k in zip(responses, keep)]
+        out = []
+        for i in range(0, len(rows), batch_size):
+            enc = pair_inputs(self.tokenizer, prompts[i : i + batch_size], rows[i : i + batch_size], self.max_length)
+            out.append(self.model(**{k: v.to(self.device) for k, v in enc.items()}).logits.squeeze(-1).float().cpu())
+        raw = torch.cat(out) if out else torch.zeros(0)
+        return (raw - self.mean) / self.std
+
+
+def normalised_scorer(path: Path, device) -> NormalisedScorer:
+    """score(prompts, responses) -> the exported reward model's normalised scores (PPO and the evaluation)."""
+    return NormalisedScorer(path, device)
+
+
+def reward_scorer(path: Path, reward_inputs: str, tokenizer, device) -> NormalisedScorer:
+    """PPO's scorer: the normalised reward model, fed the policy's token ids or text as ppo.reward_inputs says."""
+    scorer = NormalisedScorer(path, device)
+    shared = scorer.shares_tokenizer(tokenizer)
+    if reward_inputs == "token_ids" and not shared:
+        raise UserError("ppo.reward_inputs=token_ids needs the reward model's tokenizer to be the policy's (same "
+                        "vocabulary, normalisation and added tokens): set ppo.reward_inputs to text or auto")
+    scorer.token_ids = shared and reward_inputs != "text"
+    return scorer
+
+
+def tokenizer_identity(tokenizer) -> dict | None:
+    """What decides how a fast tokenizer maps text to ids (its model, normaliser, pre-tokenizer, added tokens), or
+    None for a tokenizer without a `tokenizers` backend."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    spec = json.loads(backend.to_str())
+    return {k: spec.get(k) for k in ("model", "normalizer", "pre_tokenizer", "added_tokens")}
+
+
+PLACEHOLDER = "x"  # a second sequence whose positions show where the pair template puts the response
+
+
+def pair_inputs(tokenizer, prompts: list[str], responses: list[list[int]], max_length: int) -> dict:
+    """Padded model inputs for (prompt text, response ids) pairs: the tokenizer's pair template around the prompt
+    and a placeholder, whose positions take the response ids, truncated as text pairs are (longest_first)."""
+    enc = tokenizer(prompts, [PLACEHOLDER] * len(prompts), add_special_tokens=True)
+    rows = []
+    for i, response in enumerate(responses):
+        sequence, ids = enc.sequence_ids(i), enc["input_ids"][i]
+        types = enc["token_type_ids"][i] if "token_type_ids" in enc else [0] * len(ids)
+        prompt = [t for t, s in zip(ids, sequence) if s == 0]
+        keep_prompt, keep_response = longest_first(len(prompt), len(response), max_length - sequence.count(None))
+        parts = {0: prompt[:keep_prompt], 1: list(response)[:keep_response]}
+        row_ids, row_types, placed = [], [], set()
+        for token, kind, segment in zip(ids, types, sequence):
+            if segment in placed:
+                continue
+            part = [token] if segment is None else parts[segment]
+            if segment is not None:
+                placed.add(segment)
+            row_ids += part
+            row_types += [kind] * len(part)
+        rows.append((row_ids, row_types))
+    return padded(rows, tokenizer, with_types="token_type_ids" in enc)
+
+
+def longest_first(first: int, second: int, budget: int) -> tuple[int, int]:
+    """The lengths `tokenizers` keeps of a pair under truncation="longest_first" (its truncate_encodings): the longer
+    is cut to what the shorter leaves, or, when that is not enough, each gets half (the longer the odd token)."""
+    budget = max(budget, 0)
+    if first + second <= budget:
+        return first, second
+    short = min(first, second)
+    kept_short, kept_long = short, short if short > budget else max(short, budget - short)
+    if kept_short + kept_long > budget:
+        kept_short, kept_long = budget // 2, budget // 2 + budget % 2
+    return (kept_long, kept_short) if first > second else (kept_short, kept_long)
+
+
+def padded(rows: list[tuple[list[int], list[int]]], tokenizer, with_types: bool) -> dict:
+    """input_ids, attention_mask (and token_type_ids) tensors, padded on the tokenizer's padding side."""
+    width = max((len(ids) for ids, _ in rows), default=0)
+    left = tokenizer.padding_side == "left"
+
+    def pad(values: list[int], fill: int) -> list[int]:
+        filler = [fill] * (width - len(values))
+        return filler + values if left else values + filler
+
+    out = {"input_ids": torch.tensor([pad(ids, tokenizer.pad_token_id) for ids, _ in rows], dtype=torch.long),
+           "attention_mask": torch.tensor([pad([1] * len(ids), 0) for ids, _ in rows], dtype=torch.long)}
+    if with_types:
+        out["token_type_ids"] = torch.tensor([pad(types, 0) for _, types in rows], dtype=torch.long)
+    return out

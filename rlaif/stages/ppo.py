@@ -23,10 +23,12 @@ import torch.nn as nn
 from rlaif import distributed as dist
 from rlaif import faults, report
 from rlaif.algo import ppo as algo
+from rlaif.algo.batches import pad_left, pad_right, trimmed
 from rlaif.distributed import clock
 from rlaif.errors import UserError
 from rlaif.io import storage
-from rlaif.io.prompts import load_prompts, split
+from rlaif.io.prompts import split
+from rlaif.judges import judge_scorer
 from rlaif.models import card
 from rlaif.models.generation import (
     backbone_and_head,
@@ -38,7 +40,7 @@ from rlaif.models.generation import (
     sample,
 )
 from rlaif.models.policy import PolicyWithValue, build_policy
-from rlaif.models.reward import normalised_scorer
+from rlaif.models.reward import reward_scorer
 from rlaif.progress import progress
 from rlaif.stages.common import StageContext, model_dir
 from rlaif.tracking import Tracker
@@ -48,25 +50,6 @@ from rlaif.training import Checkpoints, Engine
 def autocast(enabled: bool):
     """A context factory: bf16 autocast on GPUs when enabled, else nothing (bf16 matmuls are slow on CPUs)."""
     return (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if enabled else contextlib.nullcontext
-
-
-def pad_right(x: torch.Tensor, width: int, value: int) -> torch.Tensor:
-    return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
-
-
-def pad_left(x: torch.Tensor, width: int, value: int) -> torch.Tensor:
-    return torch.nn.functional.pad(x, (width - x.shape[1], 0), value=value)
-
-
-def trimmed(batch: dict, index=slice(None)) -> dict:
-    """Those rows of a batch of [rows, columns] tensors without the columns that are padding in all of them: left of
-    their longest prompt, right of their longest response. Exact up to floating-point rounding (other shapes): those
-    positions are masked out of attention, or come after every real token."""
-    picked = {k: v[index] for k, v in batch.items()}
-    start = int(picked["prompt_mask"].any(0).int().argmax())
-    real = picked["mask"].any(0).nonzero()
-    width = int(real.max()) + 1 if len(real) else 1
-    return {k: v[:, start:] if k.startswith("prompt") else v[:, :width] for k, v in picked.items()}
 
 
 def logprobs_from_sampling(settings, lm, device) -> bool:
@@ -117,8 +100,9 @@ def rollout(cfg, policy, reference_logprobs, tokenizer, reward_fn, prompts, seed
     timings["generate_s"] = clock() - t0
 
     t0 = clock()
-    decoded = decode(tokenizer, responses, mask)
-    raw = reward_fn([p["prompt"] for p in prompts for _ in range(samples)], decoded).to(device)
+    prompt_texts = [p["prompt"] for p in prompts for _ in range(samples)]
+    raw = (reward_fn.score_tokens(prompt_texts, responses, mask) if getattr(reward_fn, "token_ids", False)
+           else reward_fn(prompt_texts, decode(tokenizer, responses, mask))).to(device)
     score = raw.clamp(-settings.reward_clip, settings.reward_clip)
     ended = ((responses == tokenizer.eos_token_id) & mask.bool()).any(1)
     if settings.missing_eos_penalty is not None:
@@ -272,24 +256,6 @@ def reward_model_dir(ctx: StageContext) -> Path:
     return path / "student"
 
 
-def judge_scorer(cfg):
-    """d-RLAIF: label's judge scores each response alone in [-1, 1], against a principle sampled per prompt."""
-    from rlaif.judges import make_judge
-    from rlaif.judges.constitution import load_constitution, score_each
-    from rlaif.judges.reference import reference_points
-
-    judge = make_judge(cfg.label, cfg.label.batch_size, reference_points(load_prompts(cfg.data)))
-    if not hasattr(judge, "direct_score"):
-        raise UserError(f"ppo.reward=judge needs a judge that scores one response alone (hf, rules or reference), not "
-                        f"{judge.name}")
-    principles = load_constitution(cfg.label.constitution)
-
-    def score(prompts: list[str], responses: list[str]) -> torch.Tensor:
-        return score_each(judge, principles, cfg.label.principles, cfg.seed, prompts, prompts, responses)
-
-    return score
-
-
 class Rollouts:
     """Iteration `it`'s rollout on this rank: its slice of a seeded global batch of prompts. Asynchronous
     (`ppo.async_rollout`): an actor copy generates iteration it+1 with the weights from before update it, in a thread,
@@ -360,8 +326,8 @@ def run(ctx: StageContext) -> dict:
     amp = autocast(device.type == "cuda" and settings.strategy == "ddp")  # DeepSpeed runs bf16 itself
 
     tokenizer, policy, reference_logprobs = build_policy(cfg, device)
-    reward_fn = (normalised_scorer(reward_model_dir(ctx), device) if settings.reward == "reward_model"
-                 else judge_scorer(cfg))
+    reward_fn = (reward_scorer(reward_model_dir(ctx), settings.reward_inputs, tokenizer, device)
+                 if settings.reward == "reward_model" else judge_scorer(cfg))
     engine = make_engine(cfg, policy, device)
     adaptive = settings.adaptive_kl_target is not None and settings.algorithm == "ppo"
     controller = (algo.AdaptiveKLController(settings.kl_coef, settings.adaptive_kl_target,

@@ -200,3 +200,13 @@ def test_ppo_scores_with_the_distilled_student_when_asked(upstream, tmp_path):
     proc = launch_ppo(run, "ppo.reward_model=student", *student, "ppo.iterations=2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len(rows_of(run)) == 2 and (run / "ppo/policy/config.json").exists()
+
+
+def test_token_id_rewards_need_the_policys_tokenizer(upstream, tmp_path):
+    # tiny.yaml's reward model is MiniLM (a WordPiece tokenizer), the policy a byte-level BPE: auto scores on text;
+    # token_ids is refused before any rollout, with the fix.
+    run = copy_run(upstream, tmp_path, "token-ids")
+    proc = launch_ppo(run, "ppo.reward_inputs=token_ids", "ppo.iterations=1")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "ppo.reward_inputs=token_ids needs the reward model's tokenizer to be the policy's" in proc.stderr
+    assert not (run / "ppo/manifest.json").exists()
