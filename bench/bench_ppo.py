@@ -64,8 +64,10 @@ def trl_peft_config(a):
 
 
 SIZES = {"demo": None, "h128x2": (128, 2, 4, 384), "h256x4": (256, 4, 4, 768), "h512x8": (512, 8, 8, 1536),
-         "h1024x16": (1024, 16, 16, 2816), "h2048x16": (2048, 16, 16, 5632)}
-# hidden, layers, heads, intermediate (random weights; h128x2 is the demo's shape); the larger two are for GPUs
+         "h256x4v32k": (256, 4, 4, 768, 32000), "h1024x16": (1024, 16, 16, 2816), "h2048x16": (2048, 16, 16, 5632)}
+# hidden, layers, heads, intermediate[, vocabulary] (random weights; h128x2 is the demo's shape); the larger two are
+# for GPUs. h256x4v32k has a Llama tokenizer's 32k-token output layer on the demo tokenizer: the prompts use its ids,
+# sampled ids beyond them are never decoded (both trainers score token ids), so it measures a large vocabulary's cost.
 
 
 def shared_models(work: Path, size: str) -> tuple[Path, Path]:
@@ -79,12 +81,13 @@ def shared_models(work: Path, size: str) -> tuple[Path, Path]:
 
     policy_dir = resolve_policy(load_config("configs/demo.yaml").policy)
     if SIZES[size] is not None:
-        hidden, layers, heads, inter = SIZES[size]
+        hidden, layers, heads, inter, *vocab = SIZES[size]
         big = work / f"bench-ppo-policy-{size}"
         if not (big / "config.json").exists():
             config = AutoConfig.from_pretrained(str(policy_dir))
             config.hidden_size, config.num_hidden_layers, config.num_attention_heads = hidden, layers, heads
             config.num_key_value_heads, config.intermediate_size, config.head_dim = heads, inter, hidden // heads
+            config.vocab_size = vocab[0] if vocab else config.vocab_size
             torch.manual_seed(0)
             LlamaForCausalLM(config).save_pretrained(big, safe_serialization=True)
             load_tokenizer(policy_dir).save_pretrained(big)

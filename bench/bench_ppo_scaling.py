@@ -4,7 +4,9 @@ random Llamas on the demo tokenizer (bench_ppo.shared_models), so every response
 token counts are exact. Three points per axis around the base point (h128x2, batch 64, 48 tokens). Each point runs
 in its own process (its own peak RSS): one warm-up iteration, then the median of --iterations.
 
-    .venv/bin/python bench/bench_ppo_scaling.py [--iterations 3] [--append]
+    .venv/bin/python bench/bench_ppo_scaling.py [--iterations 3] [--append] [--points N] [--reward-inputs text]
+
+RLAIF_DECODER=generate measures the sampler before the static decoder became the CPU default.
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ def name(point: dict) -> str:
     return f"{point['size']},{point['batch']},{point['tokens']}"
 
 
-def worker(work: Path, point_name: str, iterations: int) -> dict:
+def worker(work: Path, point_name: str, iterations: int, reward_inputs: str) -> dict:
     from rlaif.io.prompts import split
     from rlaif.stages import ppo
 
@@ -44,7 +46,7 @@ def worker(work: Path, point_name: str, iterations: int) -> dict:
     cfg, device, tokenizer, policy, reference_logprobs, reward_fn, engine, amp = ours_setup([
         f"policy.model={policy_dir}", f"ppo.rollout_batch_size={batch_size}", "ppo.minibatch_size=16",
         f"ppo.ppo_epochs={EPOCHS}", f"ppo.max_new_tokens={tokens}", f"ppo.lora_rank={LORA_RANK}", f"ppo.lr={LR}",
-        "ppo.checkpoint_every=0"], rm_dir)
+        "ppo.checkpoint_every=0", f"ppo.reward_inputs={reward_inputs}"], rm_dir)
     rows, per_iteration = split(cfg.data, "train"), []
     for it in range(iterations + 1):  # the first is a warm-up
         chunk = [rows[(it * batch_size + k) % len(rows)] for k in range(batch_size)]
@@ -68,16 +70,18 @@ def main() -> None:
     p.add_argument("--work", default="runs")
     p.add_argument("--append", action="store_true")
     p.add_argument("--points", type=int, default=len(POINTS), help="measure only the first N points")
+    p.add_argument("--reward-inputs", choices=["auto", "text"], default="auto", help="ppo.reward_inputs")
     a = p.parse_args()
     points = POINTS[: a.points]
     if a.worker:
-        report_result(worker(Path(a.work), a.worker, a.iterations))
+        report_result(worker(Path(a.work), a.worker, a.iterations, a.reward_inputs))
         return
     Path(a.work).mkdir(exist_ok=True)
     for point in points:
         shared_models(Path(a.work), point["size"])
     med = side_by_side(__file__, tuple(name(pt) for pt in points), 1,
-                       ["--work", a.work, "--iterations", str(a.iterations)], (*PHASES, "response_tokens", "params_m"))
+                       ["--work", a.work, "--iterations", str(a.iterations), "--reward-inputs", a.reward_inputs],
+                       (*PHASES, "response_tokens", "params_m"))
     base = med[name(POINTS[0])]
     base_total = sum(base[k] for k in PHASES)
     lines = ["| policy | params | rollout batch | max new tokens | tokens sampled | generate s | score s | "
@@ -92,7 +96,8 @@ def main() -> None:
                      + f" | {total:.2f} | {total / base_total:.2f}x | {point['batch'] / total:.1f} | "
                      f"{r['peak_rss_mib']:.0f} |")
     publish(f"PPO iteration cost by phase against model size, batch and response length (median of {a.iterations} "
-            f"iterations after a warm-up, one process, decoder {os.environ.get('RLAIF_DECODER', 'auto')})",
+            f"iterations after a warm-up, one process, decoder {os.environ.get('RLAIF_DECODER', 'auto')}, rewards on "
+            f"{'token ids' if a.reward_inputs == 'auto' else 'text'})",
             "\n".join(lines), a.append)
 
 

@@ -22,10 +22,12 @@ def chunk_tokens(vocab: int) -> int:
 
 
 def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float):
+    """fp32 logits / temperature of a chunk: one [chunk, vocab] tensor, the rest in place (two under bf16)."""
     logits = hidden.to(weight.dtype) @ weight.t()
     if bias is not None:
-        logits = logits + bias
-    return logits.float() / temperature
+        logits += bias
+    logits = logits.float()
+    return logits.div_(temperature) if temperature != 1.0 else logits
 
 
 class _ChosenLogprobs(torch.autograd.Function):
@@ -57,7 +59,7 @@ class _ChosenLogprobs(torch.autograd.Function):
             else None
         for start in range(0, tokens.shape[0], ctx.chunk):
             part = slice(start, start + ctx.chunk)
-            probs = (_chunk_logits(hidden[part], weight, bias, ctx.temperature) - lse[part, None]).exp_()
+            probs = _chunk_logits(hidden[part], weight, bias, ctx.temperature).sub_(lse[part, None]).exp_()
             # d logp(token) / d logits = (onehot(token) - softmax) / T, scaled by the incoming gradient
             grad_logits = probs.mul_(-grad_logprobs[part, None])
             grad_logits.scatter_add_(-1, tokens[part, None], grad_logprobs[part, None])
