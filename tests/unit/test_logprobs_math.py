@@ -150,3 +150,11 @@ def test_the_samplers_hidden_states_give_the_recomputed_logprobs_and_values(lora
     real = mask.bool()
     torch.testing.assert_close(sampled_logprobs[real], logprobs[real], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(sampled_values[real], values[real], rtol=1e-5, atol=1e-5)
+
+
+def test_chunks_are_bounded_per_device():
+    from rlaif.algo.logprobs import chunk_tokens
+
+    assert chunk_tokens(1024, "cpu") == chunk_tokens(1024, "cuda") == 1024  # small vocabularies: capped in tokens
+    assert chunk_tokens(32000, "cpu") == 65 and chunk_tokens(32000, "cuda") == 1024
+    assert chunk_tokens(152_064, "cpu") == 16 and chunk_tokens(152_064, "cuda") == 220
