@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 
 # fp32 logits per chunk at most. GPUs: 128 MiB (~1k tokens at a 32k vocabulary, ~220 at 152k). CPUs: 8 MiB (~65
-# tokens at 32k), which on a 2-core CPU was both faster (PPO update 2.9 vs 3.4 s, reference pass 0.8 vs 1.4 s) and
-# 270 MiB leaner at a 32k vocabulary than 128 MiB chunks (BENCHMARKS.md).
+# tokens at 32k), which on a 2-core CPU was both faster (PPO update 3.0 vs 3.6 s, reference pass 0.85 vs 1.48 s) and
+# 250 MiB leaner at a 32k vocabulary than 128 MiB chunks (bench/chunk_budget.py, BENCHMARKS.md).
 CHUNK_ELEMENTS = {"cuda": 2**25, "cpu": 2**21}
 CHUNK_TOKENS = 1024  # and at most this many tokens: at small vocabularies a whole micro-batch would be one chunk
 
