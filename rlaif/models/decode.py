@@ -10,7 +10,7 @@ and logits, whichever rows share its batch (the property the generate stage's pe
 
 It draws different (equally distributed) samples than the CPU path (`PerRowSampler`'s torch.Generator streams),
 and from `generate()`'s. On CPUs it runs the same steps eagerly: no growing cache to copy, no logits processors,
-25-40% less time than `generate()` on the demo policy (BENCHMARKS.md).
+22-34% less time than `generate()` on the demo policy (BENCHMARKS.md).
 """
 from __future__ import annotations
 

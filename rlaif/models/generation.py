@@ -35,7 +35,7 @@ DECODERS = ("auto", "static", "generate")
 
 def static_decoder_applies(model, enc: dict, decoder: str, stop=()) -> bool:
     """`auto`: $RLAIF_DECODER when set, else the static decoder for models it supports and no stop strings (on CPUs
-    too, without the CUDA graph: 25-40% less time than generate() there, BENCHMARKS.md); `static` or `generate`
+    too, without the CUDA graph: 22-34% less time than generate() there, BENCHMARKS.md); `static` or `generate`
     force one."""
     if decoder == "auto":
         decoder = os.environ.get("RLAIF_DECODER", "auto")
