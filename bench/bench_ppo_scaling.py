@@ -37,9 +37,6 @@ def name(point: dict) -> str:
 
 
 def worker(work: Path, point_name: str, iterations: int, reward_inputs: str) -> dict:
-    from rlaif.io.prompts import split
-    from rlaif.stages import ppo
-
     size, batch_size, tokens = point_name.split(",")
     batch_size, tokens = int(batch_size), int(tokens)
     policy_dir, rm_dir = shared_models(work, size)
@@ -47,7 +44,19 @@ def worker(work: Path, point_name: str, iterations: int, reward_inputs: str) -> 
         f"policy.model={policy_dir}", f"ppo.rollout_batch_size={batch_size}", "ppo.minibatch_size=16",
         f"ppo.ppo_epochs={EPOCHS}", f"ppo.max_new_tokens={tokens}", f"ppo.lora_rank={LORA_RANK}", f"ppo.lr={LR}",
         "ppo.checkpoint_every=0", f"ppo.reward_inputs={reward_inputs}"], rm_dir)
-    rows, per_iteration = split(cfg.data, "train"), []
+    result = phase_medians(cfg, device, tokenizer, policy, reference_logprobs, reward_fn, engine, amp, iterations)
+    result["params_m"] = sum(p.numel() for p in policy.parameters()) / 1e6
+    return result
+
+
+def phase_medians(cfg, device, tokenizer, policy, reference_logprobs, reward_fn, engine, amp,
+                  iterations: int) -> dict:
+    """The stage's rollout() and update() on ppo.rollout_batch_size training prompts per iteration: one warm-up
+    iteration, then the median seconds of each phase (and response tokens) over `iterations`."""
+    from rlaif.io.prompts import split
+    from rlaif.stages import ppo
+
+    rows, per_iteration, batch_size = split(cfg.data, "train"), [], cfg.ppo.rollout_batch_size
     for it in range(iterations + 1):  # the first is a warm-up
         chunk = [rows[(it * batch_size + k) % len(rows)] for k in range(batch_size)]
         batch, _, timings = ppo.rollout(cfg, policy, reference_logprobs, tokenizer, reward_fn, chunk, seed=it,
@@ -58,9 +67,7 @@ def worker(work: Path, point_name: str, iterations: int, reward_inputs: str) -> 
         timings["response_tokens"] = batch["mask"].sum().item()
         if it:
             per_iteration.append(timings)
-    result = {k: statistics.median(t[k] for t in per_iteration) for k in (*PHASES, "response_tokens")}
-    result["params_m"] = sum(p.numel() for p in policy.parameters()) / 1e6
-    return result
+    return {k: statistics.median(t[k] for t in per_iteration) for k in (*PHASES, "response_tokens")}
 
 
 def main() -> None:

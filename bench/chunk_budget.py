@@ -1,6 +1,6 @@
 """PPO phase times and peak RSS against the chunked log-probs' chunk budget (rlaif/algo/logprobs.py CHUNK_ELEMENTS),
 on bench_ppo's h256x4v32k policy (a 32k-token output layer, LoRA r16, fixed-length responses): the stage's rollout()
-and update(), each budget in its own process, one warm-up iteration then the mean of --iterations.
+and update(), each budget in its own process, one warm-up iteration then the median of --iterations.
 
     .venv/bin/python bench/chunk_budget.py [--iterations 2] [--append]
 """
@@ -12,18 +12,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_ppo import bench_overrides, import_our_libraries, ours_setup, shared_models  # noqa: E402
+from bench_ppo_scaling import PHASES, phase_medians  # noqa: E402
 from common import mark_import_baseline, publish, report_result, side_by_side  # noqa: E402
 
-from rlaif.distributed import clock  # noqa: E402
-
 SIZE, BUDGETS = "h256x4v32k", (2**25, 2**23, 2**22, 2**21)
-PHASES = ("generate_s", "score_s", "reference_s", "update_s")
 
 
 def worker(work: Path, budget: int, iterations: int) -> dict:
     from rlaif.algo import logprobs
-    from rlaif.io.prompts import split
-    from rlaif.stages import ppo
 
     options = argparse.Namespace(lora_rank=16, fixed_length=True, rollout_logprobs="auto", reward_inputs="auto")
     import_our_libraries(options)
@@ -32,17 +28,8 @@ def worker(work: Path, budget: int, iterations: int) -> dict:
     policy_dir, rm_dir = shared_models(work, SIZE)
     cfg, device, tokenizer, policy, reference_logprobs, reward_fn, engine, amp = ours_setup(
         [*bench_overrides(options), f"policy.model={policy_dir}"], rm_dir)
-    rows, sums = split(cfg.data, "train"), dict.fromkeys(PHASES, 0.0)
-    for it in range(iterations + 1):  # the first is a warm-up
-        chunk = [rows[(it * 64 + k) % len(rows)] for k in range(64)]
-        batch, _, timings = ppo.rollout(cfg, policy, reference_logprobs, tokenizer, reward_fn, chunk, seed=it,
-                                        device=device, kl_coef=cfg.ppo.kl_coef, amp=amp)
-        start = clock()
-        ppo.update(cfg, engine, ppo.whiten_advantages(cfg, batch), seed=it, kl_coef=cfg.ppo.kl_coef, amp=amp)
-        timings["update_s"] = clock() - start
-        for key in PHASES:
-            sums[key] += timings[key] / iterations if it else 0.0
-    return {**sums, "chunk_tokens": logprobs.chunk_tokens(policy.lm.config.vocab_size, device.type)}
+    result = phase_medians(cfg, device, tokenizer, policy, reference_logprobs, reward_fn, engine, amp, iterations)
+    return {**result, "chunk_tokens": logprobs.chunk_tokens(policy.lm.config.vocab_size, device.type)}
 
 
 def main() -> None:
@@ -65,7 +52,7 @@ def main() -> None:
         r = results[str(budget)]
         lines.append(f"| {budget * 4 / 2**20:.0f} MiB | {r['chunk_tokens']:.0f} | "
                      + " | ".join(f"{r[k]:.2f}" for k in PHASES) + f" | {r['rss_above_baseline_mib']:.0f} |")
-    publish(f"Chunked log-probs: chunk budget on a CPU (policy {SIZE}, LoRA r16, fixed-length responses, mean of "
+    publish(f"Chunked log-probs: chunk budget on a CPU (policy {SIZE}, LoRA r16, fixed-length responses, median of "
             f"{a.iterations} iterations after a warm-up, one process per budget)", "\n".join(lines), a.append)
 
 

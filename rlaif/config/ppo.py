@@ -63,7 +63,8 @@ class PPOConfig(Strict):
     """Where the rollout's old log-probs and values come from. `sampled`: the hidden states the sampler computed for
     each token (one policy forward fewer per iteration); `recompute`: a forward over the finished rollout (TRL,
     OpenRLHF, verl). `auto`: sampled in fp32 (CPUs), where the two agree to float rounding, recomputed under bf16
-    (GPUs), where they differ more and the static decoder keeps no hidden states (measured in BENCHMARKS.md). Models
+    (GPUs), where they differ more and keeping the hidden states would cost the decoder its CUDA graph (measured in
+    BENCHMARKS.md). Models
     whose logits are not a plain head over the last hidden state always recompute."""
     temperature: float = Field(0.7, gt=0, le=100)
     """Rollout sampling temperature; log-probs are taken at the same temperature (TRL's default, 0.7, and the

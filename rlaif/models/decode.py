@@ -96,19 +96,15 @@ def supports_static_decode(model) -> bool:
     return not any(hasattr(weight, "ds_id") for weight in model.parameters())
 
 
-def keeps_logits(model) -> bool:
-    """Does the model's forward take logits_to_keep (compute the output layer at the last positions only)?"""
+def forward_takes(model, name: str) -> bool:
+    """Does the model's forward (under a PEFT wrapper, the base model's) take this argument? logits_to_keep: the
+    output layer at the last positions only; cache: transformers 5.24's name for past_key_values."""
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return _forward_takes(type(inner), "logits_to_keep")
-
-
-def takes_cache(model) -> bool:
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return _forward_takes(type(inner), "cache")
+    return _type_forward_takes(type(inner), name)
 
 
 @functools.cache
-def _forward_takes(model_type: type, name: str) -> bool:
+def _type_forward_takes(model_type: type, name: str) -> bool:
     return name in inspect.signature(model_type.forward).parameters
 
 
@@ -132,7 +128,7 @@ class StaticDecode:
         self.pad_id, self.min_new_tokens = pad_id, min_new_tokens
         self.cache = StaticCache(config=model.config, max_cache_len=slots)
         # transformers 5.24 renamed forward's past_key_values to cache (the old name warns, then goes in 5.40).
-        self.cache_argument = {"cache" if takes_cache(model) else "past_key_values": self.cache}
+        self.cache_argument = {"cache" if forward_takes(model, "cache") else "past_key_values": self.cache}
         # bf16 under the GPU's autocast (attention runs in bf16 there), the weights' dtype elsewhere.
         cache_dtype = torch.bfloat16 if torch.device(device).type == "cuda" else next(model.parameters()).dtype
         for layer in self.cache.layers:
@@ -179,7 +175,8 @@ class StaticDecode:
         # A padding query sees no valid key; letting it see itself keeps its (unused) outputs finite.
         visible |= (self.key_index == query[:, None])[None, None]
         positions = (self.key_valid[:, :prompt_len].long().cumsum(1) - 1).clamp(min=0)
-        keep = {"logits_to_keep": 1} if keeps_logits(self.model) else {}  # not [batch, prompt, vocabulary] logits
+        # The last position's logits only, not [batch, prompt, vocabulary].
+        keep = {"logits_to_keep": 1} if forward_takes(self.model, "logits_to_keep") else {}
         with self.autocast():
             logits = self.model(input_ids=ids, attention_mask=self.mask(visible), position_ids=positions,
                                 use_cache=True, **self.cache_argument, **keep).logits[:, -1]

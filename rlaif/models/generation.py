@@ -8,7 +8,7 @@ import torch
 
 from rlaif.algo.logprobs import chosen_logprobs
 from rlaif.errors import UserError
-from rlaif.models.decode import decode_static, keeps_logits, supports_static_decode
+from rlaif.models.decode import decode_static, forward_takes, supports_static_decode
 
 
 def format_prompts(tokenizer, policy, prompts: list[str]) -> list[str]:
@@ -201,7 +201,7 @@ def response_logits_and_hidden(model, prompt_ids, prompt_mask, responses, resp_m
     model's output layer is applied to the response positions only)."""
     input_ids = torch.cat([prompt_ids, responses], dim=1)
     attention = torch.cat([prompt_mask, resp_mask], dim=1)
-    keep = {"logits_to_keep": responses.shape[1] + 1} if keeps_logits(model) else {}
+    keep = {"logits_to_keep": responses.shape[1] + 1} if forward_takes(model, "logits_to_keep") else {}
     out = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids(attention),
                 output_hidden_states=want_hidden, use_cache=False, **keep)
     p = prompt_ids.shape[1]

@@ -45,7 +45,8 @@ def batched_rewards(model, tokenizer, prompts, responses, max_length, device, ba
 
 
 class NormalisedScorer:
-    """The exported reward model's scores normalised by its training mean and std (reward_stats.json): on text
+    """The exported reward model's scores normalised by its training mean and std (reward_stats.json), as PPO and
+    the evaluation score: on text
     (prompts, responses), or with `token_ids` set, on the policy's sampled response tokens (`score_tokens`): no
     decode and re-tokenize, for a reward model whose tokenizer is the policy's (`shares_tokenizer`)."""
 
@@ -83,11 +84,6 @@ class NormalisedScorer:
         return (raw - self.mean) / self.std
 
 
-def normalised_scorer(path: Path, device) -> NormalisedScorer:
-    """score(prompts, responses) -> the exported reward model's normalised scores (PPO and the evaluation)."""
-    return NormalisedScorer(path, device)
-
-
 def reward_scorer(path: Path, reward_inputs: str, tokenizer, device) -> NormalisedScorer:
     """PPO's scorer: the normalised reward model, fed the policy's token ids or text as ppo.reward_inputs says."""
     scorer = NormalisedScorer(path, device)
@@ -113,8 +109,8 @@ PLACEHOLDER = "x"  # a second sequence whose positions show where the pair templ
 
 
 def pair_inputs(tokenizer, prompts: list[str], responses: list[list[int]], max_length: int) -> dict:
-    """Padded model inputs for (prompt text, response ids) pairs: the tokenizer's pair template around the prompt
-    and a placeholder, whose positions take the response ids, truncated as text pairs are (longest_first)."""
+    """Model inputs for (prompt text, response ids) pairs, padded by the tokenizer: its pair template around the
+    prompt and a placeholder, whose positions take the response ids, truncated as text pairs are (longest_first)."""
     enc = tokenizer(prompts, [PLACEHOLDER] * len(prompts), add_special_tokens=True)
     rows = []
     for i, response in enumerate(responses):
@@ -123,17 +119,19 @@ def pair_inputs(tokenizer, prompts: list[str], responses: list[list[int]], max_l
         prompt = [t for t, s in zip(ids, sequence) if s == 0]
         keep_prompt, keep_response = longest_first(len(prompt), len(response), max_length - sequence.count(None))
         parts = {0: prompt[:keep_prompt], 1: list(response)[:keep_response]}
-        row_ids, row_types, placed = [], [], set()
+        row = {"input_ids": [], "token_type_ids": []}
+        placed = set()
         for token, kind, segment in zip(ids, types, sequence):
             if segment in placed:
                 continue
             part = [token] if segment is None else parts[segment]
             if segment is not None:
                 placed.add(segment)
-            row_ids += part
-            row_types += [kind] * len(part)
-        rows.append((row_ids, row_types))
-    return padded(rows, tokenizer, with_types="token_type_ids" in enc)
+            row["input_ids"] += part
+            row["token_type_ids"] += [kind] * len(part)
+        rows.append(row)
+    keys = [k for k in ("input_ids", "token_type_ids") if k in enc]
+    return dict(tokenizer.pad({k: [row[k] for row in rows] for k in keys}, return_tensors="pt"))
 
 
 def longest_first(first: int, second: int, budget: int) -> tuple[int, int]:
@@ -147,19 +145,3 @@ def longest_first(first: int, second: int, budget: int) -> tuple[int, int]:
     if kept_short + kept_long > budget:
         kept_short, kept_long = budget // 2, budget // 2 + budget % 2
     return (kept_long, kept_short) if first > second else (kept_short, kept_long)
-
-
-def padded(rows: list[tuple[list[int], list[int]]], tokenizer, with_types: bool) -> dict:
-    """input_ids, attention_mask (and token_type_ids) tensors, padded on the tokenizer's padding side."""
-    width = max((len(ids) for ids, _ in rows), default=0)
-    left = tokenizer.padding_side == "left"
-
-    def pad(values: list[int], fill: int) -> list[int]:
-        filler = [fill] * (width - len(values))
-        return filler + values if left else values + filler
-
-    out = {"input_ids": torch.tensor([pad(ids, tokenizer.pad_token_id) for ids, _ in rows], dtype=torch.long),
-           "attention_mask": torch.tensor([pad([1] * len(ids), 0) for ids, _ in rows], dtype=torch.long)}
-    if with_types:
-        out["token_type_ids"] = torch.tensor([pad(types, 0) for _, types in rows], dtype=torch.long)
-    return out

@@ -36,7 +36,7 @@ from rlaif.models.generation import (
     sample,
 )
 from rlaif.models.loading import load_causal_lm, load_policy
-from rlaif.models.reward import normalised_scorer
+from rlaif.models.reward import NormalisedScorer
 from rlaif.stages.common import StageContext, model_dir, run_url, stage_url
 
 
@@ -144,7 +144,7 @@ def run(ctx: StageContext) -> dict:
     seed = cfg.seed * 7919 + 17
     tuned, start = (answer(model, tokenizer, cfg, prompts, seed) for model in (tuned_model, reference))
     judges, p_by_judge = judge_all(cfg, prompts, tuned, start)
-    score = normalised_scorer(model_dir(ctx, "train_rm", "model"), device)
+    score = NormalisedScorer(model_dir(ctx, "train_rm", "model"), device)
     tuned.rewards, start.rewards = (score([p["prompt"] for p in prompts], a.text) for a in (tuned, start))
     kl = kl_to_reference(tuned_model, reference, tuned.batches, settings.temperature)
 

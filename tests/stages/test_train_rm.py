@@ -181,7 +181,7 @@ def test_adafactor_trains_and_a_killed_run_resumes_to_its_weights(tmp_path, back
 def test_a_distilled_student_is_exported_with_its_agreement(tmp_path, backbone):
     from transformers import AutoConfig
 
-    from rlaif.models.reward import normalised_scorer
+    from rlaif.models.reward import NormalisedScorer
 
     extra = ("train_rm.student.layers=1", "train_rm.student.max_prompts=24", "train_rm.student.max_new_tokens=8",
              "train_rm.student.batch_size=16", "train_rm.student.epochs=3", "train_rm.student.lr=1e-3",
@@ -196,7 +196,7 @@ def test_a_distilled_student_is_exported_with_its_agreement(tmp_path, backbone):
     assert student["held_out_accuracy"] >= 0.8
     path = tmp_path / "student/train_rm/model/student"
     assert AutoConfig.from_pretrained(str(path)).num_hidden_layers == 1
-    score = normalised_scorer(path, torch.device("cpu"))
+    score = NormalisedScorer(path, torch.device("cpu"))
     scores = score(["how do I get better at rice?"] * 2, ["here is help with rice today", "no idea about sleep sorry"])
     assert scores[0] > scores[1]
     assert "agrees with the teacher" in proc.stdout + proc.stderr
