@@ -14,9 +14,10 @@ memory on GPUs) is its own. On a GPU both run bf16 autocast. Medians over --tria
 
 --lora-rank 0 trains all weights (the reference is a frozen copy in both); --fixed-length makes every response
 max_new_tokens long in both (no stop at EOS), so both sample the same number of tokens whatever the policy.
-Memory: each worker's peak RSS, and its peak above the RSS it had once its imports were done (the trainers import
-different libraries). Each worker imports the libraries its trainer uses before that baseline: TRL's import brings
-peft, accelerate and datasets; ours imports peft when LoRA is on (the stage imports it lazily, ~150 MiB of RSS).
+Memory: each worker's peak RSS (VmHWM), and its peak above the RSS it had once its imports were done (the trainers
+import different libraries). Each worker imports the libraries its trainer uses before that baseline: TRL's import
+brings transformers' model classes, peft, accelerate and datasets; ours imports transformers' model classes, and peft
+when LoRA is on (the stage imports both lazily).
 """
 from __future__ import annotations
 
@@ -43,9 +44,10 @@ def bench_overrides(a) -> list[str]:
 
 
 def import_our_libraries(a) -> None:
-    """What rlaif's stage imports when it builds the policy (peft for LoRA), before the import baseline, as TRL's
-    worker has imported peft with trl."""
-    import transformers  # noqa: F401
+    """What rlaif's stage imports when it builds the policy, before the import baseline, as TRL's worker has imported
+    them with trl: transformers' model classes (~120 MiB of RSS; `import transformers` alone loads them lazily) and
+    peft for LoRA. Neither worker has imported the Llama module itself at its baseline."""
+    import transformers.modeling_utils  # noqa: F401
 
     import rlaif.models.policy  # noqa: F401
     import rlaif.stages.ppo  # noqa: F401

@@ -17,17 +17,29 @@ import torch
 _baseline_rss_mib: float | None = None
 
 
+def peak_rss_mib() -> float:
+    """This process's peak RSS so far: VmHWM, the high-water mark of its own address space. Not ru_maxrss: Linux
+    carries that over from the parent through fork and exec, so every worker's would start at the driver's RSS (a
+    worker reading ~380 MiB before it imported anything; the driver has imported trl)."""
+    try:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024
+    except (OSError, StopIteration):  # not Linux: ru_maxrss (KiB on Linux, bytes on macOS)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak / 2**20 if sys.platform == "darwin" else peak / 1024
+
+
 def mark_import_baseline() -> None:
     """Called by a worker once its imports are done, before it builds anything: the RSS that the runtime and the
     libraries cost, which the peak above it excludes (the trainers import different libraries)."""
     global _baseline_rss_mib
-    _baseline_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    _baseline_rss_mib = peak_rss_mib()
 
 
 def report_result(result: dict) -> None:
     """Called at the end of a worker process: its result plus its own peak RSS (and the peak above its import
     baseline, when marked), on one parseable line."""
-    result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    result["peak_rss_mib"] = peak_rss_mib()
     if _baseline_rss_mib is not None:
         result["rss_above_baseline_mib"] = result["peak_rss_mib"] - _baseline_rss_mib
     if torch.cuda.is_available():

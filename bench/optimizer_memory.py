@@ -6,7 +6,7 @@ it is): train_rm trains the 28M Llama sequence classifier (bench_ppo's reward mo
 stage itself; ppo trains the 28M policy with lora_rank 0 (plus its frozen reference copy and the 28M reward model)
 through the stage's rollout and update. Each measurement is its own process and takes a few optimizer steps; it
 reports the optimizer state's bytes (the sum of its tensors' sizes, after the last step), the peak RSS over the
-training steps above the RSS after the imports, and the process's whole peak RSS (ru_maxrss, as bench/common.py
+training steps above the RSS after the imports, and the process's whole peak RSS (VmHWM, as bench/common.py
 measures it). Workers alternate within each trial; medians and ranges over --trials.
 
     flock /tmp/rlaif-heavy.lock .venv/bin/python bench/optimizer_memory.py --trials 3 --append
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import resource
 import shutil
 import statistics
 import sys
@@ -23,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_ppo import ours_setup, shared_models  # noqa: E402
-from common import publish, report_result, side_by_side  # noqa: E402
+from common import peak_rss_mib, publish, report_result, side_by_side  # noqa: E402
 
 SIZE = "h512x8"
 RM_PAIRS, RM_BATCH, RM_MAX_LEN = 40, 8, 64  # 36 training pairs: 4 optimizer steps
@@ -33,11 +32,6 @@ KEYS = ("state_mib", "train_rss_above_imports_mib", "peak_rss_mib")
 
 def optimizers() -> list[str]:
     return ["adamw", "adafactor"] + (["adamw_8bit"] if importlib.util.find_spec("bitsandbytes") else [])
-
-
-def rss_mib() -> float:
-    """The process's peak RSS so far (imports only grow it, so after them it is also the current RSS)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def import_everything() -> float:
@@ -52,7 +46,7 @@ def import_everything() -> float:
     import rlaif.stages.train_rm  # noqa: F401
 
     logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
-    return rss_mib()
+    return peak_rss_mib()
 
 
 def state_mib(optimizer) -> float:
@@ -70,7 +64,7 @@ def watch_steps(probe: dict) -> None:
 
     def recorded(engine):
         norm = step(engine)
-        probe.update(state_mib=state_mib(engine.optimizer), train_peak=rss_mib())
+        probe.update(state_mib=state_mib(engine.optimizer), train_peak=peak_rss_mib())
         return norm
 
     training.Engine.step = recorded
@@ -121,7 +115,7 @@ def worker_ppo(work: Path, optimizer: str) -> dict:
         batch, _, _ = ppo.rollout(cfg, policy, reference_logprobs, tokenizer, reward_fn, chunk, seed=it, device=device,
                                   kl_coef=cfg.ppo.kl_coef, amp=amp)
         ppo.update(cfg, engine, ppo.whiten_advantages(cfg, batch), seed=it, kl_coef=cfg.ppo.kl_coef, amp=amp)
-    return {"state_mib": state_mib(engine.optimizer), "train_rss_above_imports_mib": rss_mib() - baseline}
+    return {"state_mib": state_mib(engine.optimizer), "train_rss_above_imports_mib": peak_rss_mib() - baseline}
 
 
 STAGES = {"train_rm": worker_train_rm, "ppo": worker_ppo}

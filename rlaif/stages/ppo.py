@@ -30,6 +30,7 @@ from rlaif.io import storage
 from rlaif.io.prompts import split
 from rlaif.judges import judge_scorer
 from rlaif.models import card
+from rlaif.models.adapters import adapter_folded, adapter_fused
 from rlaif.models.generation import (
     backbone_and_head,
     decode,
@@ -87,7 +88,7 @@ def rollout(cfg, policy, reference_logprobs, tokenizer, reward_fn, prompts, seed
     texts = format_prompts(tokenizer, cfg.policy, [p["prompt"] for p in prompts])
     enc = encode_prompts(tokenizer, texts, device)
     from_sampling = logprobs_from_sampling(settings, policy.lm, device)
-    with amp():
+    with amp(), adapter_folded(policy.lm):
         sampled = sample(policy.lm, tokenizer, enc, max_new_tokens=settings.max_new_tokens,
                          temperature=settings.temperature, num_return_sequences=samples, seed=seed,
                          min_new_tokens=fixed_length_tokens(settings), want_hidden=from_sampling)
@@ -158,61 +159,67 @@ def whiten_advantages(cfg, batch: dict) -> dict:
     return dict(batch, advantages=algo.masked_whiten(batch["advantages"], batch["mask"].float()))
 
 
+def minibatch_step(settings, engine: Engine, batch: dict, mine: torch.Tensor, normalizer: float, kl_coef: float,
+                   amp) -> dict:
+    """One optimizer step on this rank's rows of a minibatch (`mine`), in grad_accum_steps micro-batches; its stats."""
+    grpo, accum = settings.algorithm == "grpo", settings.grad_accum_steps
+    micro = len(mine) // accum
+    step = {"policy_loss": 0.0, "kl_loss" if grpo else "value_loss": 0.0, "entropy": 0.0, "clip_frac": 0.0,
+            "approx_kl": 0.0}
+    for j in range(accum):
+        part = trimmed(batch, mine[j * micro : (j + 1) * micro])
+        mask = part["mask"].float()
+        with engine.accumulating(), amp():
+            logprobs, entropy, values = engine(part["prompt_ids"], part["prompt_mask"], part["responses"],
+                                               part["mask"])
+            pg_loss, pg_stats = algo.policy_loss(logprobs, part["old_logprobs"], part["advantages"], mask,
+                                                 settings.clip_eps, normalizer)
+            if grpo:
+                kl = algo.kl_penalty(logprobs, part["ref_logprobs"], settings.kl_estimator)
+                aux = algo.token_average(kl, mask, normalizer)
+                loss = pg_loss + kl_coef * aux
+            else:
+                aux = algo.value_loss(values.float(), part["old_values"], part["returns"], mask,
+                                      settings.value_clip, normalizer)
+                loss = pg_loss + settings.vf_coef * aux
+            engine.backward(loss)
+        step["policy_loss"] += pg_loss.item() / accum
+        step["kl_loss" if grpo else "value_loss"] += aux.item() / accum
+        step["entropy"] += algo.masked_mean(entropy, mask).item() / accum
+        for k in ("clip_frac", "approx_kl"):
+            step[k] += pg_stats[k] / accum
+    step["grad_norm"] = engine.step()
+    return step
+
+
 def update(cfg, engine: Engine, batch: dict, seed: int, kl_coef: float, amp) -> dict:
     """PPO epochs over seeded minibatches of the global batch; each rank takes its slice of every minibatch."""
     settings, world, rank = cfg.ppo, dist.world_size(), dist.rank()
     total = batch["responses"].shape[0]
     per_rank = settings.minibatch_size // world
-    micro = per_rank // settings.grad_accum_steps
-    grpo = settings.algorithm == "grpo"
     engine.model.train()
     sums: dict[str, float] = {}
     minibatches, epochs_run = 0, 0
-    for epoch in range(settings.ppo_epochs):
-        order = torch.randperm(total, generator=torch.Generator().manual_seed(seed * 31 + epoch))
-        epoch_kl = []
-        for start in range(0, total, settings.minibatch_size):
-            chosen = order[start : start + settings.minibatch_size]
-            # Gradient = sum over the minibatch's tokens / their count, whatever the split (DDP averages over ranks
-            # and the engine over micro-batches, hence the factor).
-            normalizer = batch["mask"][chosen].sum().item() / (world * settings.grad_accum_steps)
-            mine = chosen[rank * per_rank : (rank + 1) * per_rank]
-            step = {"policy_loss": 0.0, "value_loss": 0.0, "kl_loss": 0.0, "entropy": 0.0, "clip_frac": 0.0,
-                    "approx_kl": 0.0}
-            for j in range(settings.grad_accum_steps):
-                part = trimmed(batch, mine[j * micro : (j + 1) * micro])
-                mask = part["mask"].float()
-                with engine.accumulating(), amp():
-                    logprobs, entropy, values = engine(part["prompt_ids"], part["prompt_mask"], part["responses"],
-                                                       part["mask"])
-                    pg_loss, pg_stats = algo.policy_loss(logprobs, part["old_logprobs"], part["advantages"], mask,
-                                                         settings.clip_eps, normalizer)
-                    if grpo:
-                        kl = algo.kl_penalty(logprobs, part["ref_logprobs"], settings.kl_estimator)
-                        aux = algo.token_average(kl, mask, normalizer)
-                        loss = pg_loss + kl_coef * aux
-                    else:
-                        aux = algo.value_loss(values.float(), part["old_values"], part["returns"], mask,
-                                              settings.value_clip, normalizer)
-                        loss = pg_loss + settings.vf_coef * aux
-                    engine.backward(loss)
-                step["policy_loss"] += pg_loss.item() / settings.grad_accum_steps
-                step["kl_loss" if grpo else "value_loss"] += aux.item() / settings.grad_accum_steps
-                step["entropy"] += algo.masked_mean(entropy, mask).item() / settings.grad_accum_steps
-                for k in ("clip_frac", "approx_kl"):
-                    step[k] += pg_stats[k] / settings.grad_accum_steps
-            step["grad_norm"] = engine.step()
-            epoch_kl.append(step["approx_kl"])
-            for k, v in step.items():
-                sums[k] = sums.get(k, 0.0) + v
-            minibatches += 1
-        epochs_run += 1
-        if (settings.target_kl is not None
-                and dist.all_reduce_mean({"kl": sum(epoch_kl) / len(epoch_kl)})["kl"] > settings.target_kl):
-            break  # the policy moved far enough from the rollout policy for this batch (every rank agrees)
-    out = {k: v / minibatches for k, v in sums.items()
-           if not (k == "kl_loss" and not grpo) and not (k == "value_loss" and grpo)}
-    return {**out, "ppo_epochs_run": epochs_run}
+    with adapter_fused(engine.model.lm):  # LoRA as one matmul per layer where it can be (CPU, fp32)
+        for epoch in range(settings.ppo_epochs):
+            order = torch.randperm(total, generator=torch.Generator().manual_seed(seed * 31 + epoch))
+            epoch_kl = []
+            for start in range(0, total, settings.minibatch_size):
+                chosen = order[start : start + settings.minibatch_size]
+                # Gradient = sum over the minibatch's tokens / their count, whatever the split (DDP averages over ranks
+                # and the engine over micro-batches, hence the factor).
+                normalizer = batch["mask"][chosen].sum().item() / (world * settings.grad_accum_steps)
+                step = minibatch_step(settings, engine, batch, chosen[rank * per_rank : (rank + 1) * per_rank],
+                                      normalizer, kl_coef, amp)
+                epoch_kl.append(step["approx_kl"])
+                for k, v in step.items():
+                    sums[k] = sums.get(k, 0.0) + v
+                minibatches += 1
+            epochs_run += 1
+            if (settings.target_kl is not None
+                    and dist.all_reduce_mean({"kl": sum(epoch_kl) / len(epoch_kl)})["kl"] > settings.target_kl):
+                break  # the policy moved far enough from the rollout policy for this batch (every rank agrees)
+    return {**{k: v / minibatches for k, v in sums.items()}, "ppo_epochs_run": epochs_run}
 
 
 @torch.no_grad()
