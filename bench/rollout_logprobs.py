@@ -2,10 +2,11 @@
 are from a forward over the finished rollout (`recompute`), on the same sampled tokens, in fp32 and under bf16
 autocast, and what the forward it saves costs.
 
-The demo's policy (the built-in tiny Llama after its warm-start) with LoRA r16 as PPO builds it, and a value head
-drawn at random (PPO's starts at zero, which would make the value columns trivially equal); 64 training prompts,
-48 new tokens at the demo's temperature. bf16 runs here on the CPU under torch.autocast (slow, but the rounding is
-bf16's); on GPUs the stage also samples with the static decoder, which keeps no hidden states.
+The demo's policy (the built-in tiny Llama after its warm-start) with LoRA r16 as PPO builds it, its adapter's B and
+the value head drawn at random (both start at zero, which would make the adapter fold and the value columns trivially
+exact); 64 training prompts, 48 new tokens at the demo's temperature, sampled as the stage samples (fp32 CPU
+weights: the adapter folded into the base weights). bf16 runs here on the CPU under torch.autocast (slow, but the
+rounding is bf16's; the adapter is not folded under autocast); on GPUs the stage recomputes under bf16.
 
     .venv/bin/python bench/rollout_logprobs.py [--append] [--size demo|h512x8]
 """
@@ -28,13 +29,15 @@ PROMPTS, TOKENS = 64, 48
 
 
 def compare(cfg, policy, tokenizer, texts: list[str], precision: str) -> dict:
+    from rlaif.models.adapters import adapter_folded
     from rlaif.models.generation import encode_prompts, response_mask, sample
 
     enc = encode_prompts(tokenizer, texts, torch.device("cpu"))
     cast = (torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext())
-    with torch.no_grad(), cast:
+    with torch.no_grad(), cast, adapter_folded(policy.lm):
         responses, hidden = sample(policy.lm, tokenizer, enc, max_new_tokens=TOKENS,
                                    temperature=cfg.ppo.temperature, seed=0, want_hidden=True)
+    with torch.no_grad(), cast:
         mask = response_mask(responses, tokenizer.eos_token_id)
         start = clock()
         sampled_logprobs, sampled_values = policy.from_hidden(hidden, responses)
@@ -70,6 +73,9 @@ def main() -> None:
     tokenizer, policy, _ = build_policy(cfg, torch.device("cpu"))
     torch.manual_seed(1)
     torch.nn.init.normal_(policy.value_head.weight, std=policy.value_head.in_features ** -0.5)
+    for name, param in policy.lm.named_parameters():
+        if "lora_B" in name:  # a trained adapter's scale
+            torch.nn.init.normal_(param, std=0.02)
     policy.eval()
     texts = format_prompts(tokenizer, cfg.policy, [r["prompt"] for r in split(cfg.data, "train")[:PROMPTS]])
     rows = [compare(cfg, policy, tokenizer, texts, precision) for precision in ("fp32", "bf16")]

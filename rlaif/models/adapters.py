@@ -15,8 +15,9 @@ from rlaif.algo.lora import folded_lora_linear
 
 def foldable_adapter_layers(lm) -> list:
     """The LoRA layers of `lm` when every one of them can be folded: one active vanilla adapter (no DoRA or other
-    variant, no dropout, no adapter bias, not merged) on a linear layer with fp32 weights on the CPU. Else none."""
-    if not hasattr(lm, "peft_config"):  # no adapter (and no peft import, ~150 MiB of RSS)
+    variant, no dropout, no adapter bias, not merged) on a linear layer with fp32 weights on the CPU, outside CPU
+    autocast. Else none."""
+    if not hasattr(lm, "peft_config") or torch.is_autocast_enabled("cpu"):  # no adapter (and no peft import), or bf16
         return []
     from peft.tuners.lora import Linear, LoraLayer
 

@@ -61,20 +61,23 @@ def logprobs_from_sampling(settings, lm, device) -> bool:
     return settings.rollout_logprobs == "sampled" or device.type == "cpu"
 
 
-def rollout_logprobs(policy, reference_logprobs, rows: dict, sampled_hidden, amp):
+def rollout_logprobs(policy, reference_logprobs, rows: dict, sampled_hidden, amp, chunk_rows: int):
     """Old log-probs, reference log-probs and values of a rollout [rows, max_new_tokens] (zeros past every response's
-    end), computed on its columns that are not padding everywhere; the old ones and the values from the sampler's
-    hidden states when it kept them (one policy forward fewer)."""
-    width = rows["responses"].shape[1]
-    real = trimmed(rows)
-    args = (real["prompt_ids"], real["prompt_mask"], real["responses"], real["mask"])
-    with amp():
-        if sampled_hidden is None:
-            old_logprobs, _, values = policy(*args)
-        else:
-            old_logprobs, values = policy.from_hidden(sampled_hidden[:, : args[2].shape[1]], args[2])
-        ref_logprobs = reference_logprobs(policy, *args)
-    return tuple(pad_right(x.float(), width, 0) for x in (old_logprobs, ref_logprobs, values))
+    end), `chunk_rows` rows at a time, each chunk without the columns that are padding in all its rows; the old ones
+    and the values from the sampler's hidden states when it kept them (one policy forward fewer)."""
+    width, parts = rows["responses"].shape[1], []
+    for start in range(0, rows["responses"].shape[0], chunk_rows):
+        index = slice(start, start + chunk_rows)
+        real = trimmed(rows, index)
+        args = (real["prompt_ids"], real["prompt_mask"], real["responses"], real["mask"])
+        with amp():
+            if sampled_hidden is None:
+                old_logprobs, _, values = policy(*args)
+            else:
+                old_logprobs, values = policy.from_hidden(sampled_hidden[index, : args[2].shape[1]], args[2])
+            ref_logprobs = reference_logprobs(policy, *args)
+        parts.append([pad_right(x.float(), width, 0) for x in (old_logprobs, ref_logprobs, values)])
+    return tuple(torch.cat(column) for column in zip(*parts))
 
 
 @torch.no_grad()
@@ -82,6 +85,9 @@ def rollout(cfg, policy, reference_logprobs, tokenizer, reward_fn, prompts, seed
     """One rank's rollout: responses, scores, old/reference log-probs, values, advantages and returns."""
     settings, timings = cfg.ppo, {}
     grpo = settings.algorithm == "grpo"
+    # The reward model and the reference run on the update's micro-batch of rows at a time: no phase holds more
+    # activations than the update, and their buffers are the sizes the update's reuse.
+    micro_rows = settings.minibatch_size // dist.world_size() // settings.grad_accum_steps
     samples = settings.group_size if grpo else 1
     t0 = clock()
     policy.eval()
@@ -102,7 +108,8 @@ def rollout(cfg, policy, reference_logprobs, tokenizer, reward_fn, prompts, seed
 
     t0 = clock()
     prompt_texts = [p["prompt"] for p in prompts for _ in range(samples)]
-    raw = (reward_fn.score_tokens(prompt_texts, responses, mask) if getattr(reward_fn, "token_ids", False)
+    raw = (reward_fn.score_tokens(prompt_texts, responses, mask, batch_size=micro_rows)
+           if getattr(reward_fn, "token_ids", False)
            else reward_fn(prompt_texts, decode(tokenizer, responses, mask))).to(device)
     score = raw.clamp(-settings.reward_clip, settings.reward_clip)
     ended = ((responses == tokenizer.eos_token_id) & mask.bool()).any(1)
@@ -113,7 +120,7 @@ def rollout(cfg, policy, reference_logprobs, tokenizer, reward_fn, prompts, seed
     t0 = clock()
     old_logprobs, ref_logprobs, values = rollout_logprobs(
         policy, reference_logprobs, dict(prompt_ids=prompt_ids, prompt_mask=prompt_mask, responses=responses,
-                                         mask=mask), sampled_hidden, amp)
+                                         mask=mask), sampled_hidden, amp, micro_rows)
     timings["reference_s"] = clock() - t0
 
     maskf = mask.float()

@@ -75,7 +75,7 @@ def test_an_error_while_folded_still_restores_the_weights():
     assert torch.equal(logits(lm), before)
 
 
-@pytest.mark.parametrize("kind", ["bf16", "dora", "no adapter"])
+@pytest.mark.parametrize("kind", ["bf16", "bf16 autocast", "dora", "no adapter"])
 def test_what_cannot_be_folded_is_left_alone(kind):
     if kind == "no adapter":
         from transformers import LlamaConfig, LlamaForCausalLM
@@ -83,11 +83,13 @@ def test_what_cannot_be_folded_is_left_alone(kind):
         lm = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                           num_attention_heads=4, num_key_value_heads=2))
     else:
-        lm = adapted(torch.bfloat16) if kind == "bf16" else adapted(use_dora=True)
-    assert foldable_adapter_layers(lm) == []
+        lm = {"bf16": lambda: adapted(torch.bfloat16), "bf16 autocast": adapted,
+              "dora": lambda: adapted(use_dora=True)}[kind]()
     pointers = [p.data_ptr() for p in lm.parameters()]
-    with adapter_folded(lm):
-        assert [p.data_ptr() for p in lm.parameters()] == pointers
+    with torch.autocast("cpu", dtype=torch.bfloat16) if kind == "bf16 autocast" else contextlib.nullcontext():
+        assert foldable_adapter_layers(lm) == []
+        with adapter_folded(lm):
+            assert [p.data_ptr() for p in lm.parameters()] == pointers
 
 
 @pytest.mark.parametrize("bias", [False, True])
