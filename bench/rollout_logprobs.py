@@ -33,11 +33,13 @@ def compare(cfg, policy, tokenizer, texts: list[str], precision: str) -> dict:
     from rlaif.models.generation import encode_prompts, response_mask, sample
 
     enc = encode_prompts(tokenizer, texts, torch.device("cpu"))
-    cast = (torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext())
-    with torch.no_grad(), cast, adapter_folded(policy.lm):
+    def cast():  # a fresh context per block (an autocast object is not re-entered)
+        return torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
+
+    with torch.no_grad(), cast(), adapter_folded(policy.lm):
         responses, hidden = sample(policy.lm, tokenizer, enc, max_new_tokens=TOKENS,
                                    temperature=cfg.ppo.temperature, seed=0, want_hidden=True)
-    with torch.no_grad(), cast:
+    with torch.no_grad(), cast():
         mask = response_mask(responses, tokenizer.eos_token_id)
         start = clock()
         sampled_logprobs, sampled_values = policy.from_hidden(hidden, responses)
