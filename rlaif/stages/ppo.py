@@ -87,7 +87,7 @@ def rollout(cfg, policy, reference_logprobs, tokenizer, reward_fn, prompts, seed
     grpo = settings.algorithm == "grpo"
     # The reward model and the reference run on the update's micro-batch of rows at a time: no phase holds more
     # activations than the update, and their buffers are the sizes the update's reuse.
-    micro_rows = settings.minibatch_size // dist.world_size() // settings.grad_accum_steps
+    micro_rows = micro_batch_rows(settings)
     samples = settings.group_size if grpo else 1
     t0 = clock()
     policy.eval()
@@ -237,13 +237,18 @@ def sync_actor(actor: nn.Module, learner: nn.Module) -> None:
             a.copy_(p)
 
 
+def micro_batch_rows(settings) -> int:
+    """Rows per forward and backward on one rank: its share of a minibatch, split over grad_accum_steps."""
+    return settings.minibatch_size // dist.world_size() // settings.grad_accum_steps
+
+
 def make_engine(cfg, policy: PolicyWithValue, device) -> Engine:
     """The policy's optimizer engine as ppo.* configures it (DDP or ZeRO, accumulation, constant or annealed LR)."""
     settings = cfg.ppo
     steps_per_iteration = settings.ppo_epochs * (settings.rollout_batch_size // settings.minibatch_size)
     return Engine(policy, strategy=settings.strategy, zero_stage=settings.zero_stage, optimizer=settings.optimizer,
                   lr=settings.lr, weight_decay=0.0, grad_clip=settings.grad_clip, accum_steps=settings.grad_accum_steps,
-                  micro_batch=settings.minibatch_size // dist.world_size() // settings.grad_accum_steps, warmup_steps=0,
+                  micro_batch=micro_batch_rows(settings), warmup_steps=0,
                   total_steps=settings.iterations * steps_per_iteration if settings.anneal_lr else None, device=device)
 
 
