@@ -9,6 +9,7 @@ import torch
 from rlaif.algo.logprobs import chosen_logprobs
 from rlaif.errors import UserError
 from rlaif.models.decode import decode_static, forward_takes, supports_static_decode
+from rlaif.models.packing import packs, response_states
 
 
 def format_prompts(tokenizer, policy, prompts: list[str]) -> list[str]:
@@ -241,6 +242,15 @@ def response_logprobs(model, prompt_ids, prompt_mask, responses, resp_mask, temp
             entropy = -(logp.exp() * logp).sum(-1)
         return logp.gather(-1, responses.unsqueeze(-1)).squeeze(-1), entropy, hidden
     backbone, head = parts
+    if packs(model):  # real tokens only (rlaif/models/packing.py); zeros at padding in every output
+        hidden, where = response_states(backbone, prompt_ids, prompt_mask, responses, resp_mask)
+        logprobs, entropy = chosen_logprobs(hidden, head.weight, head.bias, responses.reshape(-1)[where], temperature)
+
+        def spread(x):
+            out = x.new_zeros(responses.numel(), *x.shape[1:]).index_copy(0, where, x)
+            return out.view(*responses.shape, *x.shape[1:])
+
+        return spread(logprobs), spread(entropy), spread(hidden) if want_hidden else None
     input_ids = torch.cat([prompt_ids, responses], dim=1)
     attention = torch.cat([prompt_mask, resp_mask], dim=1)
     out = backbone(input_ids=input_ids, attention_mask=attention, position_ids=position_ids(attention), use_cache=False)

@@ -11,6 +11,7 @@ import torch.nn as nn
 from rlaif.algo.logprobs import chosen_logprobs
 from rlaif.models.generation import backbone_and_head, response_logprobs
 from rlaif.models.loading import load_policy
+from rlaif.models.packing import enable_packing
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -44,6 +45,7 @@ def build_policy(cfg, device):
     adapter disabled; all weights: a frozen copy."""
     settings = cfg.ppo
     tokenizer, lm = load_policy(cfg.policy)
+    enable_packing(lm)  # forwards over real tokens only, where the architecture allows (the reference copy too)
     torch.manual_seed(cfg.seed)  # the same adapter and value-head initialisation whether or not the policy was cached
     if settings.lora_rank > 0:
         from peft import LoraConfig, get_peft_model

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from rlaif.errors import UserError
+from rlaif.models.packing import enable_packing, packed_scores
 
 
 def load_reward_model(path: Path, lora_rank: int = 0, lora_alpha: int = 32):
@@ -33,7 +34,14 @@ def load_reward_model(path: Path, lora_rank: int = 0, lora_alpha: int = 32):
 def reward(model, tokenizer, prompts: list[str], responses: list[str], max_length: int, device) -> torch.Tensor:
     enc = tokenizer(prompts, responses, padding=True, truncation=True, max_length=max_length,
                     return_tensors="pt").to(device)
-    return model(**enc).logits.squeeze(-1)
+    return classifier_scores(model, enc).squeeze(-1)
+
+
+def classifier_scores(model, enc: dict) -> torch.Tensor:
+    """The classifier's logits [rows, labels]: a forward over the real tokens only where the model packs
+    (NormalisedScorer switches it on), else the plain padded forward."""
+    packed = packed_scores(model, enc["input_ids"], enc["attention_mask"])
+    return packed if packed is not None else model(**enc).logits
 
 
 @torch.no_grad()
@@ -53,6 +61,7 @@ class NormalisedScorer:
     def __init__(self, path: Path, device):
         self.tokenizer, self.model = load_reward_model(path)
         self.model.to(device).eval().requires_grad_(False)
+        enable_packing(self.model)  # scores from forwards over the real tokens only, where the architecture allows
         stats = json.loads((path / "reward_stats.json").read_text())
         self.mean, self.std, self.max_length = stats["mean"], max(stats["std"], 1e-6), stats["max_length"]
         self.device, self.token_ids = device, False
@@ -79,7 +88,8 @@ class NormalisedScorer:
         out = []
         for i in range(0, len(rows), batch_size):
             enc = pair_inputs(self.tokenizer, prompts[i : i + batch_size], rows[i : i + batch_size], self.max_length)
-            out.append(self.model(**{k: v.to(self.device) for k, v in enc.items()}).logits.squeeze(-1).float().cpu())
+            enc = {k: v.to(self.device) for k, v in enc.items()}
+            out.append(classifier_scores(self.model, enc).squeeze(-1).float().cpu())
         raw = torch.cat(out) if out else torch.zeros(0)
         return (raw - self.mean) / self.std
 
