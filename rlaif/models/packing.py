@@ -16,6 +16,8 @@ import os
 
 import torch
 
+from rlaif.errors import UserError
+
 PACKED = "rlaif_packed_sdpa"
 # Decoders whose layers take attention from transformers' attention registry with rotary positions from
 # position_ids and no per-layer attention pattern (sliding windows, chunked layers) the padded mask would drop.
@@ -25,13 +27,16 @@ _PREPARED = torch.ones(1, 1, 1, 1, dtype=torch.bool)  # a "prepared" 4D mask: tr
 
 class PackedRows:
     """Where the real tokens of a [rows, width] batch (`mask` 1 on them) sit: their flat indices, their positions
-    (each row counted from 0, padding skipped, as generate() counts) and the padded attention mask."""
+    (each row counted from 0, padding skipped, as generate() counts; or the column, as a classifier's forward counts
+    them when it is given no positions) and the padded attention mask."""
 
-    def __init__(self, mask: torch.Tensor):
+    def __init__(self, mask: torch.Tensor, column_positions: bool = False):
         self.rows, self.width = mask.shape
         real = mask.bool()
         self.index = real.reshape(-1).nonzero().squeeze(1)
-        self.positions = (real.long().cumsum(1) - 1).reshape(-1).index_select(0, self.index)
+        counted = torch.arange(self.width, device=mask.device).expand_as(real) if column_positions else \
+            real.long().cumsum(1) - 1
+        self.positions = counted.reshape(-1).index_select(0, self.index)
         causal = torch.ones(self.width, self.width, dtype=torch.bool, device=mask.device).tril()
         # A padding query sees only itself: its (discarded) output stays finite, so its zero gradient stays zero.
         visible = (causal & real[:, None, :]) | torch.eye(self.width, dtype=torch.bool, device=mask.device)
@@ -80,7 +85,10 @@ def enable_packing(model) -> bool:
     """Switch a decoder (or a classifier on one) that runs SDPA attention to PACKED, which is plain SDPA unless a
     call packs its rows; True where packed forwards apply. Not for ZeRO-3 shards (gathered per module) or a sliding
     attention window; never with RLAIF_PACKING=off (the padded forward, to compare or to rule packing out)."""
-    if os.environ.get("RLAIF_PACKING", "on") == "off":
+    switch = os.environ.get("RLAIF_PACKING", "on")
+    if switch not in ("on", "off"):
+        raise UserError(f"RLAIF_PACKING={switch!r} is not on or off: unset it or pick one")
+    if switch == "off":
         return False
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
     config = getattr(inner, "config", None)
@@ -97,15 +105,19 @@ def enable_packing(model) -> bool:
 
 
 def packs(model) -> bool:
+    """Does this model take packed forwards? (Not once DeepSpeed ZeRO-3 has partitioned it, which happens after the
+    policy is built: its weights exist only inside each module's own forward.)"""
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return getattr(getattr(inner, "config", None), "_attn_implementation", None) == PACKED
+    if getattr(getattr(inner, "config", None), "_attn_implementation", None) != PACKED:
+        return False
+    return not hasattr(next(inner.parameters(), None), "ds_id")
 
 
-def packed_states(backbone, input_ids: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """The backbone's last hidden states [K, H] at `keep` (flat indices into [rows, width], real tokens) of inputs
-    whose real tokens `mask` marks. The model's own layers, run as its forward runs them, except that the last
-    layer's MLP (the bulk of a layer) runs on the kept tokens only: no later layer reads the other tokens' outputs."""
-    rows = PackedRows(mask)
+def packed_states(backbone, input_ids: torch.Tensor, rows: PackedRows, keep: torch.Tensor) -> torch.Tensor:
+    """The backbone's last hidden states [K, H] at the packed positions `keep` of [rows, width] inputs whose real
+    tokens `rows` holds. The model's own layers, run as its forward runs them, except that the last layer's MLP (the
+    bulk of a layer) runs on the kept tokens only: no later layer reads the other tokens' outputs. (The last layer's
+    parts are called one by one, so hooks on the layer itself, gradient checkpointing among them, do not run.)"""
     ids, positions = input_ids.reshape(-1).index_select(0, rows.index)[None], rows.positions[None]
     hidden = backbone.embed_tokens(ids)
     layer_inputs = dict(attention_mask=_PREPARED.to(ids.device), position_ids=positions,
@@ -114,24 +126,27 @@ def packed_states(backbone, input_ids: torch.Tensor, mask: torch.Tensor, keep: t
     for layer in layers:
         hidden = layer(hidden, **layer_inputs)
     attended, _ = last.self_attn(hidden_states=last.input_layernorm(hidden), **layer_inputs)
-    hidden = (hidden + attended)[:, rows.slots(keep)]
+    hidden = (hidden + attended)[:, keep]
     hidden = hidden + last.mlp(last.post_attention_layernorm(hidden))
     return backbone.norm(hidden)[0]
 
 
 def response_states(backbone, prompt_ids, prompt_mask, responses, resp_mask) -> tuple[torch.Tensor, torch.Tensor]:
     """The last hidden states that predict each real response token, [M, H], and those tokens' flat indices in the
-    [rows, T] responses. Left-padded prompts, right-padded responses; each row's last response token is not fed
-    (it predicts nothing)."""
-    width, steps = prompt_ids.shape[1] + responses.shape[1], responses.shape[1]
+    [rows, T] responses. A token's predictor is the real token just before it in its row (prompts padded on either
+    side); each row's last response token is not fed (it predicts nothing)."""
     real = resp_mask.bool()
-    lengths = real.sum(1)
-    fed = torch.cat([prompt_mask.bool(), real], 1)
-    ended = (lengths > 0).nonzero().squeeze(1)
-    fed[ended, prompt_ids.shape[1] + lengths[ended] - 1] = False
+    last = real & (real.long().cumsum(1) == real.sum(1, keepdim=True))
+    fed = torch.cat([prompt_mask.bool(), real & ~last], 1)
+    rows = PackedRows(fed)
+    fed_before = (fed.long().cumsum(1) - fed.long())  # fed tokens left of each column
+    row_start = fed.sum(1).cumsum(0) - fed.sum(1)  # packed position of each row's first token
     row, step = real.nonzero(as_tuple=True)
-    predictors = row * width + prompt_ids.shape[1] - 1 + step
-    return packed_states(backbone, torch.cat([prompt_ids, responses], 1), fed, predictors), row * steps + step
+    before = fed_before[row, prompt_ids.shape[1] + step]
+    if not bool((before > 0).all()):
+        raise ValueError("a response token has no prompt token before it: every row needs a prompt")
+    states = packed_states(backbone, torch.cat([prompt_ids, responses], 1), rows, row_start[row] + before - 1)
+    return states, row * responses.shape[1] + step
 
 
 def packed_scores(classifier, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor | None:
@@ -151,6 +166,7 @@ def packed_scores(classifier, input_ids: torch.Tensor, attention_mask: torch.Ten
     if not bool(real.gather(1, pooled[:, None].long()).all()):
         return None
     fed = real & (columns <= pooled[:, None])  # tokens after the pooled one cannot change it (causal attention)
-    rows = torch.arange(input_ids.shape[0], device=input_ids.device)
-    keep = rows * input_ids.shape[1] + pooled.long()
-    return classifier.score(packed_states(getattr(classifier, classifier.base_model_prefix), input_ids, fed, keep))
+    rows = PackedRows(fed, column_positions=True)  # the classifier's forward is given no positions: it counts columns
+    flat = torch.arange(input_ids.shape[0], device=input_ids.device) * input_ids.shape[1] + pooled.long()
+    backbone = getattr(classifier, classifier.base_model_prefix)
+    return classifier.score(packed_states(backbone, input_ids, rows, rows.slots(flat)))

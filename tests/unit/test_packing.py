@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from rlaif.errors import UserError
 from rlaif.models.decode import decode_static
 from rlaif.models.generation import response_logprobs
 from rlaif.models.packing import PACKED, enable_packing, packed_scores, packs
@@ -128,7 +129,29 @@ def test_packing_stays_off_where_the_padded_mask_matters_or_the_architecture_is_
         assert not enable_packing(model) and not packs(model)
 
 
-def test_rlaif_packing_off_keeps_the_padded_forward(monkeypatch):
+def test_rlaif_packing_off_keeps_the_padded_forward_and_a_zero3_partitioned_model_is_not_packed(monkeypatch):
     monkeypatch.setenv("RLAIF_PACKING", "off")
     lm = decoder("llama")
     assert not enable_packing(lm) and not packs(lm)
+    monkeypatch.setenv("RLAIF_PACKING", "no")
+    with pytest.raises(UserError, match="RLAIF_PACKING='no' is not on or off"):
+        enable_packing(lm)
+    monkeypatch.delenv("RLAIF_PACKING")
+    assert enable_packing(lm) and packs(lm)
+    next(lm.parameters()).ds_id = 0  # as DeepSpeed ZeRO-3 tags the weights it partitions, after the policy is built
+    assert not packs(lm)
+
+
+def test_a_response_is_predicted_from_the_token_before_it_wherever_the_prompt_padding_is():
+    lm = decoder("llama")
+    enable_packing(lm)
+    prompt, prompt_mask, responses, mask = rollout_rows()
+    left = response_logprobs(lm, prompt, prompt_mask, responses, mask)[0]
+    # The same prompts padded on the right: only the real tokens' order matters to a packed forward.
+    order = torch.argsort(1 - prompt_mask, dim=1, stable=True)
+    right = response_logprobs(lm, prompt.gather(1, order), prompt_mask.gather(1, order), responses, mask)[0]
+    torch.testing.assert_close(right, left, atol=1e-6, rtol=1e-6)
+    empty = prompt_mask.clone()
+    empty[3] = 0
+    with pytest.raises(ValueError, match="no prompt token before it"):
+        response_logprobs(lm, prompt, empty, responses, mask)
