@@ -5,8 +5,9 @@ The plain way, log_softmax(lm_head(h) / T).gather(token), keeps the full logits 
 whole micro-batch for the backward: at a 32k vocabulary that is 128 KiB per token, more than everything else the
 update keeps for a small policy. Here the logits exist one chunk of tokens at a time: the forward keeps only the
 chosen token's logit and the log-sum-exp per token; the backward recomputes each chunk's logits (one extra
-[chunk, hidden] x [hidden, vocab] matmul) to form softmax - onehot. Entropy comes out of the same pass, without a
-gradient (PPO logs it).
+[chunk, hidden] x [hidden, vocab] matmul) to form softmax - onehot. Where the whole input is one chunk (a
+micro-batch at a small vocabulary) its softmax, at most the chunk budget, is kept instead of recomputed. Entropy
+comes out of the same pass, without a gradient (PPO logs it).
 """
 from __future__ import annotations
 
@@ -35,6 +36,20 @@ def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     return logits.div_(temperature) if temperature != 1.0 else logits
 
 
+def _chunk_softmax(logits: torch.Tensor, tokens: torch.Tensor):
+    """(softmax, log p(token), entropy, log-sum-exp) of a chunk's fp32 logits (overwritten): one exp pass, two
+    [chunk, vocab] tensors."""
+    top = logits.amax(-1, keepdim=True)
+    shifted = logits.sub_(top)
+    probs = shifted.exp()
+    total = probs.sum(-1, keepdim=True)
+    log_total = total.log()
+    logprobs = (shifted.gather(-1, tokens[:, None]) - log_total).squeeze(-1)
+    probs.div_(total)
+    entropy = (log_total - shifted.mul_(probs).sum(-1, keepdim=True)).squeeze(-1)  # log Z - sum p x (logit - top)
+    return probs, logprobs, entropy, (top + log_total).squeeze(-1)
+
+
 class _ChosenLogprobs(torch.autograd.Function):
     @staticmethod
     @torch.amp.custom_fwd(device_type="cuda")  # the backward's matmuls run in the forward's autocast state
@@ -42,14 +57,15 @@ class _ChosenLogprobs(torch.autograd.Function):
         logprobs = torch.empty(tokens.shape, dtype=torch.float32, device=hidden.device)
         entropy = torch.empty_like(logprobs)
         lse = torch.empty_like(logprobs)
+        # One chunk: its softmax is kept for the backward (within the chunk budget, and alive only from here to the
+        # loss's backward), instead of recomputing the logits' matmul and exp there.
+        keep = tokens.shape[0] <= chunk and any(ctx.needs_input_grad[:3])
+        probs = None
         for start in range(0, tokens.shape[0], chunk):
             part = slice(start, start + chunk)
-            logits = _chunk_logits(hidden[part], weight, bias, temperature)
-            lse[part] = torch.logsumexp(logits, -1)
-            logp = logits.sub_(lse[part, None])  # in place: two [chunk, vocab] tensors at most
-            logprobs[part] = logp.gather(-1, tokens[part, None]).squeeze(-1)
-            entropy[part] = -(logp.exp().mul_(logp)).sum(-1)
-        ctx.save_for_backward(hidden, weight, bias, tokens, lse)
+            probs, logprobs[part], entropy[part], lse[part] = _chunk_softmax(
+                _chunk_logits(hidden[part], weight, bias, temperature), tokens[part])
+        ctx.save_for_backward(hidden, weight, bias, tokens, lse, probs if keep else None)
         ctx.temperature, ctx.chunk = temperature, chunk
         ctx.mark_non_differentiable(entropy)
         return logprobs, entropy
@@ -57,16 +73,19 @@ class _ChosenLogprobs(torch.autograd.Function):
     @staticmethod
     @torch.amp.custom_bwd(device_type="cuda")
     def backward(ctx, grad_logprobs, _grad_entropy):
-        hidden, weight, bias, tokens, lse = ctx.saved_tensors
+        hidden, weight, bias, tokens, lse, kept = ctx.saved_tensors
         grad_hidden = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
         grad_bias = torch.zeros_like(bias, dtype=torch.float32) if bias is not None and ctx.needs_input_grad[2] \
             else None
         for start in range(0, tokens.shape[0], ctx.chunk):
             part = slice(start, start + ctx.chunk)
-            probs = _chunk_logits(hidden[part], weight, bias, ctx.temperature).sub_(lse[part, None]).exp_()
+            if kept is not None:
+                grad_logits = kept.mul(-grad_logprobs[part, None])
+            else:
+                probs = _chunk_logits(hidden[part], weight, bias, ctx.temperature).sub_(lse[part, None]).exp_()
+                grad_logits = probs.mul_(-grad_logprobs[part, None])
             # d logp(token) / d logits = (onehot(token) - softmax) / T, scaled by the incoming gradient
-            grad_logits = probs.mul_(-grad_logprobs[part, None])
             grad_logits.scatter_add_(-1, tokens[part, None], grad_logprobs[part, None])
             grad_logits.div_(ctx.temperature)
             if grad_hidden is not None:

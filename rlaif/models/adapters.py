@@ -13,6 +13,11 @@ import torch
 from rlaif.algo.lora import folded_lora_linear
 
 
+def unwrapped(model):
+    """The transformers model under a PEFT wrapper (the model itself when there is none)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def foldable_adapter_layers(lm) -> list:
     """The LoRA layers of `lm` when every one of them can be folded: one active vanilla adapter (no DoRA or other
     variant, no dropout, no adapter bias, not merged) on a linear layer with fp32 weights on the CPU, outside CPU

@@ -20,6 +20,8 @@ import weakref
 
 import torch
 
+from rlaif.models.adapters import unwrapped
+
 MASK32 = 0xFFFFFFFF
 # Odd multipliers below 2**31: a 32-bit value times one stays inside int64, so the hash is exact on every device.
 MULTIPLIERS = (0x7FEB352D, 0x2C1B3C6D, 0x297A2D39)
@@ -99,7 +101,7 @@ def supports_static_decode(model) -> bool:
 def forward_takes(model, name: str) -> bool:
     """Does the model's forward (under a PEFT wrapper, the base model's) take this argument? logits_to_keep: the
     output layer at the last positions only; cache: transformers 5.24's name for past_key_values."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    inner = unwrapped(model)
     return _type_forward_takes(type(inner), name)
 
 

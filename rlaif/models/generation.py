@@ -8,6 +8,7 @@ import torch
 
 from rlaif.algo.logprobs import chosen_logprobs
 from rlaif.errors import UserError
+from rlaif.models.adapters import unwrapped
 from rlaif.models.decode import decode_static, forward_takes, supports_static_decode
 from rlaif.models.packing import packs, response_states
 
@@ -219,7 +220,7 @@ def backbone_and_head(model):
     """(backbone, output layer) when the logits are a plain nn.Linear of the backbone's last hidden state, else None
     (other architectures, remote code, a LoRA-wrapped head, or a head that ZeRO-3 partitions and only its own forward
     gathers)."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    inner = unwrapped(model)
     head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
     backbone = getattr(inner, getattr(inner, "base_model_prefix", "") or "_", None)
     if (getattr(inner.config, "model_type", None) not in PLAIN_HEADS

@@ -17,6 +17,7 @@ import os
 import torch
 
 from rlaif.errors import UserError
+from rlaif.models.adapters import unwrapped
 
 PACKED = "rlaif_packed_sdpa"
 # Decoders whose layers take attention from transformers' attention registry with rotary positions from
@@ -83,20 +84,20 @@ def _register() -> None:
 
 def enable_packing(model) -> bool:
     """Switch a decoder (or a classifier on one) that runs SDPA attention to PACKED, which is plain SDPA unless a
-    call packs its rows; True where packed forwards apply. Not for ZeRO-3 shards (gathered per module) or a sliding
-    attention window; never with RLAIF_PACKING=off (the padded forward, to compare or to rule packing out)."""
+    call packs its rows; True where packed forwards apply. Not for a sliding attention window; never with
+    RLAIF_PACKING=off (the padded forward, to compare or to rule packing out). ZeRO-3 shards are refused per call
+    (packs): DeepSpeed partitions the model after it is built."""
     switch = os.environ.get("RLAIF_PACKING", "on")
     if switch not in ("on", "off"):
         raise UserError(f"RLAIF_PACKING={switch!r} is not on or off: unset it or pick one")
     if switch == "off":
         return False
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    inner = unwrapped(model)
     config = getattr(inner, "config", None)
     if (config is None or getattr(config, "model_type", None) not in MODEL_TYPES
             or config._attn_implementation not in ("sdpa", PACKED)
             or getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)
-            or "sliding_attention" in (getattr(config, "layer_types", None) or ())
-            or any(hasattr(weight, "ds_id") for weight in inner.parameters())):
+            or "sliding_attention" in (getattr(config, "layer_types", None) or ())):
         return False
     if config._attn_implementation != PACKED:
         _register()
@@ -107,7 +108,7 @@ def enable_packing(model) -> bool:
 def packs(model) -> bool:
     """Does this model take packed forwards? (Not once DeepSpeed ZeRO-3 has partitioned it, which happens after the
     policy is built: its weights exist only inside each module's own forward.)"""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    inner = unwrapped(model)
     if getattr(getattr(inner, "config", None), "_attn_implementation", None) != PACKED:
         return False
     return not hasattr(next(inner.parameters(), None), "ds_id")

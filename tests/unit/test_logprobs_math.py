@@ -49,13 +49,18 @@ def test_values_and_gradients_match_the_plain_form(chunk, temperature, with_bias
     assert not entropy.requires_grad
 
 
-def test_no_gradient_asked_for_the_frozen_weights():
+@pytest.mark.parametrize("chunk", [4, 64])  # recomputed in the backward; one chunk, its softmax kept
+def test_no_gradient_asked_for_the_frozen_weights(chunk):
     torch.manual_seed(1)
     hidden = torch.randn(6, 4, requires_grad=True)
     weight = torch.randn(9, 4)  # a frozen output layer (LoRA leaves lm_head alone)
-    logprobs, _ = chosen_logprobs(hidden, weight, None, torch.randint(0, 9, (6,)), 1.0, 4)
+    tokens = torch.randint(0, 9, (6,))
+    logprobs, _ = chosen_logprobs(hidden, weight, None, tokens, 1.0, chunk)
     logprobs.sum().backward()
     assert hidden.grad is not None and weight.grad is None
+    leaf = hidden.detach().requires_grad_()
+    torch.log_softmax(leaf @ weight.t(), -1).gather(-1, tokens[:, None]).sum().backward()
+    torch.testing.assert_close(hidden.grad, leaf.grad)
 
 
 def tiny_llama(tied: bool):
