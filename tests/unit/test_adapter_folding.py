@@ -64,6 +64,7 @@ def test_the_base_weights_come_back_bit_for_bit_and_the_adapter_is_on_again():
     with adapter_folded(lm):
         assert not any(w.data_ptr() == pointer for w, (pointer, _) in zip(bases, storage))
     assert all(w.data_ptr() == pointer and torch.equal(w, copy) for w, (pointer, copy) in zip(bases, storage))
+    assert not any("forward" in vars(layer) for layer in foldable_adapter_layers(lm))  # the adapter layers run again
     assert torch.equal(logits(lm), before)
 
 
