@@ -1,7 +1,7 @@
 """Chosen-token log-probs (rlaif/algo/logprobs.py) against the plain form (full logits, log_softmax, gather) and,
 with --against REV, against that git revision's chosen_logprobs: forward only (the reference pass, the sampler's
 old log-probs) and forward + backward (the update), on one micro-batch's response tokens, in alternating rounds in
-one process (minimum per round; the machine's drift between runs cancels).
+one process (the median over rounds of each round's mean; the machine's drift between runs cancels).
 
     .venv/bin/python bench/bench_logprobs.py [--tokens 768] [--vocab 1024] [--hidden 128 256 512] [--against REV]
         [--rounds 5] [--append]

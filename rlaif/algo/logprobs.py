@@ -63,6 +63,7 @@ class _ChosenLogprobs(torch.autograd.Function):
         probs = None
         for start in range(0, tokens.shape[0], chunk):
             part = slice(start, start + chunk)
+            probs = None  # the previous chunk's softmax goes before this chunk's logits exist
             probs, logprobs[part], entropy[part], lse[part] = _chunk_softmax(
                 _chunk_logits(hidden[part], weight, bias, temperature), tokens[part])
         ctx.save_for_backward(hidden, weight, bias, tokens, lse, probs if keep else None)

@@ -18,6 +18,14 @@ def unwrapped(model):
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
+def _not_nested(layers: list) -> list:
+    """adapter_folded and adapter_fused each replace the layers' forward: inside one another they would fold the
+    adapter twice."""
+    if any("forward" in vars(layer) for layer in layers):
+        raise RuntimeError("adapter_folded and adapter_fused do not nest: leave one before entering the other")
+    return layers
+
+
 def foldable_adapter_layers(lm) -> list:
     """The LoRA layers of `lm` when every one of them can be folded: one active vanilla adapter (no DoRA or other
     variant, no dropout, no adapter bias, not merged) on a linear layer with fp32 weights on the CPU, outside CPU
@@ -45,7 +53,7 @@ def adapter_folded(lm):
     at the demo size and at 4M parameters on a 2-core CPU, BENCHMARKS.md), and without the adapter layer's own
     per-call work. Equal to the adapter's output up to fp32 rounding; the base weights come back as the very tensors
     they were. A no-op where the layers cannot be folded."""
-    layers = foldable_adapter_layers(lm)
+    layers = _not_nested(foldable_adapter_layers(lm))
     originals = []
     try:
         with torch.no_grad():
@@ -75,7 +83,7 @@ def adapter_fused(lm):
     """Trains through `lm` with each adapted layer as one matmul (rlaif.algo.lora): the same output and gradients up
     to fp32 rounding, without the adapter's separate [tokens, out] product, scale and add in the forward and their
     twins in the backward. A no-op where the layers cannot be folded."""
-    layers = foldable_adapter_layers(lm)
+    layers = _not_nested(foldable_adapter_layers(lm))
     try:
         for layer in layers:
             layer.forward = functools.partial(_fused_forward, layer)

@@ -6,7 +6,7 @@ import contextlib
 import pytest
 import torch
 
-from rlaif.models.adapters import adapter_folded, foldable_adapter_layers
+from rlaif.models.adapters import adapter_folded, adapter_fused, foldable_adapter_layers
 from rlaif.models.decode import decode_static
 from rlaif.models.policy import LORA_TARGETS
 
@@ -65,6 +65,17 @@ def test_the_base_weights_come_back_bit_for_bit_and_the_adapter_is_on_again():
         assert not any(w.data_ptr() == pointer for w, (pointer, _) in zip(bases, storage))
     assert all(w.data_ptr() == pointer and torch.equal(w, copy) for w, (pointer, copy) in zip(bases, storage))
     assert not any("forward" in vars(layer) for layer in foldable_adapter_layers(lm))  # the adapter layers run again
+    assert torch.equal(logits(lm), before)
+
+
+def test_folding_and_fusing_refuse_to_nest_and_leave_the_layers_as_they_were():
+    lm = adapted()
+    before = logits(lm)
+    with adapter_folded(lm), pytest.raises(RuntimeError, match="do not nest"), adapter_fused(lm):
+        pass  # fusing on folded weights would count the adapter twice
+    with adapter_fused(lm), pytest.raises(RuntimeError, match="do not nest"), adapter_folded(lm):
+        pass
+    assert not any("forward" in vars(layer) for layer in foldable_adapter_layers(lm))
     assert torch.equal(logits(lm), before)
 
 
