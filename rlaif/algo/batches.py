@@ -22,3 +22,11 @@ def trimmed(batch: dict, index=slice(None)) -> dict:
     real = picked["mask"].any(0).nonzero()
     width = int(real.max()) + 1 if len(real) else 1
     return {k: v[:, start:] if k.startswith("prompt") else v[:, :width] for k, v in picked.items()}
+
+
+def minibatch_order(total: int, group: int, seed: int) -> torch.Tensor:
+    """A seeded order of a rollout's `total` rows for one epoch's minibatches, whole groups of `group` adjacent rows
+    at a time (a GRPO prompt's samples stay together, so a packed forward runs the prompt once for them); `group` 1
+    is torch.randperm's order of the rows."""
+    groups = torch.randperm(total // group, generator=torch.Generator().manual_seed(seed))
+    return (groups[:, None] * group + torch.arange(group)).reshape(-1)

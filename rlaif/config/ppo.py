@@ -19,6 +19,9 @@ class PPOConfig(Strict):
     samples per prompt, advantages relative to the prompt's group, no critic, KL as a loss term (DeepSeekMath)."""
     group_size: int = Field(4, ge=2)
     """GRPO: samples per prompt (rollout_batch_size counts samples, so it must be a multiple of this per process)."""
+    group_minibatches: bool = True
+    """GRPO: minibatches of whole groups (a prompt's samples in the same micro-batch, so the packed forward runs the
+    prompt once for all of them); false draws samples one by one across minibatches (TRL's order)."""
     iterations: int = Field(40, ge=1)
     """Rollout + update iterations."""
     rollout_batch_size: int = Field(64, ge=1)

@@ -29,15 +29,26 @@ _PREPARED = torch.ones(1, 1, 1, 1, dtype=torch.bool)  # a "prepared" 4D mask: tr
 class PackedRows:
     """Where the real tokens of a [rows, width] batch (`mask` 1 on them) sit: their flat indices, their positions
     (each row counted from 0, padding skipped, as generate() counts; or the column, as a classifier's forward counts
-    them when it is given no positions) and the padded attention mask."""
+    them when it is given no positions) and the padded attention mask. Given the token `ids`, a row whose tokens and
+    padding agree with the row above it up to some column runs that prefix once: under causal attention its hidden
+    states there are the row above's (a GRPO group's samples share their prompt, a quarter of the tokens at group 4)."""
 
-    def __init__(self, mask: torch.Tensor, column_positions: bool = False):
+    def __init__(self, mask: torch.Tensor, column_positions: bool = False, ids: torch.Tensor | None = None):
         self.rows, self.width = mask.shape
         real = mask.bool()
-        self.index = real.reshape(-1).nonzero().squeeze(1)
-        counted = torch.arange(self.width, device=mask.device).expand_as(real) if column_positions else \
-            real.long().cumsum(1) - 1
+        columns = torch.arange(self.width, device=mask.device)
+        owner = prefix_owners(ids, real) if ids is not None else None
+        canonical = real if owner is None else real & (owner == torch.arange(self.rows, device=mask.device)[:, None])
+        self.index = canonical.reshape(-1).nonzero().squeeze(1)
+        counted = columns.expand_as(real) if column_positions else real.long().cumsum(1) - 1
         self.positions = counted.reshape(-1).index_select(0, self.index)
+        # The packed slot of every padded position: its own, or its prefix owner's (-1 at padding).
+        slot = torch.full((self.rows * self.width,), -1, dtype=torch.long, device=mask.device)
+        slot[self.index] = torch.arange(len(self.index), device=mask.device)
+        self.shared = len(self.index) < int(real.sum())
+        if self.shared:
+            slot = torch.where(real, slot[owner * self.width + columns], -1).reshape(-1)
+        self.source = slot
         causal = torch.ones(self.width, self.width, dtype=torch.bool, device=mask.device).tril()
         # A padding query sees only itself: its (discarded) output stays finite, so its zero gradient stays zero.
         visible = (causal & real[:, None, :]) | torch.eye(self.width, dtype=torch.bool, device=mask.device)
@@ -45,14 +56,16 @@ class PackedRows:
 
     def slots(self, index: torch.Tensor) -> torch.Tensor:
         """Packed positions of flat padded indices (which must be real tokens)."""
-        where = torch.full((self.rows * self.width,), -1, dtype=torch.long, device=index.device)
-        where[self.index] = torch.arange(len(self.index), device=index.device)
-        return where[index]
+        return self.source[index]
 
     def padded(self, packed: torch.Tensor) -> torch.Tensor:
-        """[1, heads, N, D] -> [rows, heads, width, D], zeros at padding."""
+        """[1, heads, N, D] -> [rows, heads, width, D]: zeros at padding, or (shared prefixes) any finite values there,
+        which only the padding's own discarded query sees."""
         flat = packed[0].transpose(0, 1)
-        out = flat.new_zeros(self.rows * self.width, *flat.shape[1:]).index_copy(0, self.index, flat)
+        if self.shared:
+            out = flat.index_select(0, self.source.clamp(min=0))
+        else:
+            out = flat.new_zeros(self.rows * self.width, *flat.shape[1:]).index_copy(0, self.index, flat)
         return out.view(self.rows, self.width, *flat.shape[1:]).transpose(1, 2)
 
     def attend(self, module, query, key, value, dropout, scaling, **kwargs):
@@ -62,6 +75,16 @@ class PackedRows:
                                         self.visible, dropout=dropout, scaling=scaling, is_causal=False, **kwargs)
         # [rows, width, heads, D] -> the real positions, [1, N, heads, D] as the model's attention expects
         return out.reshape(self.rows * self.width, *out.shape[2:]).index_select(0, self.index)[None], None
+
+
+def prefix_owners(ids: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """[rows, width]: the first row of the run of adjacent rows that agree with each row on every column up to and
+    including this one (tokens where real, padding as padding); the row itself where the row above differs."""
+    key = torch.where(real, ids, -1)
+    agrees = (key[1:] == key[:-1]).long().cumprod(1).bool()  # row i+1 matches row i on every column so far
+    linked = torch.cat([torch.zeros_like(key[:1], dtype=torch.bool), agrees])
+    rows = torch.arange(len(key), device=key.device)[:, None].expand_as(key)
+    return torch.where(linked, 0, rows).cummax(0).values
 
 
 def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, packed_rows=None,
@@ -135,18 +158,21 @@ def packed_states(backbone, input_ids: torch.Tensor, rows: PackedRows, keep: tor
 def response_states(backbone, prompt_ids, prompt_mask, responses, resp_mask) -> tuple[torch.Tensor, torch.Tensor]:
     """The last hidden states that predict each real response token, [M, H], and those tokens' flat indices in the
     [rows, T] responses. A token's predictor is the real token just before it in its row (prompts padded on either
-    side); each row's last response token is not fed (it predicts nothing)."""
+    side); each row's last response token is not fed (it predicts nothing). Adjacent rows with the same prompt run
+    it once (PackedRows)."""
     real = resp_mask.bool()
     last = real & (real.long().cumsum(1) == real.sum(1, keepdim=True))
     fed = torch.cat([prompt_mask.bool(), real & ~last], 1)
-    rows = PackedRows(fed)
+    input_ids = torch.cat([prompt_ids, responses], 1)
+    rows = PackedRows(fed, ids=input_ids)
     fed_before = (fed.long().cumsum(1) - fed.long())  # fed tokens left of each column
-    row_start = fed.sum(1).cumsum(0) - fed.sum(1)  # packed position of each row's first token
+    row_start = fed.sum(1).cumsum(0) - fed.sum(1)  # where each row's fed tokens start among all of them
     row, step = real.nonzero(as_tuple=True)
     before = fed_before[row, prompt_ids.shape[1] + step]
     if not bool((before > 0).all()):
         raise ValueError("a response token has no prompt token before it: every row needs a prompt")
-    states = packed_states(backbone, torch.cat([prompt_ids, responses], 1), rows, row_start[row] + before - 1)
+    predictor = fed.reshape(-1).nonzero().squeeze(1)[row_start[row] + before - 1]  # flat padded index
+    states = packed_states(backbone, input_ids, rows, rows.slots(predictor))
     return states, row * responses.shape[1] + step
 
 
@@ -167,7 +193,8 @@ def packed_scores(classifier, input_ids: torch.Tensor, attention_mask: torch.Ten
     if not bool(real.gather(1, pooled[:, None].long()).all()):
         return None
     fed = real & (columns <= pooled[:, None])  # tokens after the pooled one cannot change it (causal attention)
-    rows = PackedRows(fed, column_positions=True)  # the classifier's forward is given no positions: it counts columns
+    # The classifier's forward is given no positions: it counts columns.
+    rows = PackedRows(fed, column_positions=True, ids=input_ids)
     flat = torch.arange(input_ids.shape[0], device=input_ids.device) * input_ids.shape[1] + pooled.long()
     backbone = getattr(classifier, classifier.base_model_prefix)
     return classifier.score(packed_states(backbone, input_ids, rows, rows.slots(flat)))

@@ -7,7 +7,8 @@ with the LoRA adapter disabled. PPO puts the score on the last real response tok
 GAE and whitens advantages over all ranks; GRPO scores each response against the other samples for its prompt.
 The rollouts are then gathered, and every optimizer step takes a seeded minibatch of the whole global batch, split
 over ranks and micro-batches with the loss normalised by the minibatch's token count: the update is the same for any
-number of processes. DDP or DeepSpeed ZeRO through training.Engine; checkpoints resume exactly.
+number of processes; GRPO's minibatches hold whole groups (ppo.group_minibatches), whose packed forwards run the
+shared prompt once. DDP or DeepSpeed ZeRO through training.Engine; checkpoints resume exactly.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import torch.nn as nn
 from rlaif import distributed as dist
 from rlaif import faults, report
 from rlaif.algo import ppo as algo
-from rlaif.algo.batches import pad_left, pad_right, trimmed
+from rlaif.algo.batches import minibatch_order, pad_left, pad_right, trimmed
 from rlaif.distributed import clock
 from rlaif.errors import UserError
 from rlaif.io import storage
@@ -209,7 +210,8 @@ def update(cfg, engine: Engine, batch: dict, seed: int, kl_coef: float, amp) -> 
     minibatches, epochs_run = 0, 0
     with adapter_fused(engine.model.lm):  # LoRA as one matmul per layer where it can be (CPU, fp32)
         for epoch in range(settings.ppo_epochs):
-            order = torch.randperm(total, generator=torch.Generator().manual_seed(seed * 31 + epoch))
+            group = settings.group_size if settings.algorithm == "grpo" and settings.group_minibatches else 1
+            order = minibatch_order(total, group, seed * 31 + epoch)
             epoch_kl = []
             for start in range(0, total, settings.minibatch_size):
                 chosen = order[start : start + settings.minibatch_size]

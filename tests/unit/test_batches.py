@@ -2,7 +2,7 @@
 right-padded), and a policy's log-probs on the trimmed micro-batch equal those on the padded one."""
 import torch
 
-from rlaif.algo.batches import pad_left, pad_right, trimmed
+from rlaif.algo.batches import minibatch_order, pad_left, pad_right, trimmed
 
 
 def batch_of(prompt_lengths, response_lengths, prompt_width=6, response_width=5):
@@ -48,3 +48,13 @@ def test_a_policy_sees_the_same_log_probs_on_the_trimmed_micro_batch():
     width = cut.shape[1]
     torch.testing.assert_close(cut * part["mask"], padded[:, :width] * full["mask"][:, :width], atol=1e-5, rtol=1e-5)
     assert (full["mask"][:, width:] == 0).all()
+
+
+def test_minibatch_order_keeps_each_group_together_and_is_randperm_for_single_rows():
+    order = minibatch_order(24, 4, seed=7)
+    assert sorted(order.tolist()) == list(range(24))
+    groups = order.view(6, 4)
+    assert torch.equal(groups - groups[:, :1], torch.arange(4).expand(6, 4))  # 4 adjacent rows, in order
+    assert (groups[:, 0] % 4 == 0).all() and groups[:, 0].tolist() != sorted(groups[:, 0].tolist())
+    assert torch.equal(minibatch_order(24, 4, seed=7), order)
+    assert torch.equal(minibatch_order(24, 1, seed=7), torch.randperm(24, generator=torch.Generator().manual_seed(7)))

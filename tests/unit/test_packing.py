@@ -155,3 +155,53 @@ def test_a_response_is_predicted_from_the_token_before_it_wherever_the_prompt_pa
     empty[3] = 0
     with pytest.raises(ValueError, match="no prompt token before it"):
         response_logprobs(lm, prompt, empty, responses, mask)
+
+
+def grouped_rows():
+    """GRPO's layout: each prompt's samples in adjacent rows, a prompt shared by 3 rows (two of whose responses also
+    share their first tokens), one by 2, one alone, and a repeated prompt that is not adjacent (not shared)."""
+    prompt, prompt_mask, responses, mask = rollout_rows()
+    order = torch.tensor([0, 0, 0, 2, 2, 4, 0])
+    prompt, prompt_mask = prompt[order], prompt_mask[order]
+    torch.manual_seed(2)
+    responses, mask = torch.randint(2, 97, (7, 6)), torch.ones(7, 6, dtype=torch.long)
+    responses[1, :3] = responses[0, :3]
+    for row, length in enumerate([6, 4, 1, 5, 6, 3, 2]):
+        responses[row, length:], mask[row, length:] = 0, 0
+    return prompt, prompt_mask, responses, mask
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_rows_sharing_a_prompt_run_it_once_with_the_padded_forwards_outputs_and_gradients(kind):
+    from rlaif.models.packing import PackedRows
+
+    padded_lm = decoder(kind)
+    packed_lm = copy.deepcopy(padded_lm)
+    enable_packing(packed_lm)
+    rows = grouped_rows()
+    fed = torch.cat([rows[1], rows[3]], 1).bool()
+    shared = PackedRows(fed, ids=torch.cat([rows[0], rows[2]], 1))
+    # The 7-token prompt runs once instead of 3 times, the 5-token one once instead of twice, 3 response tokens once.
+    assert int(fed.sum()) - len(shared.index) == 2 * 7 + 5 + 3
+    (padded, padded_grads), (packed, packed_grads) = outputs_and_grads(padded_lm, rows), outputs_and_grads(packed_lm,
+                                                                                                           rows)
+    real = rows[3].bool()
+    for want, got in zip(padded, packed):
+        torch.testing.assert_close(got[real], want[real], atol=2e-5, rtol=1e-5)
+        assert not got[~real].any()
+    for want, got in zip(padded_grads, packed_grads):
+        torch.testing.assert_close(got, want, atol=1e-4 * want.abs().max().item() + 1e-6, rtol=1e-4)
+    one_row = [x[:1] for x in rows]  # nothing above it to share with
+    torch.testing.assert_close(outputs_and_grads(packed_lm, one_row)[0][0], outputs_and_grads(padded_lm, one_row)[0][0],
+                               atol=2e-5, rtol=1e-5)
+
+
+def test_reward_scores_of_rows_sharing_a_prompt_are_the_padded_ones():
+    classifier = decoder("llama", "SequenceClassification").eval()
+    prompt, _, responses, mask = grouped_rows()
+    ids = torch.cat([prompt, responses], 1)  # right-padded pairs: real prompt, then the response
+    attention = torch.cat([torch.ones_like(prompt), mask], 1)
+    with torch.no_grad():
+        want = classifier(input_ids=ids, attention_mask=attention).logits
+        enable_packing(classifier)
+        torch.testing.assert_close(packed_scores(classifier, ids, attention), want, atol=1e-5, rtol=1e-5)

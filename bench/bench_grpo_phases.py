@@ -1,0 +1,81 @@
+"""GRPO's iteration phase by phase with a group's shared prompt run once and run per sample, alternating in one
+process (the same models, the same rollout seed per round), so the difference is the sharing, not the machine's drift.
+
+Shared (the default): minibatches of whole groups (ppo.group_minibatches) and packed forwards that run rows' common
+prefix once (rlaif/models/packing.py), in the update, the reference pass and the reward model's scoring. Per sample:
+minibatches drawn sample by sample (TRL's order) and every row's prompt run for that row. bench_grpo.py's workload
+(the demo policy with LoRA r16 or all weights, 16 prompts x 4 samples, minibatches of 16, 2 passes, fixed-length
+responses of 48 tokens); each round runs one iteration in each mode, the first round untimed.
+
+    .venv/bin/python bench/bench_grpo_phases.py [--size demo] [--lora-rank 16] [--rounds 5] [--append]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_grpo import GROUP, KL  # noqa: E402
+from bench_ppo import OVERRIDES, ROLLOUT, SIZES, ours_setup, shared_models  # noqa: E402
+from common import publish  # noqa: E402
+
+import rlaif.models.packing as packing  # noqa: E402
+from rlaif.distributed import clock  # noqa: E402
+
+PHASES = ("generate_s", "score_s", "reference_s", "update_s")
+SHARED_OWNERS = packing.prefix_owners
+
+
+def switch(shared: bool) -> None:
+    """Common prefixes run once (the default), or every row owns all of its tokens."""
+    packing.prefix_owners = SHARED_OWNERS if shared else (
+        lambda ids, real: torch.arange(len(ids), device=ids.device)[:, None].expand_as(ids))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--size", default="demo", choices=sorted(SIZES))
+    p.add_argument("--lora-rank", type=int, default=16)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--append", action="store_true")
+    a = p.parse_args()
+    from rlaif.io.prompts import split
+    from rlaif.stages import ppo
+
+    policy_dir, rm_dir = shared_models(Path("runs"), a.size)
+    cfg, device, tokenizer, policy, reference_logprobs, reward_fn, engine, amp = ours_setup(
+        [*OVERRIDES, f"ppo.lora_rank={a.lora_rank}", "ppo.fixed_length=true", f"policy.model={policy_dir}",
+         "ppo.algorithm=grpo", f"ppo.group_size={GROUP}", "ppo.kl_estimator=k3", f"ppo.kl_coef={KL}"], rm_dir)
+    per_sample = cfg.model_copy(update={"ppo": cfg.ppo.model_copy(update={"group_minibatches": False})})
+    prompts = split(cfg.data, "train")[: ROLLOUT // GROUP]
+    seconds = {(phase, shared): [] for phase in (*PHASES, "iteration_s") for shared in (False, True)}
+    for round_ in range(a.rounds + 1):
+        for shared in (False, True):
+            switch(shared)
+            config = cfg if shared else per_sample
+            start = clock()
+            batch, _, timings = ppo.rollout(config, policy, reference_logprobs, tokenizer, reward_fn, prompts,
+                                            seed=round_, device=device, kl_coef=KL, amp=amp)
+            update_start = clock()
+            ppo.update(config, engine, batch, seed=round_, kl_coef=KL, amp=amp)
+            timings.update(update_s=clock() - update_start, iteration_s=clock() - start)
+            for phase in seconds if round_ else ():
+                if phase[1] == shared:
+                    seconds[phase].append(timings[phase[0]])
+    switch(True)
+    weights = f"LoRA r{a.lora_rank}" if a.lora_rank else "all weights"
+    lines = ["| phase | per sample s | shared prompt s | shared / per sample |", "|---|---|---|---|"]
+    for phase in (*PHASES, "iteration_s"):
+        alone, shared = (statistics.median(seconds[(phase, mode)]) for mode in (False, True))
+        lines.append(f"| {phase.removesuffix('_s')} | {alone:.3f} | {shared:.3f} | {shared / alone:.2f} |")
+    title = (f"GRPO phases, prompts run per sample vs once per group, policy {a.size}, {weights}, {ROLLOUT // GROUP} "
+             f"prompts x {GROUP} samples, fixed-length responses, medians of {a.rounds} alternating rounds")
+    publish(title, "\n".join(lines) + "\n", a.append)
+
+
+if __name__ == "__main__":
+    main()
