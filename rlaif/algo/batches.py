@@ -28,5 +28,7 @@ def minibatch_order(total: int, group: int, seed: int) -> torch.Tensor:
     """A seeded order of a rollout's `total` rows for one epoch's minibatches, whole groups of `group` adjacent rows
     at a time (a GRPO prompt's samples stay together, so a packed forward runs the prompt once for them); `group` 1
     is torch.randperm's order of the rows."""
+    if total % group:
+        raise ValueError(f"{total} rows are not whole groups of {group}")
     groups = torch.randperm(total // group, generator=torch.Generator().manual_seed(seed))
     return (groups[:, None] * group + torch.arange(group)).reshape(-1)

@@ -20,8 +20,9 @@ class PPOConfig(Strict):
     group_size: int = Field(4, ge=2)
     """GRPO: samples per prompt (rollout_batch_size counts samples, so it must be a multiple of this per process)."""
     group_minibatches: bool = True
-    """GRPO: minibatches of whole groups (a prompt's samples in the same micro-batch, so the packed forward runs the
-    prompt once for all of them); false draws samples one by one across minibatches (TRL's order)."""
+    """GRPO: minibatches of whole groups, so the packed forward runs a prompt once for its samples (where each
+    process's micro-batch, minibatch_size / processes / grad_accum_steps, is a multiple of group_size; otherwise a group
+    may span micro-batches and shares less); false draws samples one by one across minibatches (TRL's order)."""
     iterations: int = Field(40, ge=1)
     """Rollout + update iterations."""
     rollout_batch_size: int = Field(64, ge=1)

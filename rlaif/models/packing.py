@@ -8,7 +8,8 @@ keys and values back to the padded [rows, width] layout and runs the model's own
 row's causal padding mask, then gathers the real positions again. Everything else (rotary embeddings at each row's
 own positions, q/k norms, GQA, LoRA layers, the model's scaling) is the model's own code: the attention function
 is registered with transformers under PACKED and falls through to plain SDPA for every call that is not packed, so
-the sampler and generate() run as before.
+the sampler and generate() run as before. Where adjacent rows begin alike (a GRPO group's samples of one prompt), the
+common prefix runs once and attention reads it back into each row.
 """
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ class PackedRows:
     (each row counted from 0, padding skipped, as generate() counts; or the column, as a classifier's forward counts
     them when it is given no positions) and the padded attention mask. Given the token `ids`, a row whose tokens and
     padding agree with the row above it up to some column runs that prefix once: under causal attention its hidden
-    states there are the row above's (a GRPO group's samples share their prompt, a quarter of the tokens at group 4)."""
+    states there are the row above's (a GRPO group of 4 runs its prompt once instead of 4 times). On CUDA the shared
+    slots' gradients are summed by atomics, so their last bits can differ from run to run."""
 
     def __init__(self, mask: torch.Tensor, column_positions: bool = False, ids: torch.Tensor | None = None):
         self.rows, self.width = mask.shape
@@ -55,7 +57,7 @@ class PackedRows:
         self.visible = visible[:, None]
 
     def slots(self, index: torch.Tensor) -> torch.Tensor:
-        """Packed positions of flat padded indices (which must be real tokens)."""
+        """Packed positions of flat padded indices (which must be real tokens): a shared token's is its owner's."""
         return self.source[index]
 
     def padded(self, packed: torch.Tensor) -> torch.Tensor:

@@ -208,9 +208,9 @@ def update(cfg, engine: Engine, batch: dict, seed: int, kl_coef: float, amp) -> 
     engine.model.train()
     sums: dict[str, float] = {}
     minibatches, epochs_run = 0, 0
+    group = settings.group_size if settings.algorithm == "grpo" and settings.group_minibatches else 1
     with adapter_fused(engine.model.lm):  # LoRA as one matmul per layer where it can be (CPU, fp32)
         for epoch in range(settings.ppo_epochs):
-            group = settings.group_size if settings.algorithm == "grpo" and settings.group_minibatches else 1
             order = minibatch_order(total, group, seed * 31 + epoch)
             epoch_kl = []
             for start in range(0, total, settings.minibatch_size):

@@ -1,5 +1,6 @@
 """rlaif.algo.batches: a micro-batch keeps only the columns its own rows use (prompts are left-padded, responses
 right-padded), and a policy's log-probs on the trimmed micro-batch equal those on the padded one."""
+import pytest
 import torch
 
 from rlaif.algo.batches import minibatch_order, pad_left, pad_right, trimmed
@@ -58,3 +59,5 @@ def test_minibatch_order_keeps_each_group_together_and_is_randperm_for_single_ro
     assert (groups[:, 0] % 4 == 0).all() and groups[:, 0].tolist() != sorted(groups[:, 0].tolist())
     assert torch.equal(minibatch_order(24, 4, seed=7), order)
     assert torch.equal(minibatch_order(24, 1, seed=7), torch.randperm(24, generator=torch.Generator().manual_seed(7)))
+    with pytest.raises(ValueError, match="not whole groups"):
+        minibatch_order(10, 4, seed=0)
