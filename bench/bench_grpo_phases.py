@@ -63,9 +63,8 @@ def main() -> None:
             update_start = clock()
             ppo.update(config, engine, batch, seed=round_, kl_coef=KL, amp=amp)
             timings.update(update_s=clock() - update_start, iteration_s=clock() - start)
-            for phase in seconds if round_ else ():
-                if phase[1] == shared:
-                    seconds[phase].append(timings[phase[0]])
+            for phase in (*PHASES, "iteration_s") if round_ else ():  # the first round warms both modes up
+                seconds[(phase, shared)].append(timings[phase])
     switch(True)
     weights = f"LoRA r{a.lora_rank}" if a.lora_rank else "all weights"
     lines = ["| phase | per sample s | shared prompt s | shared / per sample |", "|---|---|---|---|"]

@@ -167,14 +167,14 @@ def response_states(backbone, prompt_ids, prompt_mask, responses, resp_mask) -> 
     fed = torch.cat([prompt_mask.bool(), real & ~last], 1)
     input_ids = torch.cat([prompt_ids, responses], 1)
     rows = PackedRows(fed, ids=input_ids)
-    fed_before = (fed.long().cumsum(1) - fed.long())  # fed tokens left of each column
-    row_start = fed.sum(1).cumsum(0) - fed.sum(1)  # where each row's fed tokens start among all of them
+    columns = torch.arange(fed.shape[1], device=fed.device)
+    # The rightmost fed column strictly left of each column (-1: none).
+    fed_left = torch.nn.functional.pad(torch.where(fed, columns, -1).cummax(1).values[:, :-1], (1, 0), value=-1)
     row, step = real.nonzero(as_tuple=True)
-    before = fed_before[row, prompt_ids.shape[1] + step]
-    if not bool((before > 0).all()):
+    before = fed_left[row, prompt_ids.shape[1] + step]
+    if not bool((before >= 0).all()):
         raise ValueError("a response token has no prompt token before it: every row needs a prompt")
-    predictor = fed.reshape(-1).nonzero().squeeze(1)[row_start[row] + before - 1]  # flat padded index
-    states = packed_states(backbone, input_ids, rows, rows.slots(predictor))
+    states = packed_states(backbone, input_ids, rows, rows.slots(row * fed.shape[1] + before))
     return states, row * responses.shape[1] + step
 
 
