@@ -14,9 +14,11 @@ and from `generate()`'s. On CPUs it runs the same steps eagerly: no growing cach
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import weakref
+from typing import NamedTuple
 
 import torch
 
@@ -171,18 +173,22 @@ class StaticDecode:
         return torch.zeros(visible.shape, device=visible.device).masked_fill_(~visible, torch.finfo(torch.float32).min)
 
     def prefill(self, ids: torch.Tensor) -> None:
+        """Run the prompts, sample each row's first token. Adjacent rows with one prompt (a GRPO group, a pair's
+        two samples) run it once: its keys and values are written into each of its rows."""
         prompt_len = ids.shape[1]
+        runs = prompt_runs(ids, self.key_valid[:, :prompt_len])
+        rows = runs.first if runs else slice(None)
         query = torch.arange(prompt_len, device=ids.device)
-        visible = self.key_valid[:, None, None, :] & (self.key_index <= query[:, None])[None, None]
+        visible = self.key_valid[rows][:, None, None, :] & (self.key_index <= query[:, None])[None, None]
         # A padding query sees no valid key; letting it see itself keeps its (unused) outputs finite.
         visible |= (self.key_index == query[:, None])[None, None]
-        positions = (self.key_valid[:, :prompt_len].long().cumsum(1) - 1).clamp(min=0)
+        positions = (self.key_valid[rows, :prompt_len].long().cumsum(1) - 1).clamp(min=0)
         # The last position's logits only, not [batch, prompt, vocabulary].
         keep = {"logits_to_keep": 1} if forward_takes(self.model, "logits_to_keep") else {}
-        with self.autocast():
-            logits = self.model(input_ids=ids, attention_mask=self.mask(visible), position_ids=positions,
+        with self.autocast(), written_to_runs(self.cache, runs):
+            logits = self.model(input_ids=ids[rows], attention_mask=self.mask(visible), position_ids=positions,
                                 use_cache=True, **self.cache_argument, **keep).logits[:, -1]
-        self._record(logits)
+        self._record(logits.index_select(0, runs.run) if runs else logits)
 
     def step(self) -> None:
         """Feed the token at response index `index`, sample the next one: fixed shapes, no host sync."""
@@ -211,6 +217,46 @@ class StaticDecode:
         is_eos = (self.tokens == self.eos_id).long()
         lengths = ((is_eos.cumsum(1) - is_eos) == 0).sum(1)  # tokens up to and including each row's first EOS
         return self.tokens[:, : int(lengths.max())]
+
+
+class PromptRuns(NamedTuple):
+    first: torch.Tensor  # the first row of each run of adjacent rows with one prompt
+    run: torch.Tensor  # each row's run
+
+
+def prompt_runs(ids: torch.Tensor, mask: torch.Tensor) -> PromptRuns | None:
+    """Runs of adjacent rows whose prompt (tokens and padding) is the same; None where no row repeats the row above."""
+    same = ((ids[1:] == ids[:-1]) & (mask[1:] == mask[:-1])).all(1)
+    if not bool(same.any()):
+        return None
+    starts = torch.cat([same.new_ones(1), ~same])
+    return PromptRuns(starts.nonzero().squeeze(1), starts.long().cumsum(0) - 1)
+
+
+@contextlib.contextmanager
+def written_to_runs(cache, runs: PromptRuns | None):
+    """While a prefill runs each run's prompt once: every cache layer writes a prompt's keys and values into all the
+    rows of its run, and gives attention those of the prompts it ran."""
+    if runs is None:
+        yield
+        return
+    updates = [layer.update for layer in cache.layers]
+
+    def spread(update):
+        def update_runs(key_states, value_states, *args, **kwargs):
+            keys, values = update(key_states.index_select(0, runs.run), value_states.index_select(0, runs.run),
+                                  *args, **kwargs)
+            return keys.index_select(0, runs.first), values.index_select(0, runs.first)
+
+        return update_runs
+
+    for layer, update in zip(cache.layers, updates):
+        layer.update = spread(update)
+    try:
+        yield
+    finally:
+        for layer, update in zip(cache.layers, updates):
+            layer.update = update
 
 
 def cast_on_update(layer, dtype: torch.dtype) -> None:

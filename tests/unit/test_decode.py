@@ -188,3 +188,38 @@ def test_auto_takes_the_static_decoder_on_cpus_too(model, monkeypatch):
     through_sample = generation.sample_seeded(model, tokenizer, enc, seeds, max_new_tokens=8, temperature=1.0)
     assert torch.equal(through_sample, decode_static(model, enc, seeds, max_new_tokens=8, temperature=1.0,
                                                      eos_id=EOS, pad_id=PAD))
+
+
+def test_adjacent_rows_with_one_prompt_prefill_it_once(model, monkeypatch):
+    # A GRPO group's samples (and a pair's two) are adjacent rows with one prompt: the prefill runs it once and
+    # writes its keys and values into each row. Same tokens and sampled-from hidden states as a prefill of every row;
+    # a repeat that is not adjacent runs again.
+    from types import SimpleNamespace
+
+    from rlaif.models import decode, generation
+
+    prompts = [PROMPTS[0]] * 3 + [PROMPTS[1]] + [PROMPTS[2]] * 2 + [PROMPTS[0]]
+    seeds = [5, 6, 7, 8, 9, 10, 11]
+    prefill_rows = []
+    handle = model.register_forward_pre_hook(  # a prefill's rows (decode steps feed one column)
+        lambda _m, _a, kw: prefill_rows.append(len(kw["input_ids"])) if kw["input_ids"].shape[1] > 1 else None,
+        with_kwargs=True)
+    try:
+        once = decode_static(model, left_padded(prompts), seeds, max_new_tokens=10, temperature=1.0, eos_id=EOS,
+                             pad_id=PAD)
+        tokenizer = SimpleNamespace(eos_token_id=EOS, pad_token_id=PAD)
+        enc = left_padded(PROMPTS)
+        grouped = generation.sample(model, tokenizer, enc, max_new_tokens=8, temperature=1.0,
+                                    num_return_sequences=3, seed=1, want_hidden=True)
+        monkeypatch.setattr(decode, "prompt_runs", lambda *_: None)
+        monkeypatch.setattr(generation, "prompt_runs", lambda *_: None)
+        every = decode_static(model, left_padded(prompts), seeds, max_new_tokens=10, temperature=1.0, eos_id=EOS,
+                              pad_id=PAD)
+        ungrouped = generation.sample(model, tokenizer, enc, max_new_tokens=8, temperature=1.0,
+                                      num_return_sequences=3, seed=1, want_hidden=True)
+    finally:
+        handle.remove()
+    assert prefill_rows == [4, 4, 7, 12]  # P0 P1 P2 P0, four prompts of three samples; then every row
+    assert torch.equal(once, every)
+    assert torch.equal(grouped[0], ungrouped[0])
+    torch.testing.assert_close(grouped[1], ungrouped[1], rtol=1e-5, atol=1e-5)
