@@ -27,7 +27,6 @@ from bench_ppo import OVERRIDES, ROLLOUT, SIZES, ours_setup, shared_models  # no
 from common import publish  # noqa: E402
 
 import rlaif.models.decode as decode  # noqa: E402
-import rlaif.models.generation as generation  # noqa: E402
 import rlaif.models.packing as packing  # noqa: E402
 from rlaif.distributed import clock  # noqa: E402
 
@@ -38,7 +37,7 @@ SHARED_OWNERS, PROMPT_RUNS = packing.prefix_owners, decode.prompt_runs
 def switch(shared: bool, compare: str) -> None:
     """Common prefixes run once (the default), or every row owns all of its tokens: in the sampler's prefill, and
     (compare `all`) in the packed forwards."""
-    decode.prompt_runs = generation.prompt_runs = PROMPT_RUNS if shared else (lambda *_: None)
+    decode.prompt_runs = PROMPT_RUNS if shared else (lambda *_: None)
     if compare == "all":
         packing.prefix_owners = SHARED_OWNERS if shared else (
             lambda ids, real: torch.arange(len(ids), device=ids.device)[:, None].expand_as(ids))

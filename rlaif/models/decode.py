@@ -54,7 +54,8 @@ def seed_keys(seeds: list[int], device) -> torch.Tensor:
 
 
 def row_uniforms(keys: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """One uniform in (0, 1) per row, a function of the row's key and the token index only (24 random bits)."""
+    """A uniform in (0, 1) per row key and token index, a function of those two only (24 random bits); keys [B, 1]
+    and indices [T] give [B, T]."""
     bits = mix32(keys ^ mix32(index + STEP_SALT))
     return ((bits >> 8).float() + 0.5) * 2.0**-24
 
@@ -140,7 +141,8 @@ class StaticDecode:
         self.additive_mask = getattr(model.config, "_attn_implementation", "sdpa") == "eager"
         self.key_index = torch.arange(slots, device=device)
         self.key_valid = torch.zeros((batch, slots), dtype=torch.bool, device=device)
-        self.keys = torch.zeros(batch, dtype=torch.long, device=device)
+        # Each row's uniform for every response index, drawn at load: a step reads one column.
+        self.uniforms = torch.zeros((batch, max_new_tokens), dtype=torch.float32, device=device)
         self.next_position = torch.zeros((batch, 1), dtype=torch.long, device=device)  # first response position
         self.prompt_len = torch.zeros((), dtype=torch.long, device=device)
         self.tokens = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long, device=device)
@@ -155,7 +157,8 @@ class StaticDecode:
         self.key_valid.zero_()
         self.key_valid[:, :prompt_len] = prompt_mask
         self.key_valid[:, prompt_len : prompt_len + self.max_new_tokens] = True
-        self.keys.copy_(seed_keys(seeds, self.keys.device))
+        steps = torch.arange(self.max_new_tokens, device=self.uniforms.device)
+        self.uniforms.copy_(row_uniforms(seed_keys(seeds, self.uniforms.device)[:, None], steps))
         self.next_position.copy_(prompt_mask.sum(1, keepdim=True))
         self.prompt_len.fill_(prompt_len)
         self.tokens.fill_(self.pad_id)
@@ -172,12 +175,13 @@ class StaticDecode:
             return visible
         return torch.zeros(visible.shape, device=visible.device).masked_fill_(~visible, torch.finfo(torch.float32).min)
 
-    def prefill(self, ids: torch.Tensor) -> None:
+    def prefill(self, ids: torch.Tensor, recorder=None) -> None:
         """Run the prompts, sample each row's first token. Adjacent rows with one prompt (a GRPO group, a pair's
-        two samples) run it once: its keys and values are written into each of its rows."""
+        two samples) run it once: its keys and values are written into each of its rows, and the hidden state a
+        `recorder` (generation.LastHiddenRecorder) kept of it is given to each row too."""
         prompt_len = ids.shape[1]
-        runs = prompt_runs(ids, self.key_valid[:, :prompt_len])
-        rows = runs.first if runs else slice(None)
+        runs = prompt_runs(ids, self.key_valid[:, :prompt_len]) if spreadable(self.cache) else None
+        rows = runs.first_rows if runs is not None else slice(None)
         query = torch.arange(prompt_len, device=ids.device)
         visible = self.key_valid[rows][:, None, None, :] & (self.key_index <= query[:, None])[None, None]
         # A padding query sees no valid key; letting it see itself keeps its (unused) outputs finite.
@@ -185,10 +189,14 @@ class StaticDecode:
         positions = (self.key_valid[rows, :prompt_len].long().cumsum(1) - 1).clamp(min=0)
         # The last position's logits only, not [batch, prompt, vocabulary].
         keep = {"logits_to_keep": 1} if forward_takes(self.model, "logits_to_keep") else {}
-        with self.autocast(), written_to_runs(self.cache, runs):
+        with self.autocast(), cache_writes_spread(self.cache, runs):
             logits = self.model(input_ids=ids[rows], attention_mask=self.mask(visible), position_ids=positions,
                                 use_cache=True, **self.cache_argument, **keep).logits[:, -1]
-        self._record(logits.index_select(0, runs.run) if runs else logits)
+        if runs is not None:
+            logits = logits.index_select(0, runs.row_run)
+            if recorder is not None:
+                recorder.spread_last(runs.row_run)
+        self._record(logits)
 
     def step(self) -> None:
         """Feed the token at response index `index`, sample the next one: fixed shapes, no host sync."""
@@ -207,7 +215,7 @@ class StaticDecode:
         if self.eos_id >= 0 and self.min_new_tokens:
             barred = self.index < self.min_new_tokens
             logits[:, self.eos_id] = torch.where(barred, float("-inf"), logits[:, self.eos_id])
-        token = choose_tokens(logits, row_uniforms(self.keys, self.index), **self.sampling)
+        token = choose_tokens(logits, self.uniforms.index_select(1, self.index.view(1))[:, 0], **self.sampling)
         token = torch.where(self.done, self.pad_id, token)
         self.done |= token == self.eos_id
         self.tokens.index_copy_(1, self.index.view(1), token[:, None])
@@ -220,8 +228,8 @@ class StaticDecode:
 
 
 class PromptRuns(NamedTuple):
-    first: torch.Tensor  # the first row of each run of adjacent rows with one prompt
-    run: torch.Tensor  # each row's run
+    first_rows: torch.Tensor  # the first row of each run of adjacent rows with one prompt
+    row_run: torch.Tensor  # each row's run
 
 
 def prompt_runs(ids: torch.Tensor, mask: torch.Tensor) -> PromptRuns | None:
@@ -233,30 +241,40 @@ def prompt_runs(ids: torch.Tensor, mask: torch.Tensor) -> PromptRuns | None:
     return PromptRuns(starts.nonzero().squeeze(1), starts.long().cumsum(0) - 1)
 
 
+def spreadable(cache) -> bool:
+    """Caches whose only per-row state is keys and values (not an indexer's keys, a linear-attention state)."""
+    from transformers.cache_utils import StaticLayer, StaticSlidingWindowLayer
+
+    return all(type(layer) in (StaticLayer, StaticSlidingWindowLayer) for layer in cache.layers)
+
+
 @contextlib.contextmanager
-def written_to_runs(cache, runs: PromptRuns | None):
+def cache_writes_spread(cache, runs: PromptRuns | None):
     """While a prefill runs each run's prompt once: every cache layer writes a prompt's keys and values into all the
-    rows of its run, and gives attention those of the prompts it ran."""
+    rows of its run, and gives attention those of the prompts it ran. The layers' own update comes back after."""
     if runs is None:
         yield
         return
-    updates = [layer.update for layer in cache.layers]
+    own = [layer.__dict__.get("update") for layer in cache.layers]  # cast_on_update's wrapper, if any
 
     def spread(update):
         def update_runs(key_states, value_states, *args, **kwargs):
-            keys, values = update(key_states.index_select(0, runs.run), value_states.index_select(0, runs.run),
-                                  *args, **kwargs)
-            return keys.index_select(0, runs.first), values.index_select(0, runs.first)
+            keys, values = update(key_states.index_select(0, runs.row_run),
+                                  value_states.index_select(0, runs.row_run), *args, **kwargs)
+            return keys.index_select(0, runs.first_rows), values.index_select(0, runs.first_rows)
 
         return update_runs
 
-    for layer, update in zip(cache.layers, updates):
-        layer.update = spread(update)
+    for layer in cache.layers:
+        layer.update = spread(layer.update)
     try:
         yield
     finally:
-        for layer, update in zip(cache.layers, updates):
-            layer.update = update
+        for layer, update in zip(cache.layers, own):
+            if update is None:
+                del layer.update  # the class's method again, not a bound copy on the instance (a reference cycle)
+            else:
+                layer.update = update
 
 
 def cast_on_update(layer, dtype: torch.dtype) -> None:
@@ -274,10 +292,11 @@ def cast_on_update(layer, dtype: torch.dtype) -> None:
 @torch.no_grad()
 def decode_static(model, enc: dict, seeds: list[int], *, max_new_tokens: int, temperature: float, top_k: int = 0,
                   top_p: float = 1.0, eos_id: int, pad_id: int, min_new_tokens: int = 0,
-                  cuda_graph: bool | None = None) -> torch.Tensor:
+                  cuda_graph: bool | None = None, recorder=None) -> torch.Tensor:
     """Response token ids [batch, <= max_new_tokens], row i sampled from seeds[i] (temperature 0: greedy); rows are
     padded after their EOS. `cuda_graph` (default: on CUDA) replays a captured decode step; the graph and its state
-    are kept for the next batch of the same shape (GRAPHS_KEPT shapes at most)."""
+    are kept for the next batch of the same shape (GRAPHS_KEPT shapes at most). `recorder`: a LastHiddenRecorder
+    hooked on the model, told which rows share the prefill's hidden states."""
     ids = enc["input_ids"]
     use_graph = ids.is_cuda if cuda_graph is None else cuda_graph
     settings = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
@@ -286,7 +305,7 @@ def decode_static(model, enc: dict, seeds: list[int], *, max_new_tokens: int, te
     kept = CAPTURED.find(model, shape, settings) if use_graph else None
     state = kept[0] if kept else StaticDecode(model, shape[0], shape[1], ids.device, **settings)
     state.load(enc, seeds)
-    state.prefill(ids)
+    state.prefill(ids, recorder)
     steps, done = max_new_tokens - 1, 0
     run_step = kept[1] if kept else state.step
     if use_graph and not kept and steps > 3:

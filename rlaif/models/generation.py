@@ -9,7 +9,7 @@ import torch
 from rlaif.algo.logprobs import chosen_logprobs
 from rlaif.errors import UserError
 from rlaif.models.adapters import unwrapped
-from rlaif.models.decode import decode_static, forward_takes, prompt_runs, supports_static_decode
+from rlaif.models.decode import decode_static, forward_takes, supports_static_decode
 from rlaif.models.packing import packs, response_states
 
 
@@ -58,20 +58,18 @@ def sample(model, tokenizer, enc: dict, *, max_new_tokens: int, temperature: flo
     (ids, the backbone's last hidden state that predicted each token [batch * n, >= T, H]; no CUDA graph then)."""
     if seed is not None:
         torch.manual_seed(seed)
+    recorder = LastHiddenRecorder(model) if want_hidden else None
+    hooked = recorder if recorder is not None else contextlib.nullcontext()
     if static_decoder_applies(model, enc, decoder):
         seeds = torch.randint(0, 2**62, (enc["input_ids"].shape[0] * num_return_sequences,)).tolist()
         repeated = {k: v.repeat_interleave(num_return_sequences, 0) for k, v in enc.items()}
-        # The prefill runs each run of adjacent identical prompts once (decode.prompt_runs): its hidden states too.
-        runs = prompt_runs(repeated["input_ids"], repeated["attention_mask"]) if want_hidden else None
-        recorder = LastHiddenRecorder(model, runs.run if runs else None) if want_hidden else contextlib.nullcontext()
-        with recorder:  # a captured graph would not run the recorder's hook: eager steps when it is on
+        with hooked:  # a captured graph would not run the recorder's hook: eager steps when it is on
             responses = decode_static(model, repeated, seeds, max_new_tokens=max_new_tokens, temperature=temperature,
                                       top_k=top_k, top_p=top_p, eos_id=tokenizer.eos_token_id,
                                       pad_id=tokenizer.pad_token_id, min_new_tokens=min_new_tokens,
-                                      cuda_graph=False if want_hidden else None)
+                                      cuda_graph=False if want_hidden else None, recorder=recorder)
         return (responses, recorder.hidden()) if want_hidden else responses
-    recorder = LastHiddenRecorder(model) if want_hidden else contextlib.nullcontext()
-    with recorder, torch.autocast("cuda", dtype=torch.bfloat16, enabled=enc["input_ids"].is_cuda):
+    with hooked, torch.autocast("cuda", dtype=torch.bfloat16, enabled=enc["input_ids"].is_cuda):
         out = model.generate(
             **enc,
             do_sample=temperature > 0,
@@ -92,14 +90,13 @@ def sample(model, tokenizer, enc: dict, *, max_new_tokens: int, temperature: flo
 class LastHiddenRecorder:
     """Keeps, for each forward generate() makes, the backbone's last hidden state at the last position: the state
     the next token was sampled from (the prefill's for the first token, each decode step's after). [batch, H] per
-    token, never the full-vocabulary logits (a copy: a view would keep the prefill's whole [batch, prompt, H]).
-    `prefill_rows`: the prefill's row for each row, where it ran each of a run of identical prompts once."""
+    token, never the full-vocabulary logits (a copy: a view would keep the prefill's whole [batch, prompt, H])."""
 
-    def __init__(self, model, prefill_rows: torch.Tensor | None = None):
+    def __init__(self, model):
         parts = backbone_and_head(model)
         if parts is None:
             raise ValueError("hidden states from sampling need a model whose logits are a plain head")
-        self.backbone, self.steps, self.handle, self.prefill_rows = parts[0], [], None, prefill_rows
+        self.backbone, self.steps, self.handle = parts[0], [], None
 
     def __enter__(self):
         self.handle = self.backbone.register_forward_hook(lambda _m, _i, out: self.steps.append(out[0][:, -1].clone()))
@@ -108,9 +105,12 @@ class LastHiddenRecorder:
     def __exit__(self, *exc):
         self.handle.remove()
 
+    def spread_last(self, rows: torch.Tensor) -> None:
+        """The last forward ran each of several rows' shared prompt once (the static decoder's prefill): row i's
+        state is its rows[i]."""
+        self.steps[-1] = self.steps[-1].index_select(0, rows)
+
     def hidden(self) -> torch.Tensor:
-        if self.prefill_rows is not None:
-            self.steps[0] = self.steps[0].index_select(0, self.prefill_rows)
         return torch.stack(self.steps, 1)
 
 

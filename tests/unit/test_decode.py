@@ -137,8 +137,9 @@ def test_on_a_gpu_the_captured_graph_replays_the_eager_steps(model):
         graph = decode_static(gpu, enc, seeds, cuda_graph=True, **kwargs)
         eager = decode_static(gpu, enc, seeds, cuda_graph=False, **kwargs)
         assert torch.equal(graph, eager)
-        # The next batch of that shape (other prompts, one token shorter, other seeds) replays the kept graph.
-        other = {k: v.cuda() for k, v in left_padded([p[1:] or p for p in reversed(PROMPTS)] * 8).items()}
+        # The next batch of that shape (other prompts, one token shorter, each 8 times in adjacent rows, so the
+        # prefill spreads each prompt's keys and values over its rows; other seeds) replays the kept graph.
+        other = {k: v.cuda() for k, v in left_padded([p[1:] or p for p in reversed(PROMPTS) for _ in range(8)]).items()}
         replayed = decode_static(gpu, other, seeds[::-1], cuda_graph=True, **kwargs)
         assert torch.equal(replayed, decode_static(gpu, other, seeds[::-1], cuda_graph=False, **kwargs))
         tokenizer = SimpleNamespace(eos_token_id=EOS, pad_token_id=PAD)
@@ -169,7 +170,10 @@ def test_a_finished_decode_frees_its_cache_without_the_garbage_collector(model, 
     try:
         decode_static(model, left_padded(PROMPTS), [1, 2, 3, 4], max_new_tokens=6, temperature=1.0, eos_id=EOS,
                       pad_id=PAD)
-        assert len(caches) == 1 and caches[0]() is None
+        # a batch whose prefill spreads each prompt's keys and values over its rows
+        decode_static(model, left_padded([PROMPTS[0]] * 2 + [PROMPTS[1]] * 2), [1, 2, 3, 4], max_new_tokens=6,
+                      temperature=1.0, eos_id=EOS, pad_id=PAD)
+        assert len(caches) == 2 and caches[0]() is None and caches[1]() is None
     finally:
         gc.enable()
 
@@ -200,26 +204,41 @@ def test_adjacent_rows_with_one_prompt_prefill_it_once(model, monkeypatch):
 
     prompts = [PROMPTS[0]] * 3 + [PROMPTS[1]] + [PROMPTS[2]] * 2 + [PROMPTS[0]]
     seeds = [5, 6, 7, 8, 9, 10, 11]
-    prefill_rows = []
-    handle = model.register_forward_pre_hook(  # a prefill's rows (decode steps feed one column)
-        lambda _m, _a, kw: prefill_rows.append(len(kw["input_ids"])) if kw["input_ids"].shape[1] > 1 else None,
+    tokenizer = SimpleNamespace(eos_token_id=EOS, pad_token_id=PAD)
+    kwargs = dict(temperature=1.0, seed=1, want_hidden=True, decoder="static")
+    prefill_batch_sizes = []
+    handle = model.register_forward_pre_hook(  # decode steps feed one column
+        lambda _m, _a, kw: prefill_batch_sizes.append(len(kw["input_ids"])) if kw["input_ids"].shape[1] > 1 else None,
         with_kwargs=True)
+
+    def run_all():
+        return (decode_static(model, left_padded(prompts), seeds, max_new_tokens=10, temperature=1.0, eos_id=EOS,
+                              pad_id=PAD),
+                generation.sample(model, tokenizer, left_padded(PROMPTS), max_new_tokens=8, num_return_sequences=3,
+                                  **kwargs),
+                generation.sample(model, tokenizer, left_padded(PROMPTS[1:2]), max_new_tokens=1,
+                                  num_return_sequences=4, **kwargs))
+
     try:
-        once = decode_static(model, left_padded(prompts), seeds, max_new_tokens=10, temperature=1.0, eos_id=EOS,
-                             pad_id=PAD)
-        tokenizer = SimpleNamespace(eos_token_id=EOS, pad_token_id=PAD)
-        enc = left_padded(PROMPTS)
-        grouped = generation.sample(model, tokenizer, enc, max_new_tokens=8, temperature=1.0,
-                                    num_return_sequences=3, seed=1, want_hidden=True)
+        shared = run_all()
         monkeypatch.setattr(decode, "prompt_runs", lambda *_: None)
-        monkeypatch.setattr(generation, "prompt_runs", lambda *_: None)
-        every = decode_static(model, left_padded(prompts), seeds, max_new_tokens=10, temperature=1.0, eos_id=EOS,
-                              pad_id=PAD)
-        ungrouped = generation.sample(model, tokenizer, enc, max_new_tokens=8, temperature=1.0,
-                                      num_return_sequences=3, seed=1, want_hidden=True)
+        every_row = run_all()
     finally:
         handle.remove()
-    assert prefill_rows == [4, 4, 7, 12]  # P0 P1 P2 P0, four prompts of three samples; then every row
-    assert torch.equal(once, every)
-    assert torch.equal(grouped[0], ungrouped[0])
-    torch.testing.assert_close(grouped[1], ungrouped[1], rtol=1e-5, atol=1e-5)
+    # P0 P1 P2 P0; four prompts of three samples; one prompt of four; then every row
+    assert prefill_batch_sizes == [4, 4, 1, 7, 12, 4]
+    assert torch.equal(shared[0], every_row[0])
+    for ours, theirs in zip(shared[1:], every_row[1:]):
+        assert torch.equal(ours[0], theirs[0]) and ours[1].shape == theirs[1].shape
+        torch.testing.assert_close(ours[1], theirs[1], rtol=1e-5, atol=1e-5)
+
+
+def test_a_step_draws_the_uniform_of_its_row_and_index(model):
+    from rlaif.models.decode import StaticDecode
+
+    state = StaticDecode(model, 4, 32, "cpu", max_new_tokens=6, temperature=1.0, top_k=0, top_p=1.0, eos_id=EOS,
+                         pad_id=PAD, min_new_tokens=0)
+    seeds = [3, 2**40 + 7, 11, 3]
+    state.load(left_padded(PROMPTS), seeds)
+    for index in range(6):
+        assert torch.equal(state.uniforms[:, index], row_uniforms(seed_keys(seeds, "cpu"), torch.tensor(index)))
