@@ -23,6 +23,7 @@ from typing import NamedTuple
 import torch
 
 from rlaif.models.adapters import unwrapped
+from rlaif.models.packing import prefix_owners
 
 MASK32 = 0xFFFFFFFF
 # Odd multipliers below 2**31: a 32-bit value times one stays inside int64, so the hash is exact on every device.
@@ -182,11 +183,12 @@ class StaticDecode:
         prompt_len = ids.shape[1]
         runs = prompt_runs(ids, self.key_valid[:, :prompt_len]) if spreadable(self.cache) else None
         rows = runs.first_rows if runs is not None else slice(None)
+        valid = self.key_valid[rows]
         query = torch.arange(prompt_len, device=ids.device)
-        visible = self.key_valid[rows][:, None, None, :] & (self.key_index <= query[:, None])[None, None]
+        visible = valid[:, None, None, :] & (self.key_index <= query[:, None])[None, None]
         # A padding query sees no valid key; letting it see itself keeps its (unused) outputs finite.
         visible |= (self.key_index == query[:, None])[None, None]
-        positions = (self.key_valid[rows, :prompt_len].long().cumsum(1) - 1).clamp(min=0)
+        positions = (valid[:, :prompt_len].long().cumsum(1) - 1).clamp(min=0)
         # The last position's logits only, not [batch, prompt, vocabulary].
         keep = {"logits_to_keep": 1} if forward_takes(self.model, "logits_to_keep") else {}
         with self.autocast(), cache_writes_spread(self.cache, runs):
@@ -233,11 +235,11 @@ class PromptRuns(NamedTuple):
 
 
 def prompt_runs(ids: torch.Tensor, mask: torch.Tensor) -> PromptRuns | None:
-    """Runs of adjacent rows whose prompt (tokens and padding) is the same; None where no row repeats the row above."""
-    same = ((ids[1:] == ids[:-1]) & (mask[1:] == mask[:-1])).all(1)
-    if not bool(same.any()):
+    """Runs of adjacent rows whose prompt (tokens and padding) is the same, as the packed forwards find them
+    (packing.prefix_owners over the whole prompt); None where no row repeats the row above."""
+    starts = prefix_owners(ids, mask.bool())[:, -1] == torch.arange(len(ids), device=ids.device)
+    if bool(starts.all()):
         return None
-    starts = torch.cat([same.new_ones(1), ~same])
     return PromptRuns(starts.nonzero().squeeze(1), starts.long().cumsum(0) - 1)
 
 
