@@ -13,18 +13,18 @@ from __future__ import annotations
 
 import torch
 
-# fp32 logits per chunk at most. GPUs: 128 MiB (~1k tokens at a 32k vocabulary, ~220 at 152k). CPUs: 8 MiB (~65
-# tokens at 32k), which on a 2-core CPU was both faster (PPO update 3.0 vs 3.6 s, reference pass 0.85 vs 1.48 s) and
-# 250 MiB leaner at a 32k vocabulary than 128 MiB chunks (bench/chunk_budget.py, BENCHMARKS.md).
-CHUNK_ELEMENTS = {"cuda": 2**25, "cpu": 2**21}
+# fp32 logits per chunk at most: 128 MiB, ~1k tokens at a 32k vocabulary, ~220 at 152k. Smaller chunks turn the
+# output layer's matmuls into products of a few dozen rows, far below the matmul peak, and (all weights trained) sum
+# its [vocabulary, hidden] gradient once per chunk: on a 2-core AMD EPYC at a 32k vocabulary the PPO update took
+# 12.0 s with 8 MiB chunks and 6.8 s with 128 MiB (LoRA: 9.8 and 6.2 s) for 80-150 MiB more peak RSS
+# (bench/chunk_budget.py, BENCHMARKS.md; an earlier 2-core machine with AVX-512 had measured 8 MiB a little faster).
+CHUNK_ELEMENTS = 2**25
 CHUNK_TOKENS = 1024  # and at most this many tokens: at small vocabularies a whole micro-batch would be one chunk
 
 
-def chunk_tokens(vocab: int, device_type: str = "cuda") -> int:
-    """Tokens per chunk for this vocabulary and device: a bounded slice of logits, large enough to keep the matmul
-    efficient."""
-    budget = CHUNK_ELEMENTS.get(device_type, CHUNK_ELEMENTS["cuda"])
-    return max(16, min(CHUNK_TOKENS, budget // vocab))
+def chunk_tokens(vocab: int) -> int:
+    """Tokens per chunk for this vocabulary: a bounded slice of logits, large enough to keep the matmul efficient."""
+    return max(16, min(CHUNK_TOKENS, CHUNK_ELEMENTS // vocab))
 
 
 def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float):
@@ -107,7 +107,7 @@ def chosen_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     """(log p(token), entropy) per position under softmax((hidden @ weight.T + bias) / temperature), in fp32.
     hidden [..., H], weight [V, H], tokens [...]; gradients flow to hidden, weight and bias (not through entropy)."""
     shape = tokens.shape
-    chunk = chunk or chunk_tokens(weight.shape[0], weight.device.type)
+    chunk = chunk or chunk_tokens(weight.shape[0])
     logprobs, entropy = _ChosenLogprobs.apply(hidden.reshape(-1, hidden.shape[-1]), weight, bias,
                                               tokens.reshape(-1), float(temperature), int(chunk))
     return logprobs.view(shape), entropy.view(shape)
