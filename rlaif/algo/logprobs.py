@@ -6,8 +6,8 @@ whole micro-batch for the backward: at a 32k vocabulary that is 128 KiB per toke
 update keeps for a small policy. Here the logits exist one chunk of tokens at a time: the forward keeps only the
 chosen token's logit and the log-sum-exp per token; the backward recomputes each chunk's logits (one extra
 [chunk, hidden] x [hidden, vocab] matmul) to form softmax - onehot. Where the whole input is one chunk (a
-micro-batch at a small vocabulary) its softmax, at most the chunk budget, is kept instead of recomputed. Entropy
-comes out of the same pass, without a gradient (PPO logs it).
+micro-batch of up to 1,024 tokens at vocabularies up to 32k) its softmax, one tensor of at most the chunk budget, is
+kept instead of recomputed. Entropy comes out of the same pass, without a gradient (PPO logs it).
 """
 from __future__ import annotations
 
