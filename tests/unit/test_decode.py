@@ -38,6 +38,31 @@ def test_greedy_equals_transformers_generate(model):
     assert torch.equal(ours, theirs[:, enc["input_ids"].shape[1]:])
 
 
+def test_cpu_steps_read_only_the_key_slots_written_so_far(model, monkeypatch):
+    """Off CUDA, attention reads the prompt and the tokens fed so far, not the whole preallocated cache, and samples
+    what reading every slot (as a captured graph does) samples."""
+    import torch.nn.functional as F
+
+    from rlaif.models.decode import StaticDecode, key_slots
+
+    sdpa, read = F.scaled_dot_product_attention, []
+
+    def spy(query, key, *args, **kwargs):
+        read.append(key.shape[2])
+        return sdpa(query, key, *args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    enc, steps, layers = left_padded(PROMPTS), 9, model.config.num_hidden_layers
+    run = dict(max_new_tokens=steps, min_new_tokens=steps, temperature=1.0, eos_id=EOS, pad_id=PAD)
+    trimmed = decode_static(model, enc, [1, 2, 3, 4], **run)
+    width = enc["input_ids"].shape[1]
+    assert read == [width + fed for fed in range(steps) for _ in range(layers)]
+    read.clear()
+    monkeypatch.setattr(StaticDecode, "_read_slots", lambda self, written: None)
+    every_slot = decode_static(model, enc, [1, 2, 3, 4], **run)
+    assert set(read) == {key_slots(width, steps)} and torch.equal(trimmed, every_slot)
+
+
 def test_a_rows_sample_depends_only_on_its_seed(model):
     together = decode_static(model, left_padded(PROMPTS), [11, 22, 33, 44], max_new_tokens=10, temperature=1.0,
                              eos_id=EOS, pad_id=PAD)
