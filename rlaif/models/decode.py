@@ -24,7 +24,7 @@ from typing import NamedTuple
 import torch
 
 from rlaif.models.adapters import unwrapped
-from rlaif.models.packing import prefix_owners
+from rlaif.models.packing import prefix_owners, windowed_attention
 
 MASK32 = 0xFFFFFFFF
 # Odd multipliers below 2**31: a 32-bit value times one stays inside int64, so the hash is exact on every device.
@@ -97,8 +97,11 @@ STATIC_CACHE_API = _static_cache_api()
 def supports_static_decode(model) -> bool:
     """Models whose forward takes a StaticCache and a prepared 4D mask without host syncs (transformers marks them
     as compilable in full graphs: Llama, Qwen2, Mistral, Gemma and most decoder-only families), unless DeepSpeed
-    ZeRO-3 partitions their weights (its forward hooks gather them with collectives, which a graph cannot hold)."""
-    if not getattr(model, "_can_compile_fullgraph", False) or not hasattr(model, "config") or not STATIC_CACHE_API:
+    ZeRO-3 partitions their weights (its forward hooks gather them with collectives, which a graph cannot hold) or a
+    layer attends through a sliding window (its cache layer keeps only the window's keys, which the decoder's mask
+    over every slot does not describe): generate() samples those."""
+    if (not getattr(model, "_can_compile_fullgraph", False) or not hasattr(model, "config") or not STATIC_CACHE_API
+            or windowed_attention(model.config)):
         return False
     return not any(hasattr(weight, "ds_id") for weight in model.parameters())
 

@@ -43,6 +43,9 @@ def static_decoder_applies(model, enc: dict, decoder: str, stop=()) -> bool:
         decoder = os.environ.get("RLAIF_DECODER", "auto")
         if decoder not in DECODERS:
             raise UserError(f"RLAIF_DECODER={decoder!r} is not one of {', '.join(DECODERS)}: unset it or pick one")
+    if decoder == "static" and not supports_static_decode(model):
+        raise UserError("the static decoder cannot run this model (sliding-window attention, DeepSpeed ZeRO-3 shards "
+                        "or no full-graph support in transformers): set RLAIF_DECODER=auto or generate")
     if decoder != "auto":
         return decoder == "static"
     return not stop and supports_static_decode(model)

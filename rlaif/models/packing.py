@@ -121,13 +121,18 @@ def enable_packing(model) -> bool:
     config = getattr(inner, "config", None)
     if (config is None or getattr(config, "model_type", None) not in MODEL_TYPES
             or config._attn_implementation not in ("sdpa", PACKED)
-            or getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)
-            or "sliding_attention" in (getattr(config, "layer_types", None) or ())):
+            or windowed_attention(config)):
         return False
     if config._attn_implementation != PACKED:
         _register()
         inner.set_attn_implementation(PACKED)
     return True
+
+
+def windowed_attention(config) -> bool:
+    """Does any layer attend through a sliding window (Mistral v0.1, Gemma 2/3, Qwen2 with use_sliding_window)?"""
+    return bool(getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)
+                or "sliding_attention" in (getattr(config, "layer_types", None) or ()))
 
 
 def packs(model) -> bool:

@@ -5,6 +5,7 @@ On a GPU, bench/bench_generation.py checks the captured graph against these eage
 import pytest
 import torch
 
+from rlaif.errors import UserError
 from rlaif.models.decode import choose_tokens, decode_static, mix32, row_uniforms, seed_keys
 
 EOS, PAD = 1, 0
@@ -61,6 +62,28 @@ def test_cpu_steps_read_only_the_key_slots_written_so_far(model, monkeypatch):
     monkeypatch.setattr(StaticDecode, "_read_slots", lambda self, written: None)
     every_slot = decode_static(model, enc, [1, 2, 3, 4], **run)
     assert set(read) == {key_slots(width, steps)} and torch.equal(trimmed, every_slot)
+
+
+def test_sliding_window_models_sample_through_generate():
+    """A sliding-window layer's cache keeps the window's keys only: the static decoder's mask over every slot would
+    not fit them once a row outgrows the window, so such models sample through generate()."""
+    from types import SimpleNamespace
+
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from rlaif.models import generation
+
+    torch.manual_seed(0)
+    windowed = MistralForCausalLM(MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                                sliding_window=4, eos_token_id=EOS, pad_token_id=PAD)).eval()
+    enc = left_padded(PROMPTS)
+    assert not generation.static_decoder_applies(windowed, enc, "auto")
+    tokens = SimpleNamespace(eos_token_id=EOS, pad_token_id=PAD)
+    out = generation.sample(windowed, tokens, enc, max_new_tokens=8, min_new_tokens=8, temperature=1.0, seed=0)
+    assert out.shape == (4, 8)
+    with pytest.raises(UserError, match="static decoder cannot run this model"):  # forced: one clear line
+        generation.sample(windowed, tokens, enc, max_new_tokens=8, temperature=1.0, decoder="static")
 
 
 def test_a_rows_sample_depends_only_on_its_seed(model):
