@@ -17,11 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_ppo import (  # noqa: E402
-    EPOCHS,
     LR,
-    MINIBATCH,
-    RESPONSE_LEN,
-    ROLLOUT,
     bench_overrides,
     cli,
     import_our_libraries,
@@ -49,7 +45,7 @@ def worker_ours(a) -> dict:
     cfg, device, tokenizer, policy, reference_logprobs, reward_fn, engine, amp = ours_setup(
         [*bench_overrides(a), f"policy.model={policy_dir}", "ppo.algorithm=grpo", f"ppo.group_size={GROUP}",
          "ppo.kl_estimator=k3", f"ppo.kl_coef={KL}"], rm_dir)
-    rows, per_iteration = split(cfg.data, "train"), ROLLOUT // GROUP
+    rows, per_iteration = split(cfg.data, "train"), a.rollout // GROUP
     start = clock()
     for it in range(iterations):
         chunk = [rows[(it * per_iteration + k) % len(rows)] for k in range(per_iteration)]
@@ -57,7 +53,7 @@ def worker_ours(a) -> dict:
                                   kl_coef=KL, amp=amp)
         ppo.update(cfg, engine, ppo.whiten_advantages(cfg, batch), seed=it, kl_coef=KL, amp=amp)
     seconds = clock() - start
-    return {"iterations_per_s": iterations / seconds, "samples_per_s": iterations * ROLLOUT / seconds}
+    return {"iterations_per_s": iterations / seconds, "samples_per_s": iterations * a.rollout / seconds}
 
 
 def worker_trl(a) -> dict:
@@ -75,27 +71,28 @@ def worker_trl(a) -> dict:
     policy_dir, rm_dir = shared_models(work, size)
     tok = load_tokenizer(policy_dir, padding_side="left")
     rm_tok = load_tokenizer(rm_dir, padding_side="right")
-    steps_per_generation = ROLLOUT // MINIBATCH
+    steps_per_generation = a.rollout // a.minibatch
     torch.manual_seed(0)
-    args = GRPOConfig(output_dir=str(work / "trl-grpo-out"), per_device_train_batch_size=MINIBATCH,
-                      steps_per_generation=steps_per_generation, num_generations=GROUP, num_iterations=EPOCHS,
-                      max_completion_length=RESPONSE_LEN, beta=KL, loss_type="grpo", learning_rate=LR, temperature=1.0,
-                      max_steps=iterations * steps_per_generation * EPOCHS, gradient_accumulation_steps=1,
+    args = GRPOConfig(output_dir=str(work / "trl-grpo-out"), per_device_train_batch_size=a.minibatch,
+                      steps_per_generation=steps_per_generation, num_generations=GROUP, num_iterations=a.epochs,
+                      max_completion_length=a.response_length, beta=KL, loss_type="grpo", learning_rate=LR,
+                      temperature=1.0,
+                      max_steps=iterations * steps_per_generation * a.epochs, gradient_accumulation_steps=1,
                       report_to=[], save_strategy="no", logging_steps=10**6, disable_tqdm=True,
                       dataloader_num_workers=0,
                       bf16=torch.cuda.is_available(), fp16=False, use_cpu=not torch.cuda.is_available(),
-                      generation_kwargs={"min_new_tokens": RESPONSE_LEN} if a.fixed_length else None,
+                      generation_kwargs={"min_new_tokens": a.response_length} if a.fixed_length else None,
                       gradient_checkpointing=False)  # TRL's default recomputes activations; rlaif does not
     trainer = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(str(policy_dir)), args=args, processing_class=tok,
         reward_funcs=AutoModelForSequenceClassification.from_pretrained(str(rm_dir)), reward_processing_classes=rm_tok,
-        train_dataset=Dataset.from_dict({"prompt": prompts(ROLLOUT * iterations)}),
+        train_dataset=Dataset.from_dict({"prompt": prompts(a.rollout * iterations)}),
         peft_config=trl_peft_config(a),
     )
     start = clock()
     trainer.train()
     seconds = clock() - start
-    return {"iterations_per_s": iterations / seconds, "samples_per_s": iterations * ROLLOUT / seconds}
+    return {"iterations_per_s": iterations / seconds, "samples_per_s": iterations * a.rollout / seconds}
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ head on the policy's backbone. Each trainer runs in its own process, so its peak
 memory on GPUs) is its own. On a GPU both run bf16 autocast. Medians over --trials.
 
     .venv-bench-ppo/bin/python bench/bench_ppo.py --trials 3 --iterations 6 [--size h512x8] [--lora-rank 0]
-        [--fixed-length]
+        [--fixed-length] [--rollout 64 --minibatch 16 --epochs 2 --response-length 48]
 
 --lora-rank 0 trains all weights (the reference is a frozen copy in both); --fixed-length makes every response
 max_new_tokens long in both (no stop at EOS), so both sample the same number of tokens whatever the policy.
@@ -38,8 +38,10 @@ OVERRIDES = [f"ppo.rollout_batch_size={ROLLOUT}", f"ppo.minibatch_size={MINIBATC
 
 
 def bench_overrides(a) -> list[str]:
-    """OVERRIDES plus the run's LoRA rank and response-length mode."""
-    return [*OVERRIDES, f"ppo.lora_rank={a.lora_rank}", f"ppo.fixed_length={str(a.fixed_length).lower()}",
+    """OVERRIDES plus the run's batch shape, LoRA rank and response-length mode."""
+    return [*OVERRIDES, f"ppo.rollout_batch_size={a.rollout}", f"ppo.minibatch_size={a.minibatch}",
+            f"ppo.ppo_epochs={a.epochs}", f"ppo.max_new_tokens={a.response_length}", f"ppo.lora_rank={a.lora_rank}",
+            f"ppo.fixed_length={str(a.fixed_length).lower()}",
             f"ppo.rollout_logprobs={a.rollout_logprobs}", f"ppo.reward_inputs={a.reward_inputs}"]
 
 
@@ -145,12 +147,12 @@ def worker_ours(a) -> dict:
     rows, iterations = split(cfg.data, "train"), a.iterations
     start = clock()
     for it in range(iterations):
-        chunk = [rows[(it * ROLLOUT + k) % len(rows)] for k in range(ROLLOUT)]
+        chunk = [rows[(it * a.rollout + k) % len(rows)] for k in range(a.rollout)]
         batch, _, _ = ppo.rollout(cfg, policy, reference_logprobs, tokenizer, reward_fn, chunk, seed=it, device=device,
                                   kl_coef=cfg.ppo.kl_coef, amp=amp)
         ppo.update(cfg, engine, ppo.whiten_advantages(cfg, batch), seed=it, kl_coef=cfg.ppo.kl_coef, amp=amp)
     seconds = clock() - start
-    return {"iterations_per_s": iterations / seconds, "samples_per_s": iterations * ROLLOUT / seconds}
+    return {"iterations_per_s": iterations / seconds, "samples_per_s": iterations * a.rollout / seconds}
 
 
 def worker_trl(a) -> dict:
@@ -167,12 +169,12 @@ def worker_trl(a) -> dict:
     avoid_per_shape_attention_plans()  # the same attention backends as ours (ours_setup), a PyTorch setting
     policy_dir, rm_dir = shared_models(work, size)
     tok = load_tokenizer(policy_dir, padding_side="left")
-    ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts(ROLLOUT * iterations)]
+    ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts(a.rollout * iterations)]
     torch.manual_seed(0)
-    args = PPOConfig(output_dir=str(work / "trl-ppo-out"), per_device_train_batch_size=ROLLOUT,
-                     gradient_accumulation_steps=1, num_mini_batches=ROLLOUT // MINIBATCH, num_ppo_epochs=EPOCHS,
-                     local_rollout_forward_batch_size=ROLLOUT, total_episodes=ROLLOUT * iterations,
-                     response_length=RESPONSE_LEN, learning_rate=LR,
+    args = PPOConfig(output_dir=str(work / "trl-ppo-out"), per_device_train_batch_size=a.rollout,
+                     gradient_accumulation_steps=1, num_mini_batches=a.rollout // a.minibatch, num_ppo_epochs=a.epochs,
+                     local_rollout_forward_batch_size=a.rollout, total_episodes=a.rollout * iterations,
+                     response_length=a.response_length, learning_rate=LR,
                      stop_token=None if a.fixed_length else "eos",  # None: no EOS in generate (fixed length)
                      num_sample_generations=0, report_to=[], save_strategy="no", logging_steps=10**6,
                      use_cpu=not torch.cuda.is_available(), bf16=torch.cuda.is_available(), fp16=False,
@@ -189,7 +191,7 @@ def worker_trl(a) -> dict:
     start = clock()
     trainer.train()
     seconds = clock() - start
-    return {"iterations_per_s": iterations / seconds, "samples_per_s": iterations * ROLLOUT / seconds}
+    return {"iterations_per_s": iterations / seconds, "samples_per_s": iterations * a.rollout / seconds}
 
 
 def cli(script: str, workers: dict, algorithm: str, ours: str, peer: str) -> None:
@@ -201,6 +203,12 @@ def cli(script: str, workers: dict, algorithm: str, ours: str, peer: str) -> Non
     p.add_argument("--work", default="runs")
     p.add_argument("--size", choices=list(SIZES), default="demo", help="policy size (h512x8: 28M parameters)")
     p.add_argument("--lora-rank", type=int, default=16, help="0: all weights trained")
+    p.add_argument("--rollout", type=int, default=ROLLOUT,
+                   help="samples per iteration (TRL: per_device_train_batch_size)")
+    p.add_argument("--minibatch", type=int, default=MINIBATCH,
+                   help="rows per optimizer step (TRL: rollout / num_mini_batches)")
+    p.add_argument("--epochs", type=int, default=EPOCHS, help="PPO epochs over each rollout")
+    p.add_argument("--response-length", type=int, default=RESPONSE_LEN, help="max_new_tokens (TRL: response_length)")
     p.add_argument("--fixed-length", action="store_true", help="every response max_new_tokens long (no EOS stop)")
     p.add_argument("--rollout-logprobs", choices=["auto", "sampled", "recompute"], default="auto",
                    help="ours: ppo.rollout_logprobs (old log-probs and values from the sampler, or recomputed)")
@@ -212,10 +220,15 @@ def cli(script: str, workers: dict, algorithm: str, ours: str, peer: str) -> Non
         return
     import trl
 
-    passed = ["--lora-rank", str(a.lora_rank), "--rollout-logprobs", a.rollout_logprobs,
+    passed = ["--rollout", str(a.rollout), "--minibatch", str(a.minibatch), "--epochs", str(a.epochs),
+              "--response-length", str(a.response_length), "--lora-rank", str(a.lora_rank),
+              "--rollout-logprobs", a.rollout_logprobs,
               "--reward-inputs", a.reward_inputs,
               *(["--fixed-length"] if a.fixed_length else [])]
     weights = f"LoRA r{a.lora_rank}" if a.lora_rank else "all weights"
+    shape = (a.rollout, a.minibatch, a.epochs, a.response_length)
+    if shape != (ROLLOUT, MINIBATCH, EPOCHS, RESPONSE_LEN):
+        weights += f", rollout {a.rollout}, minibatch {a.minibatch}, {a.epochs} epochs, {a.response_length} tokens"
     compare_iterations(script, a, lambda: shared_models(Path(a.work), a.size),
                        f"{algorithm} iteration vs {peer} (policy {a.size}, {weights}"
                        f"{', fixed-length responses' if a.fixed_length else ''}"

@@ -12,7 +12,16 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_ppo import bench_overrides, import_our_libraries, ours_setup, shared_models  # noqa: E402
+from bench_ppo import (  # noqa: E402
+    EPOCHS,
+    MINIBATCH,
+    RESPONSE_LEN,
+    ROLLOUT,
+    bench_overrides,
+    import_our_libraries,
+    ours_setup,
+    shared_models,
+)
 from bench_ppo_scaling import PHASES, phase_medians  # noqa: E402
 from common import mark_import_baseline, publish, report_result, side_by_side  # noqa: E402
 
@@ -22,7 +31,8 @@ SIZE, BUDGETS = "h256x4v32k", (2**25, 2**24, 2**23, 2**22, 2**21)
 def worker(work: Path, budget: int, iterations: int, lora_rank: int) -> dict:
     from rlaif.algo import logprobs
 
-    options = argparse.Namespace(lora_rank=lora_rank, fixed_length=True, rollout_logprobs="auto", reward_inputs="auto")
+    options = argparse.Namespace(rollout=ROLLOUT, minibatch=MINIBATCH, epochs=EPOCHS, response_length=RESPONSE_LEN,
+                                 lora_rank=lora_rank, fixed_length=True, rollout_logprobs="auto", reward_inputs="auto")
     import_our_libraries(options)
     mark_import_baseline()
     logprobs.CHUNK_ELEMENTS = budget
