@@ -32,16 +32,24 @@ from common import compare_iterations, mark_import_baseline, report_result  # no
 from rlaif.distributed import clock  # noqa: E402
 
 ROLLOUT, MINIBATCH, EPOCHS, RESPONSE_LEN, LR = 64, 16, 2, 48, 1e-3
-OVERRIDES = [f"ppo.rollout_batch_size={ROLLOUT}", f"ppo.minibatch_size={MINIBATCH}", f"ppo.ppo_epochs={EPOCHS}",
-             f"ppo.max_new_tokens={RESPONSE_LEN}", f"ppo.lr={LR}", "ppo.checkpoint_every=0",
-             "ppo.temperature=1.0"]  # both trainers sample at 1.0 (TRL's worker passes temperature=1.0)
+COMMON = [f"ppo.lr={LR}", "ppo.checkpoint_every=0",
+          "ppo.temperature=1.0"]  # both trainers sample at 1.0 (TRL's worker passes temperature=1.0)
+
+
+def shape_overrides(rollout: int, minibatch: int, epochs: int, response_length: int) -> list[str]:
+    """The config overrides of one batch shape (TRL: per_device_train_batch_size, rollout / num_mini_batches,
+    num_ppo_epochs, response_length)."""
+    return [f"ppo.rollout_batch_size={rollout}", f"ppo.minibatch_size={minibatch}", f"ppo.ppo_epochs={epochs}",
+            f"ppo.max_new_tokens={response_length}"]
+
+
+OVERRIDES = [*shape_overrides(ROLLOUT, MINIBATCH, EPOCHS, RESPONSE_LEN), *COMMON]  # the usual shape
 
 
 def bench_overrides(a) -> list[str]:
-    """OVERRIDES plus the run's batch shape, LoRA rank and response-length mode."""
-    return [*OVERRIDES, f"ppo.rollout_batch_size={a.rollout}", f"ppo.minibatch_size={a.minibatch}",
-            f"ppo.ppo_epochs={a.epochs}", f"ppo.max_new_tokens={a.response_length}", f"ppo.lora_rank={a.lora_rank}",
-            f"ppo.fixed_length={str(a.fixed_length).lower()}",
+    """The run's batch shape, LoRA rank and response-length mode, and the settings every bench shares."""
+    return [*shape_overrides(a.rollout, a.minibatch, a.epochs, a.response_length), *COMMON,
+            f"ppo.lora_rank={a.lora_rank}", f"ppo.fixed_length={str(a.fixed_length).lower()}",
             f"ppo.rollout_logprobs={a.rollout_logprobs}", f"ppo.reward_inputs={a.reward_inputs}"]
 
 
