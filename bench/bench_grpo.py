@@ -2,13 +2,14 @@
 one run, on the same model and settings (bench_ppo.py's models: the demo's tiny Llama with LoRA r16, the reference =
 adapter disabled, a fixed random Llama reward model on the same tokenizer).
 
-Per iteration: 16 prompts x 4 samples = 64 completions of up to 48 tokens, minibatches of 16, 2 passes (TRL:
-num_iterations=2, steps_per_generation=4), KL weight 0.05 as a loss term (k3 in both), loss normalised per sequence
-(TRL loss_type="grpo"), group-std-scaled advantages (both). One process each with the same threads; medians over
---trials. TRL runs from .venv-bench (trl 1.16; 1.12's GRPOTrainer needs packages its environment lacks).
+Per iteration by default: 16 prompts x 4 samples = 64 completions of up to 48 tokens, minibatches of 16, 2 passes
+(TRL: num_iterations=2, steps_per_generation=4; --rollout, --minibatch, --epochs and --response-length change them),
+KL weight 0.05 as a loss term (k3 in both), loss normalised per sequence (TRL loss_type="grpo"), group-std-scaled
+advantages (both). One process each with the same threads; medians over --trials. TRL runs from .venv-bench
+(trl 1.16; 1.12's GRPOTrainer needs packages its environment lacks).
 
     .venv-bench/bin/python bench/bench_grpo.py --trials 3 --iterations 6 [--size h512x8] [--lora-rank 0]
-        [--fixed-length]
+        [--fixed-length] [--rollout 64 --minibatch 16 --epochs 2 --response-length 48]
 """
 from __future__ import annotations
 
@@ -96,7 +97,7 @@ def worker_trl(a) -> dict:
 
 
 def main() -> None:
-    cli(__file__, {"ours": worker_ours, "trl": worker_trl}, "GRPO", "rlaif grpo", "TRL GRPOTrainer")
+    cli(__file__, {"ours": worker_ours, "trl": worker_trl}, "GRPO", "rlaif grpo", "TRL GRPOTrainer", group=GROUP)
 
 
 if __name__ == "__main__":

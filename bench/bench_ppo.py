@@ -202,8 +202,9 @@ def worker_trl(a) -> dict:
     return {"iterations_per_s": iterations / seconds, "samples_per_s": iterations * a.rollout / seconds}
 
 
-def cli(script: str, workers: dict, algorithm: str, ours: str, peer: str) -> None:
-    """The command line shared by bench_ppo and bench_grpo: a worker run, or the side-by-side comparison."""
+def cli(script: str, workers: dict, algorithm: str, ours: str, peer: str, group: int = 1) -> None:
+    """The command line shared by bench_ppo and bench_grpo (`group`: GRPO's samples per prompt): a worker run, or the
+    side-by-side comparison."""
     p = argparse.ArgumentParser()
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--iterations", type=int, default=6)
@@ -211,18 +212,20 @@ def cli(script: str, workers: dict, algorithm: str, ours: str, peer: str) -> Non
     p.add_argument("--work", default="runs")
     p.add_argument("--size", choices=list(SIZES), default="demo", help="policy size (h512x8: 28M parameters)")
     p.add_argument("--lora-rank", type=int, default=16, help="0: all weights trained")
-    p.add_argument("--rollout", type=int, default=ROLLOUT,
-                   help="samples per iteration (TRL: per_device_train_batch_size)")
-    p.add_argument("--minibatch", type=int, default=MINIBATCH,
-                   help="rows per optimizer step (TRL: rollout / num_mini_batches)")
-    p.add_argument("--epochs", type=int, default=EPOCHS, help="PPO epochs over each rollout")
-    p.add_argument("--response-length", type=int, default=RESPONSE_LEN, help="max_new_tokens (TRL: response_length)")
+    p.add_argument("--rollout", type=int, default=ROLLOUT, help="samples per iteration")
+    p.add_argument("--minibatch", type=int, default=MINIBATCH, help="samples per optimizer step")
+    p.add_argument("--epochs", type=int, default=EPOCHS, help="passes over each rollout (PPO epochs, GRPO iterations)")
+    p.add_argument("--response-length", type=int, default=RESPONSE_LEN, help="tokens per response at most")
     p.add_argument("--fixed-length", action="store_true", help="every response max_new_tokens long (no EOS stop)")
     p.add_argument("--rollout-logprobs", choices=["auto", "sampled", "recompute"], default="auto",
                    help="ours: ppo.rollout_logprobs (old log-probs and values from the sampler, or recomputed)")
     p.add_argument("--reward-inputs", choices=["auto", "text"], default="auto",
                    help="ours: ppo.reward_inputs (the sampled token ids, or decoded and re-tokenized text)")
     a = p.parse_args()
+    if min(a.rollout, a.minibatch, a.epochs, a.response_length) < 1 or a.rollout % a.minibatch:
+        p.error("--rollout must be a multiple of --minibatch, and every size at least 1")
+    if a.rollout % group:
+        p.error(f"--rollout must be a multiple of the group size, {group}")
     if a.worker:
         report_result(workers[a.worker](a))
         return
