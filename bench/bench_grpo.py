@@ -33,6 +33,7 @@ from rlaif.distributed import clock  # noqa: E402
 
 GROUP = 4
 KL = 0.05
+GRPO_OVERRIDES = ["ppo.algorithm=grpo", f"ppo.group_size={GROUP}", "ppo.kl_estimator=k3", f"ppo.kl_coef={KL}"]
 
 
 def worker_ours(a) -> dict:
@@ -44,8 +45,7 @@ def worker_ours(a) -> dict:
     iterations = a.iterations
     policy_dir, rm_dir = shared_models(Path(a.work), a.size)
     cfg, device, tokenizer, policy, reference_logprobs, reward_fn, engine, amp = ours_setup(
-        [*bench_overrides(a), f"policy.model={policy_dir}", "ppo.algorithm=grpo", f"ppo.group_size={GROUP}",
-         "ppo.kl_estimator=k3", f"ppo.kl_coef={KL}"], rm_dir)
+        [*bench_overrides(a), f"policy.model={policy_dir}", *GRPO_OVERRIDES], rm_dir)
     rows, per_iteration = split(cfg.data, "train"), a.rollout // GROUP
     start = clock()
     for it in range(iterations):
@@ -97,7 +97,8 @@ def worker_trl(a) -> dict:
 
 
 def main() -> None:
-    cli(__file__, {"ours": worker_ours, "trl": worker_trl}, "GRPO", "rlaif grpo", "TRL GRPOTrainer", group=GROUP)
+    cli(__file__, {"ours": worker_ours, "trl": worker_trl}, "GRPO", "rlaif grpo", "TRL GRPOTrainer",
+        GRPO_OVERRIDES)
 
 
 if __name__ == "__main__":

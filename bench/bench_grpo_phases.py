@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_grpo import GROUP, KL  # noqa: E402
+from bench_grpo import GROUP, GRPO_OVERRIDES, KL  # noqa: E402
 from bench_ppo import OVERRIDES, ROLLOUT, SIZES, ours_setup, shared_models  # noqa: E402
 from common import publish  # noqa: E402
 
@@ -57,7 +57,7 @@ def main() -> None:
     policy_dir, rm_dir = shared_models(Path("runs"), a.size)
     cfg, device, tokenizer, policy, reference_logprobs, reward_fn, engine, amp = ours_setup(
         [*OVERRIDES, f"ppo.lora_rank={a.lora_rank}", "ppo.fixed_length=true", f"policy.model={policy_dir}",
-         "ppo.algorithm=grpo", f"ppo.group_size={GROUP}", "ppo.kl_estimator=k3", f"ppo.kl_coef={KL}"], rm_dir)
+         *GRPO_OVERRIDES], rm_dir)
     per_sample = (cfg if a.compare == "prefill"
                   else cfg.model_copy(update={"ppo": cfg.ppo.model_copy(update={"group_minibatches": False})}))
     prompts = split(cfg.data, "train")[: ROLLOUT // GROUP]

@@ -202,9 +202,10 @@ def worker_trl(a) -> dict:
     return {"iterations_per_s": iterations / seconds, "samples_per_s": iterations * a.rollout / seconds}
 
 
-def cli(script: str, workers: dict, algorithm: str, ours: str, peer: str, group: int = 1) -> None:
-    """The command line shared by bench_ppo and bench_grpo (`group`: GRPO's samples per prompt): a worker run, or the
-    side-by-side comparison."""
+def cli(script: str, workers: dict, algorithm: str, ours: str, peer: str, algorithm_overrides=()) -> None:
+    """The command line shared by bench_ppo and bench_grpo (`algorithm_overrides`: GRPO's settings): a worker run, or
+    the side-by-side comparison. The stage's config checks the batch shape for both trainers, before either runs."""
+
     p = argparse.ArgumentParser()
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--iterations", type=int, default=6)
@@ -222,13 +223,16 @@ def cli(script: str, workers: dict, algorithm: str, ours: str, peer: str, group:
     p.add_argument("--reward-inputs", choices=["auto", "text"], default="auto",
                    help="ours: ppo.reward_inputs (the sampled token ids, or decoded and re-tokenized text)")
     a = p.parse_args()
-    if min(a.rollout, a.minibatch, a.epochs, a.response_length) < 1 or a.rollout % a.minibatch:
-        p.error("--rollout must be a multiple of --minibatch, and every size at least 1")
-    if a.rollout % group:
-        p.error(f"--rollout must be a multiple of the group size, {group}")
-    if a.worker:
+    if a.worker:  # spawned by the comparison below, which has checked the shape
         report_result(workers[a.worker](a))
         return
+    from rlaif.config import load_config
+    from rlaif.errors import UserError
+
+    try:  # checked here, not in the workers, whose imports before their memory baseline stay as they were
+        load_config("configs/demo.yaml", [*bench_overrides(a), *algorithm_overrides])
+    except UserError as error:  # TRL would floor a shape that does not divide and compare a different workload
+        p.error(str(error))
     import trl
 
     passed = ["--rollout", str(a.rollout), "--minibatch", str(a.minibatch), "--epochs", str(a.epochs),
@@ -236,12 +240,11 @@ def cli(script: str, workers: dict, algorithm: str, ours: str, peer: str, group:
               "--rollout-logprobs", a.rollout_logprobs,
               "--reward-inputs", a.reward_inputs,
               *(["--fixed-length"] if a.fixed_length else [])]
-    weights = f"LoRA r{a.lora_rank}" if a.lora_rank else "all weights"
-    shape = (a.rollout, a.minibatch, a.epochs, a.response_length)
-    if shape != (ROLLOUT, MINIBATCH, EPOCHS, RESPONSE_LEN):
-        weights += f", rollout {a.rollout}, minibatch {a.minibatch}, {a.epochs} epochs, {a.response_length} tokens"
+    setting = f"LoRA r{a.lora_rank}" if a.lora_rank else "all weights"
+    if (a.rollout, a.minibatch, a.epochs, a.response_length) != (ROLLOUT, MINIBATCH, EPOCHS, RESPONSE_LEN):
+        setting += f", rollout {a.rollout}, minibatch {a.minibatch}, {a.epochs} epochs, {a.response_length} tokens"
     compare_iterations(script, a, lambda: shared_models(Path(a.work), a.size),
-                       f"{algorithm} iteration vs {peer} (policy {a.size}, {weights}"
+                       f"{algorithm} iteration vs {peer} (policy {a.size}, {setting}"
                        f"{', fixed-length responses' if a.fixed_length else ''}"
                        f"{'' if a.rollout_logprobs == 'auto' else ', rollout log-probs ' + a.rollout_logprobs}"
                        f"{'' if a.reward_inputs == 'auto' else ', rewards on ' + a.reward_inputs}"
