@@ -21,7 +21,7 @@ from rlaif.stages import common
 
 
 def run(cfg: PipelineConfig) -> dict:
-    config_url = launch.prepare(cfg)
+    config_url = launch.prepare(cfg, pipeline=True)
     run_url = common.run_url(cfg)
     print(f"run_dir: {run_url}", flush=True)
     for group in launch_groups(cfg):

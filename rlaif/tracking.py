@@ -46,10 +46,7 @@ class MLflowRun:
             raise UserError('tracking.report_to has mlflow but the client is missing: pip install "rlaif[tracking]"') \
                 from None
         settings = ctx.cfg.tracking
-        uri = settings.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-        if not uri:
-            raise UserError("tracking.report_to has mlflow but no server: set tracking.mlflow_tracking_uri or "
-                            "$MLFLOW_TRACKING_URI")
+        uri = mlflow_uri(settings)
         self.client = mlflow.MlflowClient(tracking_uri=uri)
         try:
             self.run_id = run_id or self._create(ctx, settings.mlflow_experiment, params)
@@ -78,6 +75,28 @@ class MLflowRun:
         for path in artifacts:
             self.client.log_artifact(self.run_id, str(path))
         self.client.set_terminated(self.run_id)
+
+
+def mlflow_uri(settings) -> str:
+    uri = settings.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:
+        raise UserError("tracking.report_to has mlflow but no server: set tracking.mlflow_tracking_uri or "
+                        "$MLFLOW_TRACKING_URI")
+    return uri
+
+
+def check_settings(settings) -> None:
+    """What can be known about the trackers before any work (the training stages open them only after generate and
+    label have run): an MLflow server named, W&B with a key or in offline mode. Their clients are checked where they
+    start: they are packages of the training image."""
+    if "mlflow" in settings.report_to:
+        mlflow_uri(settings)
+    keyless = os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun")
+    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    has_login = netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="replace")
+    if "wandb" in settings.report_to and not (os.environ.get("WANDB_API_KEY") or keyless or has_login):
+        raise UserError("tracking.report_to has wandb but no key: set WANDB_API_KEY (or `wandb login`), or "
+                        "WANDB_MODE=offline")
 
 
 class WandbRun:

@@ -1,9 +1,27 @@
 """The base of every config model: unknown keys, bad values and NaN are errors; field docstrings are the docs."""
 from __future__ import annotations
 
+from typing import Annotated
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+
+def _non_empty(text: str) -> str:
+    if not text:
+        raise ValueError("holds an empty string, which would match everywhere: remove it")
+    return text
+
+
+def _non_blank(text: str) -> str:
+    if not text.strip():
+        raise ValueError("holds an empty or blank phrase, which would match everywhere: remove it")
+    return text
+
+
+# A string that is searched for in text: empty (a stop string), or blank (a keyword), it would match any text.
+NonEmptyString = Annotated[str, AfterValidator(_non_empty)]
+Phrase = Annotated[str, AfterValidator(_non_blank)]
 
 RUNTIME = {"cache_key": False}  # json_schema_extra of a field that says how or where work runs, not what it computes
 

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from rlaif.config.base import Strict, no_credentials, runtime_field
+from rlaif.config.base import Phrase, Strict, no_credentials, runtime_field
 from rlaif.config.serving import ServiceEndpoint
 
 DEFAULT_PREAMBLE = ("You compare two responses to a request. A better response follows the principle below more "
@@ -61,9 +61,9 @@ class RulesJudgeConfig(Strict):
     """A response shorter than this fails the length check."""
     max_words: int | None = Field(None, ge=1)
     """A response longer than this fails the length check (None: no upper bound)."""
-    required: list[str] = []
+    required: list[Phrase] = []
     """Keywords (case-insensitive) of which each present passes one check."""
-    forbidden: list[str] = []
+    forbidden: list[Phrase] = []
     """Keywords (case-insensitive) of which each absent passes one check."""
     pattern: str | None = None
     """Regular expression the response must contain (re.search) to pass the format check."""
@@ -88,7 +88,7 @@ class ReferenceJudgeConfig(Strict):
 
     min_point_overlap: float = Field(0.5, gt=0.0, le=1.0)
     """A key point counts as covered when the response holds at least this fraction of its content words."""
-    rude_terms: list[str] = DEFAULT_RUDE_TERMS
+    rude_terms: list[Phrase] = DEFAULT_RUDE_TERMS
     """Phrases (case-insensitive, whole words) that make a response rude."""
     rude_penalty: float = Field(1.0, ge=0.0, le=2.0)
     """Subtracted from the score of a rude response."""

@@ -83,8 +83,9 @@ def config_fields(model: type[BaseModel] = PipelineConfig, prefix: str = "") -> 
             continue
         default = field.get_default(call_default_factory=True)
         type_name = getattr(kind, "__name__", None) if isinstance(kind, type) else None
-        rows.append((key, type_name or str(kind).replace("typing.", ""), default,
-                     " ".join((field.description or "").split())))
+        # Annotated[str, AfterValidator(...)] (a checked string) reads as str.
+        shown = re.sub(r"Annotated\[(\w+), [^\]]*\]", r"\1", str(kind).replace("typing.", ""))
+        rows.append((key, type_name or shown, default, " ".join((field.description or "").split())))
     return rows
 
 

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from rlaif.config.base import Strict, no_credentials, runtime_field
+from rlaif.config.base import NonEmptyString, Strict, no_credentials, runtime_field
 from rlaif.config.judges import JudgeSettings, JudgeSpec
 from rlaif.config.ppo import PPOConfig
 from rlaif.config.serving import ServeConfig, ServiceEndpoint
@@ -164,7 +164,7 @@ class GenerateConfig(Strict):
     """Nucleus sampling mass."""
     top_k: int = Field(0, ge=0)
     """Keep only the k most likely tokens (0: off)."""
-    stop: list[str] = []
+    stop: list[NonEmptyString] = []
     """Stop strings: a response ends before the first of these (besides the EOS token)."""
     fixed_length: bool = False
     """Sample exactly max_new_tokens tokens per response: EOS is barred until then (transformers' min_new_tokens),

@@ -42,12 +42,27 @@ def _errors():
         RevisionNotFoundError,
     )
 
-    return HfHubHTTPError, HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
+    return (HfHubHTTPError, HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError,
+            *_network_errors())
+
+
+def _network_errors() -> tuple[type[Exception], ...]:
+    """A hub that cannot be reached: no DNS, refused, timed out (the HTTP clients huggingface_hub uses raise their
+    own transport errors; requests' are OSErrors)."""
+    import importlib
+
+    found: list[type[Exception]] = [OSError]
+    for client in ("httpx2", "httpx"):
+        try:
+            found.append(importlib.import_module(client).TransportError)
+        except (ImportError, AttributeError):
+            pass
+    return tuple(found)
 
 
 def _one_line(spec: str, what: str, exc: Exception) -> UserError:
     """The hub's many exceptions as the one line a user can act on."""
-    http, invalid, not_cached, no_repo, no_revision = _errors()
+    http, invalid, not_cached, no_repo, no_revision, *_ = _errors()
     if isinstance(exc, not_cached):
         mode = ("the hub is off (HF_HUB_OFFLINE=1) and it is not in the Hugging Face cache" if offline()
                 else "the hub could not be reached and it is not in the Hugging Face cache")
@@ -56,10 +71,20 @@ def _one_line(spec: str, what: str, exc: Exception) -> UserError:
     if isinstance(exc, no_revision):
         return UserError(f"{what} {spec}: no such revision on the hub")
     if isinstance(exc, no_repo):
-        return UserError(f"{what} {spec}: no such model on the hub (or it is gated: set HF_TOKEN)")
+        return UserError(f"{what} {spec}: {_local_hint(spec)}no such model on the hub (or it is gated: set HF_TOKEN)")
+    if isinstance(exc, _network_errors()) and not isinstance(exc, (http, invalid)):
+        return UserError(f"{what} {spec}: {_local_hint(spec)}the hub could not be reached "
+                         f"({str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__}): give a local "
+                         "directory or an s3:// URL, or set HF_HUB_OFFLINE=1 where it is in the Hugging Face cache")
     if isinstance(exc, invalid):
         return UserError(f"{what} {spec}: not a valid hub model id ({str(exc).splitlines()[0][:120]})")
     return UserError(f"{what} {spec}: the hub answered {str(exc).splitlines()[0][:160]}")
+
+
+def _local_hint(spec: str) -> str:
+    """A hub-shaped name whose first part is a local directory is most likely a mistyped local path."""
+    first = spec.removeprefix("hf://").split("/", 1)[0]
+    return f"no local directory {spec} (./{first}/ exists), and " if Path(first).is_dir() else ""
 
 
 def snapshot(spec: str, what: str) -> Path:

@@ -147,7 +147,11 @@ class StageLock:
             pass
 
     def __enter__(self):
-        self.acquire()
+        try:
+            self.acquire()
+        except BaseException:  # Ctrl-C between writing the lock and entering the block: no lock left behind
+            self.release()
+            raise
         return self
 
     def __exit__(self, *exc):

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import re
+from pathlib import Path
 
 from rlaif.config import DataConfig, PromptColumns
 from rlaif.errors import UserError
 from rlaif.io.prompt_sources import RawRow, read_source, source_digest
 
-__all__ = ["is_held_out", "load_prompts", "source_digest", "split"]
+__all__ = ["check_splits", "is_held_out", "load_prompts", "read_demonstrations", "source_digest", "split"]
 
 ID = re.compile(r"[A-Za-z0-9_:-]{1,128}")
 
@@ -58,7 +60,17 @@ def _checked(row: RawRow, data: DataConfig) -> dict:
         raise UserError(f"{row.where}: prompt of {len(prompt)} characters exceeds "
                         f"data.max_prompt_chars={data.max_prompt_chars}")
     pid = _prompt_id(row.record, data.columns.id, row.default_id, row.where)
-    return {"id": pid, "prompt": prompt.strip(), **_references(row.record, data.columns, row.where)}
+    checked = {"id": pid, "prompt": prompt.strip(), **_references(row.record, data.columns, row.where)}
+    for text in (checked["prompt"], checked.get("reference", ""), *checked.get("key_points", ())):
+        _unicode(text, row.where)
+    return checked
+
+
+def _unicode(text: str, where: str) -> None:
+    """JSON's \\ud800-style escapes can spell lone surrogates: text no tokenizer or shard can encode."""
+    if not _encodable(text):
+        raise UserError(f"{where}: text holds a lone surrogate (an unpaired \\ud800-\\udfff escape), which is not "
+                        "valid Unicode: fix or remove that escape")
 
 
 def load_prompts(data: DataConfig) -> list[dict]:
@@ -82,8 +94,46 @@ def is_held_out(prompt_id: str, eval_fraction: float, salt: str = "") -> bool:
 
 
 def split(data: DataConfig, which: str) -> list[dict]:
-    rows = load_prompts(data)
+    return _split_rows(load_prompts(data), data, which)
+
+
+def check_splits(data: DataConfig, rows: list[dict]) -> None:
+    """Both splits hold prompts (checked before any work: evaluate, the last stage, reads the eval split)."""
+    for which in ("train", "eval"):
+        _split_rows(rows, data, which)
+
+
+def _split_rows(rows: list[dict], data: DataConfig, which: str) -> list[dict]:
     held = [r for r in rows if is_held_out(r["id"], data.eval_fraction) == (which == "eval")]
     if not held:
-        raise UserError(f"the {which} split of {data.prompts} is empty: adjust data.eval_fraction")
+        raise UserError(f"the {which} split of {data.prompts} is empty ({len(rows)} prompts, "
+                        f"data.eval_fraction={data.eval_fraction}): add prompts or adjust data.eval_fraction")
     return held
+
+
+def read_demonstrations(path: str) -> list[dict]:
+    """The tiny policy's supervised rows, checked (also before any work, and before a build's child process starts,
+    whose errors would come back as a failed subprocess): UTF-8 JSONL objects with string 'prompt' and 'response'."""
+    try:
+        rows = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    except FileNotFoundError:
+        raise UserError(f"demonstrations file not found: {path} (set policy.tiny.demonstrations)") from None
+    except OSError as exc:
+        raise UserError(f"demonstrations file {path} cannot be read ({exc.strerror or exc}): give a JSONL "
+                        "file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"demonstrations file {path} is not valid UTF-8 JSONL: {exc}") from None
+    usable = [row for row in rows if isinstance(row, dict) and isinstance(row.get("prompt"), str)
+              and isinstance(row.get("response"), str) and _encodable(row["prompt"] + row["response"])]
+    if not rows or len(usable) < len(rows):
+        raise UserError(f"demonstrations file {path} needs rows that are JSON objects with string 'prompt' and "
+                        f"'response' ({len(rows) - len(usable)} of {len(rows)} rows are not)")
+    return rows
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate from a \\ud800-style escape
+        return False
+    return True

@@ -8,6 +8,7 @@ import contextlib
 import hashlib
 import importlib
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -19,6 +20,8 @@ import fsspec
 from rlaif.errors import UserError
 
 _s3_options: dict = {}
+# "s3:/bucket", "file:/path": a scheme whose "//" lost a slash, which would otherwise become a local directory.
+MALFORMED_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:/")
 
 
 def configure(endpoint_url: str | None) -> None:
@@ -32,12 +35,15 @@ def configure(endpoint_url: str | None) -> None:
 
 
 def normalize(url: str) -> str:
-    """Absolute URL: bare paths and relative file:// paths resolve against the working directory."""
+    """Absolute URL: bare paths and relative file:// paths resolve against the working directory (~ expanded)."""
     if "://" not in url:
-        return "file://" + str(Path(url).resolve())
+        if MALFORMED_SCHEME.match(url):
+            raise UserError(f"storage URL {url!r} looks like a URL missing a slash: write s3://bucket/prefix, "
+                            "file:///absolute/path, or a plain local path")
+        return "file://" + str(Path(url).expanduser().resolve())
     scheme, rest = url.split("://", 1)
     if scheme == "file":
-        return "file://" + str(Path(rest).resolve())
+        return "file://" + str(Path(rest).expanduser().resolve())
     if scheme != "s3":
         raise UserError(f"storage URL {url!r}: only file:// and s3:// are supported")
     return url.rstrip("/")
@@ -84,16 +90,26 @@ def read_text(url: str) -> str:
 @contextlib.contextmanager
 def user_read_errors(url: str, what: str, fix: str):
     """Reading (or listing, globbing, copying) what the user named fails in one line: missing, unreadable, or on
-    s3:// no such bucket, endpoint unreachable, access denied (s3fs raises OSError kinds for all of them)."""
+    s3:// no such bucket, endpoint unreachable, access denied, no credentials (s3fs raises OSError kinds for most of
+    them; botocore's own errors, credentials and connections among them, come through as they are)."""
     try:
         yield
     except FileNotFoundError:
         raise UserError(f"{what} not found: {url} ({fix})") from None
     except (PermissionError, IsADirectoryError, NotADirectoryError) as exc:
         raise UserError(f"{what} {url} cannot be read ({type(exc).__name__}): {fix}") from None
-    except OSError as exc:
+    except (OSError, *_botocore_errors()) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise UserError(f"{what} {url} cannot be read ({reason[:200]}): {fix}") from None
+
+
+def _botocore_errors() -> tuple[type[Exception], ...]:
+    """botocore's base errors (no credentials, endpoint unreachable, a service's refusal), where it is installed."""
+    try:
+        from botocore.exceptions import BotoCoreError, ClientError
+    except ImportError:
+        return ()
+    return BotoCoreError, ClientError
 
 
 def read_user_bytes(url: str, what: str, fix: str) -> bytes:

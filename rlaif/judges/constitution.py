@@ -8,6 +8,7 @@ judge's preferences averaged (`all`, an ensemble: k times the judge calls, no sa
 """
 from __future__ import annotations
 
+import difflib
 import random
 
 import torch
@@ -17,6 +18,8 @@ from rlaif.errors import UserError
 from rlaif.io.storage import read_user_file
 from rlaif.judges.pairwise import debiased
 
+PRINCIPLE_KEYS = ("name", "text", "contrast")
+
 
 def load_constitution(path: str) -> list[dict]:
     """The principles in `path`, each {name, text} plus an optional contrast; a one-line error otherwise."""
@@ -25,12 +28,19 @@ def load_constitution(path: str) -> list[dict]:
     if not isinstance(principles, list) or not principles:
         raise UserError(f"constitution {path} must be a YAML list of {{name, text}} principles")
     for i, principle in enumerate(principles):
+        where = f"constitution {path}, principle {i + 1}"
         if (not isinstance(principle, dict) or not isinstance(principle.get("text"), str)
                 or not principle["text"].strip()):
-            raise UserError(f"constitution {path}, principle {i + 1}: needs a non-empty string 'text'")
-        contrast = principle.get("contrast")
-        if contrast is not None and (not isinstance(contrast, str) or not contrast.strip()):
-            raise UserError(f"constitution {path}, principle {i + 1}: 'contrast' must be a non-empty string")
+            raise UserError(f"{where}: needs a non-empty string 'text'")
+        unknown = sorted(map(str, set(principle) - set(PRINCIPLE_KEYS)))
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], PRINCIPLE_KEYS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise UserError(f"{where}: unknown key {unknown[0]!r}{hint}: a principle has {', '.join(PRINCIPLE_KEYS)}")
+        for key in ("contrast", "name"):
+            value = principle.get(key)
+            if key in principle and (not isinstance(value, str) or not value.strip()):
+                raise UserError(f"{where}: {key!r} must be a non-empty string")
         principle.setdefault("name", principle["text"][:40])
     return principles
 

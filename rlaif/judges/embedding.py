@@ -27,7 +27,7 @@ class EmbeddingJudge:
                  backbone: str = "builtin:minilm", contrasts: dict[str, str] | None = None):
         from transformers import AutoModel, AutoTokenizer
 
-        path = resolve(backbone, "judge model")
+        path = resolve(backbone, "embedding judge backbone")
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
         self.device = local_device()
         self.model = AutoModel.from_pretrained(str(path), use_safetensors=True).eval().to(self.device)

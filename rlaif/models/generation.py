@@ -191,8 +191,10 @@ def truncate_at_stop(text: str, stop: list[str]) -> str:
     return text if cut < 0 else text[:cut].rstrip()
 
 
-def response_mask(responses: torch.Tensor, eos_id: int) -> torch.Tensor:
-    """1 on response tokens up to and including the first EOS; 0 after it (padding)."""
+def response_mask(responses: torch.Tensor, eos_id: int | None) -> torch.Tensor:
+    """1 on response tokens up to and including the first EOS; 0 after it (padding). No EOS token: all ones."""
+    if eos_id is None:
+        return torch.ones_like(responses)
     is_eos = (responses == eos_id).long()
     after_eos = (is_eos.cumsum(1) - is_eos) > 0
     return (~after_eos).long()

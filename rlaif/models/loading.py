@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import warnings
 from pathlib import Path
 
@@ -24,6 +25,30 @@ def quiet_transformers() -> None:
 
 MINILM = "builtin:minilm"
 TINY_LLAMA = "builtin:tiny-llama"
+
+
+# Which built-in models each role takes: the policy is the tiny Llama built from the demonstrations, encoders
+# (reward-model backbone, embedding judge) the packaged MiniLM; a causal-LM judge has none.
+BUILTINS = {"policy model": (TINY_LLAMA,), "reward-model backbone": (MINILM,), "embedding judge backbone": (MINILM,),
+            "judge model": ()}
+CAUSAL_LM_ROLES = ("policy model", "judge model")
+CAUSAL_LM_ARCHITECTURE = re.compile(r".*(ForCausalLM|LMHeadModel|ForConditionalGeneration)")
+
+
+def check_builtin(spec: str, what: str) -> None:
+    """A `builtin:` name this role can use, or a one-line error listing those it can."""
+    if spec.startswith("builtin:") and spec not in BUILTINS.get(what, ()):
+        allowed = " or ".join(BUILTINS.get(what, ())) or "none: give a local directory, an s3:// URL or a hub id"
+        raise UserError(f"{what} {spec}: not a built-in model for this role (built-ins here: {allowed})")
+
+
+def check_causal_lm(path: Path, what: str) -> None:
+    """A generating role's directory holds a causal LM (by config.json's architectures, where it names them)."""
+    config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    architectures = config.get("architectures") or []
+    if architectures and not any(CAUSAL_LM_ARCHITECTURE.fullmatch(str(name)) for name in architectures):
+        raise UserError(f"{what} directory {path} holds a {', '.join(map(str, architectures))}, not a causal LM "
+                        "(a model that generates text, e.g. LlamaForCausalLM): give a causal-LM directory")
 
 
 def minilm_dir() -> Path:
@@ -77,6 +102,7 @@ def resolve(spec: str, what: str) -> Path:
     a Hugging Face Hub id (models/hub.py)."""
     from rlaif.io import hub
 
+    check_builtin(spec, what)
     if spec == MINILM:
         return minilm_dir()
     if hub.parse(spec):

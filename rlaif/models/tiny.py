@@ -21,22 +21,10 @@ import torch
 
 from rlaif import __version__
 from rlaif.config import PolicyConfig, sha256_json
-from rlaif.errors import UserError
+from rlaif.io.prompts import read_demonstrations
 from rlaif.io.storage import cache_dir, sha256_file
 
 SPECIAL = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>"}
-
-
-def _read_demonstrations(path: str) -> list[dict]:
-    try:
-        rows = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
-    except FileNotFoundError:
-        raise UserError(f"demonstrations file not found: {path} (set policy.tiny.demonstrations)") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"demonstrations file {path} is not valid UTF-8 JSONL: {exc}") from None
-    if not rows or not all("prompt" in r and "response" in r for r in rows):
-        raise UserError(f"demonstrations file {path} needs rows with 'prompt' and 'response'")
-    return rows
 
 
 def _train_tokenizer(texts: list[str], vocab_size: int):
@@ -59,7 +47,7 @@ def _build(cfg: PolicyConfig, out: Path) -> None:
 
     tiny = cfg.tiny
     torch.manual_seed(0)
-    demos = _read_demonstrations(tiny.demonstrations)
+    demos = read_demonstrations(tiny.demonstrations)
     prompts = [cfg.prompt_template.format(prompt=d["prompt"]) for d in demos]
     responses = [" " + d["response"] for d in demos]
     tokenizer = _train_tokenizer(prompts + responses, tiny.vocab_size)
@@ -118,8 +106,7 @@ def _build(cfg: PolicyConfig, out: Path) -> None:
 def ensure_tiny_policy(cfg: PolicyConfig) -> Path:
     """Path of the cached tiny policy for this config, building it first if needed."""
     demo_path = Path(cfg.tiny.demonstrations)
-    if not demo_path.exists():
-        raise UserError(f"demonstrations file not found: {demo_path} (set policy.tiny.demonstrations)")
+    read_demonstrations(cfg.tiny.demonstrations)
     key = sha256_json(
         {"tiny": cfg.tiny.model_dump(exclude={"demonstrations"}), "template": cfg.prompt_template,
          "data": sha256_file(demo_path), "code": __version__}

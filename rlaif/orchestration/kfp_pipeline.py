@@ -104,15 +104,37 @@ def compile_pipeline(output: str, cluster: "str | None" = None, components_dir: 
         raise UserError(f"--output {output}: name the pipeline YAML file to write, e.g. rlaif_pipeline.yaml")
     if not target.parent.is_dir():
         raise UserError(f"--output {output}: directory {target.parent} does not exist: create it first")
+    if components_dir:
+        _check_components_dir(Path(components_dir))
     label = load_config(config).label if config else None
     pipeline = build_pipeline(load(cluster), label and label.pod_judge, bool(label and label.streaming))
-    compiler.Compiler().compile(pipeline, output)
-    if components_dir:
-        for name, component in COMPONENTS.items():
-            path = Path(components_dir) / name / "component.yaml"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            compiler.Compiler().compile(component, str(path))
+    try:
+        if components_dir:
+            for name, component in COMPONENTS.items():
+                path = Path(components_dir) / name / "component.yaml"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                compiler.Compiler().compile(component, str(path))
+        compiler.Compiler().compile(pipeline, output)  # last: a pipeline file means everything was written
+    except OSError as exc:
+        raise UserError(f"cannot write the pipeline ({exc.strerror or exc}: {exc.filename}): check --output and "
+                        "--components-dir") from None
     return output
+
+
+def _check_components_dir(root) -> None:
+    """Every component's directory can be made: no file where a directory goes, nearest existing ancestor a
+    directory (checked before anything is written)."""
+    from rlaif.errors import UserError
+
+    for path in (root, *(root / name for name in COMPONENTS), *(root / name / "component.yaml" for name in COMPONENTS)):
+        if path.exists() and path.is_dir() == (path.name == "component.yaml"):
+            kind = "a directory" if path.is_dir() else "a file"
+            raise UserError(f"--components-dir {root}: {path} is {kind}: remove it or name another directory")
+    existing = root
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UserError(f"--components-dir {root}: {existing} is a file, not a directory: name another directory")
 
 
 def submit(endpoint: str, config: str | None, overrides: list[str], run_id: str, storage_root: str,

@@ -38,7 +38,7 @@ def run_component(name: str, config: str, overrides: list[str], run_id: str, sto
     os.environ.setdefault("RLAIF_LOCK_OWNER", f"kfp:{default_run_id}:{name}")
     overrides = [*overrides, *typed_overrides(**typed), *[f"{name}.streaming=true"] * streaming]
     cfg = load_config_source(config, overrides, run_id or safe_run_id(default_run_id), storage_root)
-    config_url = prepare(cfg)
+    config_url = prepare(cfg, pipeline=True)
     for dep, artifact in upstream.items():
         if artifact is None:  # streamed: not committed when this step starts
             continue

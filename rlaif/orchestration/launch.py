@@ -12,6 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from rlaif import tracking
 from rlaif.config import (
     PipelineConfig,
     dump_config,
@@ -22,7 +23,7 @@ from rlaif.errors import StageFailed, UserError
 from rlaif.graph import STAGE_BY_NAME, Stage
 from rlaif.io import manifest, storage
 from rlaif.io.lock import StageLock
-from rlaif.io.prompts import load_prompts
+from rlaif.io.prompts import check_splits, load_prompts, read_demonstrations
 from rlaif.orchestration import jobs
 from rlaif.stages import common
 
@@ -39,13 +40,18 @@ def load_config_source(source: str | None, overrides: list[str] = (), run_id: st
     return load_config(source or None, overrides)
 
 
-def prepare(cfg: PipelineConfig) -> str:
-    """Cheap checks before any work, then the resolved config written once per run; returns its URL."""
+def prepare(cfg: PipelineConfig, pipeline: bool = False) -> str:
+    """Cheap checks before any work, then the resolved config written once per run; returns its URL. `pipeline`: the
+    whole graph will run, so both prompt splits must hold prompts (evaluate, the last stage, reads the eval split)."""
     storage.configure(cfg.storage.endpoint_url)
     root = storage.normalize(cfg.storage.root)
     storage.check_writable(root)
-    check_judges(cfg, load_prompts(cfg.data))
+    prompts = load_prompts(cfg.data)
+    check_judges(cfg, prompts)
     check_models(cfg)
+    tracking.check_settings(cfg.tracking)
+    if pipeline:
+        check_splits(cfg.data, prompts)
     for stage in STAGE_BY_NAME.values():
         nproc = getattr(getattr(cfg, stage.name), "nproc", 1)
         if stage.resources.torchrun and nproc > (os.cpu_count() or 1) and not _has_gpus():
@@ -112,15 +118,20 @@ def check_models(cfg: PipelineConfig) -> None:
     when downloaded. The model cache must be writable (the built-in policy lives there)."""
     from rlaif.io import hub
     from rlaif.io.storage import cache_dir
-    from rlaif.models.loading import check_model_files
+    from rlaif.models.loading import CAUSAL_LM_ROLES, TINY_LLAMA, check_builtin, check_causal_lm, check_model_files
 
     named = [("policy model", cfg.policy.model), ("reward-model backbone", cfg.train_rm.backbone),
              *(("judge model", j.hf.model) for j in (cfg.label, *cfg.evaluate.judges) if j.judge == "hf")]
     for what, spec in named:
+        check_builtin(spec, what)
         if hub.parse(spec):
             hub.commit(spec, what)
         elif not spec.startswith(("builtin:", "s3://")):
-            check_model_files(Path(spec.removeprefix("file://")).expanduser(), what)
+            path = check_model_files(Path(spec.removeprefix("file://")).expanduser(), what)
+            if what in CAUSAL_LM_ROLES:
+                check_causal_lm(path, what)
+    if cfg.policy.model == TINY_LLAMA:
+        read_demonstrations(cfg.policy.tiny.demonstrations)
     if not any(spec == "builtin:tiny-llama" or spec.startswith("s3://") for _, spec in named):
         return  # nothing will be built or downloaded into the cache
     try:

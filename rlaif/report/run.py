@@ -118,9 +118,12 @@ def _config(run_url: str) -> tuple[dict, str | None]:
 
 
 def load_run(run_url: str) -> Run:
-    metrics = read_metrics(run_url)
-    manifests = {stage.name: _manifest(storage.join(run_url, stage.name)) for stage in topological_order()}
-    label = _optional_json(storage.join(run_url, "label", "metrics.json")) or dig(manifests["label"], "summary") or {}
-    config, config_digest = _config(run_url)
-    return Run(run_url, metrics, read_jsonl(storage.join(run_url, "evaluate", "examples.jsonl")),
-               read_jsonl(storage.join(run_url, "ppo", "metrics.jsonl")), manifests, label, config, config_digest)
+    # One line for a run that cannot be read: no credentials, an unreachable endpoint, a file where a directory was.
+    with storage.user_read_errors(run_url, "run", "check the run's path, and for s3:// the endpoint and credentials"):
+        metrics = read_metrics(run_url)
+        manifests = {stage.name: _manifest(storage.join(run_url, stage.name)) for stage in topological_order()}
+        label = (_optional_json(storage.join(run_url, "label", "metrics.json")) or dig(manifests["label"], "summary")
+                 or {})
+        config, config_digest = _config(run_url)
+        return Run(run_url, metrics, read_jsonl(storage.join(run_url, "evaluate", "examples.jsonl")),
+                   read_jsonl(storage.join(run_url, "ppo", "metrics.jsonl")), manifests, label, config, config_digest)

@@ -1,0 +1,183 @@
+"""Inputs a probe outside our test list found failing, one test per class: storage and hub errors that are not
+OSErrors, text JSON can spell but Unicode cannot hold, models that cannot play their role, files a build reads in
+a child process, settings checked only deep in a run (empty eval split, trackers), strings that match everywhere,
+misspelled constitution keys, half-written compile output, URLs missing a slash. Each: exit 2, one line, nothing
+written."""
+import json
+
+import pytest
+import torch
+
+from rlaif.io import storage
+from rlaif.io.lock import StageLock
+from rlaif.io.prompts import is_held_out
+from rlaif.models.generation import response_mask
+
+TINY = "configs/tiny.yaml"
+
+
+@pytest.fixture
+def root(tmp_path):
+    return ("--storage-root", f"file://{tmp_path}/root")
+
+
+def nothing_written(path) -> bool:
+    return not path.exists() or not list(path.rglob("manifest.json"))
+
+
+@pytest.fixture
+def no_aws_credentials(monkeypatch, tmp_path):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+def test_s3_reads_without_credentials(cli, tmp_path, root, no_aws_credentials):
+    cli("run", "--config", "s3://no-bucket/c.yaml", needle="cannot be read (Unable to locate credentials)")
+    cli("run", "--config", TINY, *root, "--set", "data.prompts=s3://no-bucket/p.jsonl",
+        needle="cannot be read (Unable to locate credentials)")
+    cli("run", "--config", TINY, *root, "--set", "label.constitution=s3://no-bucket/c.yaml",
+        needle="cannot be read (Unable to locate credentials)")
+    cli("report", "s3://no-bucket/run", needle="run s3://no-bucket/run cannot be read")
+    assert nothing_written(tmp_path / "root")
+
+
+def test_unreachable_hub(cli, tmp_path, root, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # connection refused, at once
+    cli("run", "--config", TINY, *root, "--set", "policy.model=acme/tiny",
+        needle="policy model acme/tiny: the hub could not be reached")
+    # A mistyped relative path has the shape of a hub id: said so, since ./configs exists here.
+    cli("run", "--config", TINY, *root, "--set", "train_rm.backbone=configs/missing",
+        needle="no local directory configs/missing (./configs/ exists), and the hub could not be reached")
+    assert nothing_written(tmp_path / "root")
+
+
+def test_prompt_text_that_is_not_unicode(cli, tmp_path, root):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "fine"}\n{"prompt": "half a pair \\ud800 here"}\n')
+    cli("run", "--config", TINY, *root, "--set", f"data.prompts={prompts}",
+        needle="line 2: text holds a lone surrogate")
+    prompts.write_text('{"prompt": "fine", "key_points": ["\\udfff"]}\n')
+    cli("run", "--config", TINY, *root, "--set", f"data.prompts={prompts}", needle="lone surrogate")
+    assert nothing_written(tmp_path / "root")
+
+
+def _encoder_dir(path):
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({"architectures": ["BertModel"], "model_type": "bert"}))
+    header = b'{"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}'
+    (path / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 4)
+    (path / "tokenizer.json").write_text("{}")
+    return path
+
+
+def test_models_that_cannot_play_their_role(cli, tmp_path, root):
+    cli("run", "--config", TINY, *root, "--set", "policy.model=builtin:minilm",
+        needle="policy model builtin:minilm: not a built-in model for this role (built-ins here: builtin:tiny-llama)")
+    cli("run", "--config", TINY, *root, "--set", "train_rm.backbone=builtin:tiny-llamaX",
+        needle="not a built-in model for this role (built-ins here: builtin:minilm)")
+    encoder = _encoder_dir(tmp_path / "encoder")
+    cli("run", "--config", TINY, *root, "--set", f"policy.model={encoder}", needle="holds a BertModel, not a causal LM")
+    cli("run", "--config", TINY, *root, "--set", "label.judge=hf", "--set", f"label.hf.model={encoder}",
+        needle="judge model directory")
+    assert nothing_written(tmp_path / "root")
+
+
+@pytest.mark.parametrize("content", [b'{"text": "hi"}\n', b"", b'[1, 2]\n', b'{"prompt": "a", "response": 3}\n'])
+def test_demonstrations_checked_before_any_work(cli, tmp_path, root, content):
+    demos = tmp_path / "demos.jsonl"
+    demos.write_bytes(content)
+    cli("run", "--config", TINY, *root, "--set", f"policy.tiny.demonstrations={demos}",
+        needle="needs rows that are JSON objects with string 'prompt' and 'response'")
+    cli("run", "--config", TINY, *root, "--set", f"policy.tiny.demonstrations={tmp_path}",
+        needle=f"demonstrations file {tmp_path} cannot be read")
+    assert nothing_written(tmp_path / "root")
+
+
+def test_empty_eval_split_refused_before_the_first_stage(cli, tmp_path, root):
+    ids = [f"q{i}" for i in range(400) if not is_held_out(f"q{i}", 0.1)][:30]
+    prompts = tmp_path / "train_only.jsonl"
+    prompts.write_text("".join(json.dumps({"id": pid, "prompt": f"question {pid}?"}) + "\n" for pid in ids))
+    cli("run", "--config", TINY, *root, "--set", f"data.prompts={prompts}",
+        needle="the eval split of")
+    assert not (tmp_path / "root").exists() or not list((tmp_path / "root").rglob("generate"))
+
+
+def test_trackers_checked_before_any_work(cli, tmp_path, root, monkeypatch):
+    for name in ("MLFLOW_TRACKING_URI", "WANDB_API_KEY", "WANDB_MODE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    cli("run", "--config", TINY, *root, "--set", "tracking.report_to=[mlflow]", needle="mlflow but no server")
+    cli("run", "--config", TINY, *root, "--set", "tracking.report_to=[tensorboard, wandb]",
+        needle="wandb but no key")
+    assert nothing_written(tmp_path / "root")
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("generate.stop=['']", "'generate.stop.0'"),
+    ("label.rules.required=[' ']", "'label.rules.required.0'"),
+    ("label.reference.rude_terms=[rude, '']", "'label.reference.rude_terms.1'"),
+    ("storage.root=s3:/bucket/x", "looks like a URL missing a slash"),
+])
+def test_strings_that_would_match_everywhere_and_malformed_urls(cli, tmp_path, override, needle):
+    cli("run", "--config", TINY, "--set", override, "--set", f"run_id=x{len(override)}", needle=needle)
+
+
+def test_file_url_expands_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert storage.normalize("file://~/runs") == f"file://{tmp_path}/runs"
+    assert storage.normalize("~/runs") == f"file://{tmp_path}/runs"
+
+
+@pytest.mark.parametrize("principle, needle", [
+    ("- name: a\n  text: be kind\n  contrats: be rude\n", "unknown key 'contrats' (did you mean 'contrast'?)"),
+    ("- name: [1, 2]\n  text: be kind\n", "'name' must be a non-empty string"),
+    ("- name: null\n  text: be kind\n", "'name' must be a non-empty string"),
+])
+def test_constitution_keys_and_types(cli, tmp_path, root, principle, needle):
+    constitution = tmp_path / "c.yaml"
+    constitution.write_text(principle)
+    cli("run", "--config", TINY, *root, "--set", f"label.constitution={constitution}", needle=needle)
+
+
+def test_compile_components_dir_checked_before_writing(cli, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    pipeline = tmp_path / "p.yaml"
+    cli("compile", "kfp", "-o", str(pipeline), "--components-dir", str(blocker), needle="is a file")
+    components = tmp_path / "components"
+    (components / "generate").mkdir(parents=True)
+    (components / "label").write_text("")
+    cli("compile", "kfp", "-o", str(pipeline), "--components-dir", str(components), needle="label is a file")
+    assert not pipeline.exists() and list((components / "generate").iterdir()) == []
+
+
+def test_report_of_a_run_whose_metrics_are_a_directory(cli, tmp_path):
+    (tmp_path / "run/evaluate/metrics.json").mkdir(parents=True)
+    cli("report", str(tmp_path / "run"), needle="cannot be read")
+
+
+def test_interrupt_while_taking_a_lock_leaves_none(tmp_path):
+    class InterruptedLock(StageLock):
+        def acquire(self):
+            super().acquire()
+            raise KeyboardInterrupt  # Ctrl-C after the lock file was written, before the block is entered
+
+    stage = storage.normalize(str(tmp_path / "stage"))
+    with pytest.raises(KeyboardInterrupt), InterruptedLock(stage, "test"):
+        pass
+    assert not (tmp_path / "stage" / ".lock").exists()
+    with StageLock(stage, "test"):  # and the next launcher takes it at once
+        assert (tmp_path / "stage" / ".lock").exists()
+
+
+def test_response_mask_without_an_eos_token():
+    responses = torch.tensor([[5, 6, 7], [8, 9, 1]])
+    assert response_mask(responses, None).tolist() == [[1, 1, 1], [1, 1, 1]]
+    assert response_mask(responses, 6).tolist() == [[1, 1, 0], [1, 1, 1]]
