@@ -74,7 +74,7 @@ def _launch_args(stage) -> list[str]:
     """`rlaif launch` arguments, templated by Airflow: the same for a pod and for a local process."""
     streams = ["--set", f"{stage.name}.streaming=true"] if STREAMING and stage.streams_from else []
     return ["launch", stage.name, "--config", "{{ params.config }}", "--set-json", "{{ params.overrides | tojson }}",
-            "--run-id", RUN_ID, "--storage-root", "{{ params.storage_root }}", *streams]
+            "--run-id", RUN_ID, "--storage-root", "{{ params.storage_root }}", "--pipeline", *streams]
 
 
 def _pod_task(stage) -> KubernetesPodOperator:

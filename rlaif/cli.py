@@ -52,6 +52,9 @@ def _parser() -> argparse.ArgumentParser:
                         help='overrides as a JSON list, e.g. \'["ppo.lr=1e-5"]\' (what the DAGs pass)')
     launch.add_argument("--run-id", default="", help="run id; empty: the config's")
     launch.add_argument("--storage-root", default="", help="storage root; empty: the config's")
+    launch.add_argument("--pipeline", action="store_true",
+                        help="this stage is a step of a whole-graph run (the DAGs pass it): also check what only the "
+                             "whole run needs, e.g. that both prompt splits hold prompts")
     launch.add_argument("--manifest-out", metavar="FILE",
                         help="when done, write the stage's manifest URL, digest and run id to this local JSON file "
                              "(what an Airflow task publishes as its asset event)")
@@ -180,7 +183,7 @@ def _launch(args) -> int:
         raise UserError(f"--set-json must be a JSON list of KEY=VALUE strings, got {args.set_json!r}")
     run_id = safe_run_id(args.run_id) if args.run_id else ""
     cfg = launch.load_config_source(args.config, [*args.overrides, *extra], run_id, args.storage_root)
-    done = launch.launch(cfg, args.name, launch.prepare(cfg))
+    done = launch.launch(cfg, args.name, launch.prepare(cfg, pipeline=args.pipeline))
     if args.manifest_out:
         from pathlib import Path
 

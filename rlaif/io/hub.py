@@ -43,15 +43,16 @@ def _errors():
     )
 
     return (HfHubHTTPError, HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError,
-            *_network_errors())
+            *_network_errors(), OSError)
 
 
 def _network_errors() -> tuple[type[Exception], ...]:
-    """A hub that cannot be reached: no DNS, refused, timed out (the HTTP clients huggingface_hub uses raise their
-    own transport errors; requests' are OSErrors)."""
+    """A hub that cannot be reached: no DNS, refused, timed out (huggingface_hub's HTTP client raises its own
+    transport errors; sockets raise these OSErrors). Other OSErrors (a full disk, an unwritable HF_HOME) are not."""
     import importlib
+    import socket
 
-    found: list[type[Exception]] = [OSError]
+    found: list[type[Exception]] = [ConnectionError, TimeoutError, socket.gaierror]
     for client in ("httpx2", "httpx"):
         try:
             found.append(importlib.import_module(client).TransportError)
@@ -66,8 +67,8 @@ def _one_line(spec: str, what: str, exc: Exception) -> UserError:
     if isinstance(exc, not_cached):
         mode = ("the hub is off (HF_HUB_OFFLINE=1) and it is not in the Hugging Face cache" if offline()
                 else "the hub could not be reached and it is not in the Hugging Face cache")
-        return UserError(f"{what} {spec}: {mode}: unset HF_HUB_OFFLINE on a machine with hub access, or give a "
-                         "local directory or an s3:// URL")
+        return UserError(f"{what} {spec}: {_local_hint(spec)}{mode}: unset HF_HUB_OFFLINE on a machine with hub "
+                         "access, or give a local directory or an s3:// URL")
     if isinstance(exc, no_revision):
         return UserError(f"{what} {spec}: no such revision on the hub")
     if isinstance(exc, no_repo):
@@ -78,6 +79,8 @@ def _one_line(spec: str, what: str, exc: Exception) -> UserError:
                          "directory or an s3:// URL, or set HF_HUB_OFFLINE=1 where it is in the Hugging Face cache")
     if isinstance(exc, invalid):
         return UserError(f"{what} {spec}: not a valid hub model id ({str(exc).splitlines()[0][:120]})")
+    if not isinstance(exc, http):  # a local failure while fetching: disk full, HF_HOME not writable
+        return UserError(f"{what} {spec}: the Hugging Face cache could not be written ({exc}): check HF_HOME")
     return UserError(f"{what} {spec}: the hub answered {str(exc).splitlines()[0][:160]}")
 
 

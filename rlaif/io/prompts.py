@@ -123,11 +123,13 @@ def read_demonstrations(path: str) -> list[dict]:
                         "file") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UserError(f"demonstrations file {path} is not valid UTF-8 JSONL: {exc}") from None
-    usable = [row for row in rows if isinstance(row, dict) and isinstance(row.get("prompt"), str)
-              and isinstance(row.get("response"), str) and _encodable(row["prompt"] + row["response"])]
-    if not rows or len(usable) < len(rows):
-        raise UserError(f"demonstrations file {path} needs rows that are JSON objects with string 'prompt' and "
-                        f"'response' ({len(rows) - len(usable)} of {len(rows)} rows are not)")
+    if not rows:
+        raise UserError(f"demonstrations file {path} is empty: give JSONL rows with 'prompt' and 'response'")
+    for line, row in enumerate(rows, 1):
+        if not (isinstance(row, dict) and isinstance(row.get("prompt"), str) and isinstance(row.get("response"), str)):
+            raise UserError(f"demonstrations file {path}, row {line}: needs a JSON object with string 'prompt' and "
+                            "'response'")
+        _unicode(row["prompt"] + row["response"], f"demonstrations file {path}, row {line}")
     return rows
 
 

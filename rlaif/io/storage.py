@@ -20,8 +20,8 @@ import fsspec
 from rlaif.errors import UserError
 
 _s3_options: dict = {}
-# "s3:/bucket", "file:/path": a scheme whose "//" lost a slash, which would otherwise become a local directory.
-MALFORMED_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:/")
+# "s3:/bucket", "s3:bucket": a known scheme without its "//", which would otherwise become a local directory.
+MALFORMED_SCHEME = re.compile(r"(?i)(s3|s3a|s3n|file|gs|gcs|az|abfs|hf|https?):(?!//)")
 
 
 def configure(endpoint_url: str | None) -> None:
@@ -38,7 +38,7 @@ def normalize(url: str) -> str:
     """Absolute URL: bare paths and relative file:// paths resolve against the working directory (~ expanded)."""
     if "://" not in url:
         if MALFORMED_SCHEME.match(url):
-            raise UserError(f"storage URL {url!r} looks like a URL missing a slash: write s3://bucket/prefix, "
+            raise UserError(f"storage URL {url!r} looks like a URL without its '//': write s3://bucket/prefix, "
                             "file:///absolute/path, or a plain local path")
         return "file://" + str(Path(url).expanduser().resolve())
     scheme, rest = url.split("://", 1)
@@ -97,7 +97,8 @@ def user_read_errors(url: str, what: str, fix: str):
     except FileNotFoundError:
         raise UserError(f"{what} not found: {url} ({fix})") from None
     except (PermissionError, IsADirectoryError, NotADirectoryError) as exc:
-        raise UserError(f"{what} {url} cannot be read ({type(exc).__name__}): {fix}") from None
+        inside = f" at {exc.filename}" if exc.filename and str(exc.filename) not in url else ""  # a run's file
+        raise UserError(f"{what} {url} cannot be read ({type(exc).__name__}{inside}): {fix}") from None
     except (OSError, *_botocore_errors()) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise UserError(f"{what} {url} cannot be read ({reason[:200]}): {fix}") from None

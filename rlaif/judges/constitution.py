@@ -29,14 +29,14 @@ def load_constitution(path: str) -> list[dict]:
         raise UserError(f"constitution {path} must be a YAML list of {{name, text}} principles")
     for i, principle in enumerate(principles):
         where = f"constitution {path}, principle {i + 1}"
-        if (not isinstance(principle, dict) or not isinstance(principle.get("text"), str)
-                or not principle["text"].strip()):
-            raise UserError(f"{where}: needs a non-empty string 'text'")
-        unknown = sorted(map(str, set(principle) - set(PRINCIPLE_KEYS)))
-        if unknown:
+        unknown = sorted(map(str, set(principle) - set(PRINCIPLE_KEYS))) if isinstance(principle, dict) else []
+        if unknown:  # before 'text' is required: a misspelled 'txt' is named as such
             close = difflib.get_close_matches(unknown[0], PRINCIPLE_KEYS, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise UserError(f"{where}: unknown key {unknown[0]!r}{hint}: a principle has {', '.join(PRINCIPLE_KEYS)}")
+        if (not isinstance(principle, dict) or not isinstance(principle.get("text"), str)
+                or not principle["text"].strip()):
+            raise UserError(f"{where}: needs a non-empty string 'text'")
         for key in ("contrast", "name"):
             value = principle.get(key)
             if key in principle and (not isinstance(value, str) or not value.strip()):

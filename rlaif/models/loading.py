@@ -32,23 +32,33 @@ TINY_LLAMA = "builtin:tiny-llama"
 BUILTINS = {"policy model": (TINY_LLAMA,), "reward-model backbone": (MINILM,), "embedding judge backbone": (MINILM,),
             "judge model": ()}
 CAUSAL_LM_ROLES = ("policy model", "judge model")
-CAUSAL_LM_ARCHITECTURE = re.compile(r".*(ForCausalLM|LMHeadModel|ForConditionalGeneration)")
+CAUSAL_LM_ARCHITECTURE = re.compile(r".*(ForCausalLM|LMHeadModel|WithLMHead)")
 
 
 def check_builtin(spec: str, what: str) -> None:
     """A `builtin:` name this role can use, or a one-line error listing those it can."""
-    if spec.startswith("builtin:") and spec not in BUILTINS.get(what, ()):
-        allowed = " or ".join(BUILTINS.get(what, ())) or "none: give a local directory, an s3:// URL or a hub id"
+    if spec.startswith("builtin:") and spec not in BUILTINS[what]:
+        allowed = " or ".join(BUILTINS[what]) or "none: give a local directory, an s3:// URL or a hub id"
         raise UserError(f"{what} {spec}: not a built-in model for this role (built-ins here: {allowed})")
 
 
 def check_causal_lm(path: Path, what: str) -> None:
-    """A generating role's directory holds a causal LM (by config.json's architectures, where it names them)."""
+    """A generating role's directory holds a causal LM: config.json's architectures name one (a class transformers
+    loads as a causal LM, or one named like it), or its remote code maps AutoModelForCausalLM. Refused only when it
+    names architectures and none is (an encoder such as BertModel, a seq2seq model)."""
     config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    architectures = config.get("architectures") or []
-    if architectures and not any(CAUSAL_LM_ARCHITECTURE.fullmatch(str(name)) for name in architectures):
-        raise UserError(f"{what} directory {path} holds a {', '.join(map(str, architectures))}, not a causal LM "
-                        "(a model that generates text, e.g. LlamaForCausalLM): give a causal-LM directory")
+    architectures = [str(name) for name in config.get("architectures") or []]
+    if not architectures or "AutoModelForCausalLM" in (config.get("auto_map") or {}):
+        return
+    if any(CAUSAL_LM_ARCHITECTURE.fullmatch(name) for name in architectures):
+        return
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    causal = {name for names in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
+              for name in ((names,) if isinstance(names, str) else names)}
+    if not causal & set(architectures):
+        raise UserError(f"{what} directory {path} holds a {', '.join(architectures)}, not a causal LM (a model that "
+                        "generates text, e.g. LlamaForCausalLM): give a causal-LM directory")
 
 
 def minilm_dir() -> Path:
@@ -160,4 +170,7 @@ def load_policy(policy):
     tokenizer, model = (load_tokenizer(path, policy.trust_remote_code),
                         load_causal_lm(path, policy.trust_remote_code).eval())
     check_match(tokenizer, model, path)
+    if tokenizer.eos_token_id is None:
+        raise UserError(f"the policy's tokenizer in {path} has no EOS token, so no response could end: save the "
+                        "tokenizer with its eos_token (the one the model was trained to stop with)")
     return tokenizer, model

@@ -116,20 +116,24 @@ def compile_pipeline(output: str, cluster: "str | None" = None, components_dir: 
                 compiler.Compiler().compile(component, str(path))
         compiler.Compiler().compile(pipeline, output)  # last: a pipeline file means everything was written
     except OSError as exc:
-        raise UserError(f"cannot write the pipeline ({exc.strerror or exc}: {exc.filename}): check --output and "
+        where = f": {exc.filename}" if exc.filename else ""
+        raise UserError(f"cannot write the pipeline ({exc.strerror or exc}{where}): check --output and "
                         "--components-dir") from None
     return output
 
 
 def _check_components_dir(root) -> None:
-    """Every component's directory can be made: no file where a directory goes, nearest existing ancestor a
-    directory (checked before anything is written)."""
+    """Every component's directory can be made (checked before anything is written): no file where a directory
+    goes, no directory where a component.yaml goes, the nearest existing ancestor a directory."""
     from rlaif.errors import UserError
 
-    for path in (root, *(root / name for name in COMPONENTS), *(root / name / "component.yaml" for name in COMPONENTS)):
-        if path.exists() and path.is_dir() == (path.name == "component.yaml"):
-            kind = "a directory" if path.is_dir() else "a file"
-            raise UserError(f"--components-dir {root}: {path} is {kind}: remove it or name another directory")
+    directories = (root, *(root / name for name in COMPONENTS))
+    for path in directories:
+        if path.exists() and not path.is_dir():
+            raise UserError(f"--components-dir {root}: {path} is a file: remove it or name another directory")
+    for path in (root / name / "component.yaml" for name in COMPONENTS):
+        if path.is_dir():
+            raise UserError(f"--components-dir {root}: {path} is a directory: remove it or name another directory")
     existing = root
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent

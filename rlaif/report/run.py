@@ -119,7 +119,8 @@ def _config(run_url: str) -> tuple[dict, str | None]:
 
 def load_run(run_url: str) -> Run:
     # One line for a run that cannot be read: no credentials, an unreachable endpoint, a file where a directory was.
-    with storage.user_read_errors(run_url, "run", "check the run's path, and for s3:// the endpoint and credentials"):
+    with storage.user_read_errors(run_url, "run", "check the run's path (its evaluate/metrics.json and manifests "
+                                  "are files), and for s3:// the endpoint and credentials"):
         metrics = read_metrics(run_url)
         manifests = {stage.name: _manifest(storage.join(run_url, stage.name)) for stage in topological_order()}
         label = (_optional_json(storage.join(run_url, "label", "metrics.json")) or dig(manifests["label"], "summary")

@@ -1,9 +1,10 @@
 """Inputs a probe outside our test list found failing, one test per class: storage and hub errors that are not
 OSErrors, text JSON can spell but Unicode cannot hold, models that cannot play their role, files a build reads in
-a child process, settings checked only deep in a run (empty eval split, trackers), strings that match everywhere,
-misspelled constitution keys, half-written compile output, URLs missing a slash. Each: exit 2, one line, nothing
-written."""
+a child process, settings checked only deep in a run (empty eval split, an MLflow server), strings that match
+everywhere, misspelled constitution keys, half-written compile output, URLs without their '//'. Each: exit 2, one
+line, nothing written; and the odd inputs that stay valid."""
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from rlaif.io.prompts import is_held_out
 from rlaif.models.generation import response_mask
 
 TINY = "configs/tiny.yaml"
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -32,6 +34,12 @@ def no_aws_credentials(monkeypatch, tmp_path):
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)  # an earlier test's endpoint (moto) would answer
+    storage.configure(None)
+    s3fs = pytest.importorskip("s3fs")
+    s3fs.S3FileSystem.clear_instance_cache()  # cached filesystems keep the credentials they found
+    yield
+    s3fs.S3FileSystem.clear_instance_cache()
 
 
 def test_s3_reads_without_credentials(cli, tmp_path, root, no_aws_credentials):
@@ -86,36 +94,43 @@ def test_models_that_cannot_play_their_role(cli, tmp_path, root):
     cli("run", "--config", TINY, *root, "--set", f"policy.model={encoder}", needle="holds a BertModel, not a causal LM")
     cli("run", "--config", TINY, *root, "--set", "label.judge=hf", "--set", f"label.hf.model={encoder}",
         needle="judge model directory")
+    assert "holds a BertModel, not a causal LM" in cli(
+        "run", "--config", TINY, *root, "--set", "label.judge=hf", "--set", f"label.hf.model={encoder}",
+        needle="judge model directory")
     assert nothing_written(tmp_path / "root")
 
 
-@pytest.mark.parametrize("content", [b'{"text": "hi"}\n', b"", b'[1, 2]\n', b'{"prompt": "a", "response": 3}\n'])
-def test_demonstrations_checked_before_any_work(cli, tmp_path, root, content):
+@pytest.mark.parametrize("content, needle", [
+    (b'{"text": "hi"}\n', "row 1: needs a JSON object with string 'prompt' and 'response'"),
+    (b"", "is empty"),
+    (b'{"prompt": "a", "response": "b"}\n[1, 2]\n', "row 2: needs a JSON object"),
+    (b'{"prompt": "a", "response": 3}\n', "row 1: needs a JSON object"),
+    (b'{"prompt": "a", "response": "\\ud800"}\n', "row 1: text holds a lone surrogate"),
+])
+def test_demonstrations_checked_before_any_work(cli, tmp_path, root, content, needle):
     demos = tmp_path / "demos.jsonl"
     demos.write_bytes(content)
-    cli("run", "--config", TINY, *root, "--set", f"policy.tiny.demonstrations={demos}",
-        needle="needs rows that are JSON objects with string 'prompt' and 'response'")
+    cli("run", "--config", TINY, *root, "--set", f"policy.tiny.demonstrations={demos}", needle=needle)
+    assert nothing_written(tmp_path / "root")
+
+
+def test_demonstrations_that_are_a_directory(cli, tmp_path, root):
     cli("run", "--config", TINY, *root, "--set", f"policy.tiny.demonstrations={tmp_path}",
         needle=f"demonstrations file {tmp_path} cannot be read")
-    assert nothing_written(tmp_path / "root")
 
 
 def test_empty_eval_split_refused_before_the_first_stage(cli, tmp_path, root):
     ids = [f"q{i}" for i in range(400) if not is_held_out(f"q{i}", 0.1)][:30]
     prompts = tmp_path / "train_only.jsonl"
     prompts.write_text("".join(json.dumps({"id": pid, "prompt": f"question {pid}?"}) + "\n" for pid in ids))
-    cli("run", "--config", TINY, *root, "--set", f"data.prompts={prompts}",
+    cli("run", "--config", TINY, *root, "--set", f"data.prompts={prompts}", "--set", "data.eval_fraction=0.1",
         needle="the eval split of")
     assert not (tmp_path / "root").exists() or not list((tmp_path / "root").rglob("generate"))
 
 
-def test_trackers_checked_before_any_work(cli, tmp_path, root, monkeypatch):
-    for name in ("MLFLOW_TRACKING_URI", "WANDB_API_KEY", "WANDB_MODE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+def test_mlflow_server_checked_before_any_work(cli, tmp_path, root, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     cli("run", "--config", TINY, *root, "--set", "tracking.report_to=[mlflow]", needle="mlflow but no server")
-    cli("run", "--config", TINY, *root, "--set", "tracking.report_to=[tensorboard, wandb]",
-        needle="wandb but no key")
     assert nothing_written(tmp_path / "root")
 
 
@@ -123,10 +138,31 @@ def test_trackers_checked_before_any_work(cli, tmp_path, root, monkeypatch):
     ("generate.stop=['']", "'generate.stop.0'"),
     ("label.rules.required=[' ']", "'label.rules.required.0'"),
     ("label.reference.rude_terms=[rude, '']", "'label.reference.rude_terms.1'"),
-    ("storage.root=s3:/bucket/x", "looks like a URL missing a slash"),
+    ("storage.root=s3:/bucket/x", "looks like a URL without its '//'"),
+    ("storage.root=s3:bucket/x", "looks like a URL without its '//'"),
 ])
-def test_strings_that_would_match_everywhere_and_malformed_urls(cli, tmp_path, override, needle):
-    cli("run", "--config", TINY, "--set", override, "--set", f"run_id=x{len(override)}", needle=needle)
+def test_strings_that_would_match_everywhere_and_malformed_urls(cli, tmp_path, override, needle, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a malformed root that got through would be a local directory here
+    key, _, value = override.partition("=")
+    where = ["--storage-root", value] if key == "storage.root" else ["--storage-root", f"file://{tmp_path}/root",
+                                                                     "--set", override]
+    cli("run", "--config", str(REPO / TINY), *where, needle=needle)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_odd_but_valid_inputs_are_accepted(tmp_path, monkeypatch):
+    """Relative paths with a colon, causal LMs named otherwise (GPT-2's LMHeadModel, remote code), tracker setups."""
+    from rlaif.models.loading import check_causal_lm
+
+    monkeypatch.chdir(tmp_path)
+    assert storage.normalize("runs:/x") == f"file://{tmp_path}/runs:/x"
+    for config in ({"architectures": ["GPT2LMHeadModel"]}, {"architectures": ["ChatGLMModel"],
+                   "auto_map": {"AutoModelForCausalLM": "m.ChatGLMForConditionalGeneration"}},
+                   {"architectures": ["BertGenerationDecoder"], "model_type": "bert-generation"}, {}):
+        model = tmp_path / f"m{len(list(tmp_path.iterdir()))}"
+        model.mkdir()
+        (model / "config.json").write_text(json.dumps(config))
+        check_causal_lm(model, "policy model")
 
 
 def test_file_url_expands_home(tmp_path, monkeypatch):
@@ -139,11 +175,13 @@ def test_file_url_expands_home(tmp_path, monkeypatch):
     ("- name: a\n  text: be kind\n  contrats: be rude\n", "unknown key 'contrats' (did you mean 'contrast'?)"),
     ("- name: [1, 2]\n  text: be kind\n", "'name' must be a non-empty string"),
     ("- name: null\n  text: be kind\n", "'name' must be a non-empty string"),
+    ("- txt: be kind\n", "unknown key 'txt' (did you mean 'text'?)"),
 ])
 def test_constitution_keys_and_types(cli, tmp_path, root, principle, needle):
     constitution = tmp_path / "c.yaml"
     constitution.write_text(principle)
     cli("run", "--config", TINY, *root, "--set", f"label.constitution={constitution}", needle=needle)
+    assert nothing_written(tmp_path / "root")
 
 
 def test_compile_components_dir_checked_before_writing(cli, tmp_path):
@@ -160,7 +198,7 @@ def test_compile_components_dir_checked_before_writing(cli, tmp_path):
 
 def test_report_of_a_run_whose_metrics_are_a_directory(cli, tmp_path):
     (tmp_path / "run/evaluate/metrics.json").mkdir(parents=True)
-    cli("report", str(tmp_path / "run"), needle="cannot be read")
+    cli("report", str(tmp_path / "run"), needle="cannot be read (IsADirectoryError at ")
 
 
 def test_interrupt_while_taking_a_lock_leaves_none(tmp_path):
