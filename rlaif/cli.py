@@ -26,6 +26,22 @@ def _serve_parser(sub, config_args) -> None:
 
 
 
+def _launch_parser(sub, config_args) -> None:
+    launch = sub.add_parser("launch",
+                            help="run one stage as an orchestrator does: cache check, torchrun, multi-node job")
+    launch.add_argument("name", choices=list(STAGE_BY_NAME))
+    config_args(launch)
+    launch.add_argument("--set-json", default="[]", metavar="JSON",
+                        help='overrides as a JSON list, e.g. \'["ppo.lr=1e-5"]\' (what the DAGs pass)')
+    launch.add_argument("--run-id", default="", help="run id; empty: the config's")
+    launch.add_argument("--storage-root", default="", help="storage root; empty: the config's")
+    launch.add_argument("--pipeline", action="store_true", help="a step of a whole run (the DAGs pass it): both "
+                        "prompt splits must hold prompts")
+    launch.add_argument("--manifest-out", metavar="FILE",
+                        help="when done, write the stage's manifest URL, digest and run id to this local JSON file "
+                             "(what an Airflow task publishes as its asset event)")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlaif",
                                 description="RLAIF pipeline: generate -> label -> train_rm -> ppo -> evaluate")
@@ -44,20 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--run-id", help="shorthand for --set run_id=...")
     run.add_argument("--storage-root", help="shorthand for --set storage.root=...")
 
-    launch = sub.add_parser("launch",
-                            help="run one stage as an orchestrator does: cache check, torchrun, multi-node job")
-    launch.add_argument("name", choices=list(STAGE_BY_NAME))
-    config_args(launch)
-    launch.add_argument("--set-json", default="[]", metavar="JSON",
-                        help='overrides as a JSON list, e.g. \'["ppo.lr=1e-5"]\' (what the DAGs pass)')
-    launch.add_argument("--run-id", default="", help="run id; empty: the config's")
-    launch.add_argument("--storage-root", default="", help="storage root; empty: the config's")
-    launch.add_argument("--pipeline", action="store_true",
-                        help="this stage is a step of a whole-graph run (the DAGs pass it): also check what only the "
-                             "whole run needs, e.g. that both prompt splits hold prompts")
-    launch.add_argument("--manifest-out", metavar="FILE",
-                        help="when done, write the stage's manifest URL, digest and run id to this local JSON file "
-                             "(what an Airflow task publishes as its asset event)")
+    _launch_parser(sub, config_args)
 
     stage = sub.add_parser("stage", help="run one stage in this process (what launch starts, under torchrun if needed)")
     stage.add_argument("name", choices=list(STAGE_BY_NAME))
