@@ -68,9 +68,11 @@ def _checked(row: RawRow, data: DataConfig) -> dict:
 
 def _unicode(text: str, where: str) -> None:
     """JSON's \\ud800-style escapes can spell lone surrogates: text no tokenizer or shard can encode."""
-    if not _encodable(text):
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
         raise UserError(f"{where}: text holds a lone surrogate (an unpaired \\ud800-\\udfff escape), which is not "
-                        "valid Unicode: fix or remove that escape")
+                        "valid Unicode: fix or remove that escape") from None
 
 
 def load_prompts(data: DataConfig) -> list[dict]:
@@ -132,10 +134,3 @@ def read_demonstrations(path: str) -> list[dict]:
         _unicode(row["prompt"] + row["response"], f"demonstrations file {path}, row {line}")
     return rows
 
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate from a \\ud800-style escape
-        return False
-    return True

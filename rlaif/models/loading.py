@@ -167,10 +167,16 @@ def check_match(tokenizer, model, path: Path) -> None:
 def load_policy(policy):
     """(tokenizer, model) of the starting policy; the model in eval mode."""
     path = resolve_policy(policy)
-    tokenizer, model = (load_tokenizer(path, policy.trust_remote_code),
-                        load_causal_lm(path, policy.trust_remote_code).eval())
+    tokenizer, model = policy_tokenizer(path, policy), load_causal_lm(path, policy.trust_remote_code).eval()
     check_match(tokenizer, model, path)
+    return tokenizer, model
+
+
+def policy_tokenizer(path: Path, policy):
+    """The policy's tokenizer, which must have an EOS token: without one no response could end (every sampler,
+    in-process, vLLM or an endpoint, stops on it)."""
+    tokenizer = load_tokenizer(path, policy.trust_remote_code)
     if tokenizer.eos_token_id is None:
         raise UserError(f"the policy's tokenizer in {path} has no EOS token, so no response could end: save the "
                         "tokenizer with its eos_token (the one the model was trained to stop with)")
-    return tokenizer, model
+    return tokenizer

@@ -120,14 +120,14 @@ class EndpointBackend(Backend):
     so a replica dying mid-run loses no pair and, the seed being the sample's, duplicates none."""
 
     def __init__(self, cfg):
-        from rlaif.models.loading import load_tokenizer
+        from rlaif.models.loading import policy_tokenizer
         from rlaif.serving.client import ServiceClient
         from rlaif.serving.identity import check_service, policy_digest
 
         self.cfg, self.g = cfg, cfg.generate
         self.client = ServiceClient(self.g.endpoint, "generate.endpoint")
         self.engine = check_service(self.client, "policy", policy_digest(cfg.policy), self.g.endpoint_engine)["engine"]
-        self.tokenizer = load_tokenizer(resolve_policy(cfg.policy), cfg.policy.trust_remote_code)
+        self.tokenizer = policy_tokenizer(resolve_policy(cfg.policy), cfg.policy)
 
     def sample(self, texts: list[str], seeds: list[int]) -> list[tuple[str, int]]:
         g, width = self.g, max(self.lengths(texts))
