@@ -12,6 +12,19 @@ from rlaif.errors import StageFailed, UserError, redact
 from rlaif.graph import STAGE_BY_NAME
 
 
+def _count(least: int):
+    """An argparse type: a whole number >= least (argparse then prints usage and exits 2 on anything else)."""
+    def parse(text: str) -> int:
+        try:
+            number = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if number < least:
+            raise argparse.ArgumentTypeError(f"{number} is below {least}")
+        return number
+    return parse
+
+
 def _serve_parser(sub, config_args) -> None:
     serve = sub.add_parser("serve", help="serve the policy or the judge as an OpenAI-compatible completions service "
                                          "(Ray Serve; replicas and autoscaling from the config's serve section)")
@@ -65,8 +78,9 @@ def _parser() -> argparse.ArgumentParser:
     stage = sub.add_parser("stage", help="run one stage in this process (what launch starts, under torchrun if needed)")
     stage.add_argument("name", choices=list(STAGE_BY_NAME))
     config_args(stage)
-    stage.add_argument("--shard-index", type=int, default=0, help="generate: this pod's part of the prompts (0-based)")
-    stage.add_argument("--num-shards", type=int, default=1,
+    stage.add_argument("--shard-index", type=_count(0), default=0,
+                       help="generate: this pod's part of the prompts (0-based)")
+    stage.add_argument("--num-shards", type=_count(1), default=1,
                        help="generate: parts the prompts are split into across pods; the last part to finish commits")
 
     comp = sub.add_parser("compile", help="write the Kubeflow pipeline YAML (and the per-stage component YAMLs)")

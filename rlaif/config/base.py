@@ -1,10 +1,11 @@
 """The base of every config model: unknown keys, bad values and NaN are errors; field docstrings are the docs."""
 from __future__ import annotations
 
-from typing import Annotated
+import types
+from typing import Annotated, Union, get_args, get_origin
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 
 def _non_empty(text: str) -> str:
@@ -49,9 +50,25 @@ def cache_key_dump(model: BaseModel) -> dict:
     return view(out) if view else out
 
 
+def _numeric(annotation) -> bool:
+    """An int or float field, optional or not (not a bool field, which takes booleans)."""
+    if get_origin(annotation) in (Union, types.UnionType):
+        kinds = [arg for arg in get_args(annotation) if arg is not type(None)]
+        return bool(kinds) and all(_numeric(arg) for arg in kinds)
+    return annotation in (int, float)
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True,
                               allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_booleans_for_numbers(cls, value, info: ValidationInfo):
+        # pydantic reads true as 1 in a number field: `seed: yes` or `epochs: true` would run silently as 1.
+        if isinstance(value, bool) and _numeric(cls.model_fields[info.field_name].annotation):
+            raise ValueError(f"is {str(value).lower()}, a yes/no value, where a number is expected: give a number")
+        return value
 
 
 def no_credentials(url: str | None) -> str | None:

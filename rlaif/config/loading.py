@@ -103,7 +103,7 @@ def _describe(err: ValidationError) -> str:
     key = ".".join(str(p) for p in first["loc"]) or "(top level)"
     if first["type"] == "extra_forbidden":
         return f"unknown config key '{key}'{_suggest(key)}: remove it or check its spelling (`rlaif config` lists them)"
-    return f"bad value for config key '{key}': {first['msg']}"
+    return f"bad value for config key '{key}': {first['msg'].removeprefix('Value error, ')}"
 
 
 def load_config(path: str | None, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:

@@ -7,7 +7,6 @@ pyarrow and datasets (the `datasets` extra) are imported only when a source need
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import re
 import tempfile
@@ -125,23 +124,13 @@ def _read_text(data: DataConfig) -> Source:
 
 def _read_jsonl(url: str) -> Source:
     """One JSON object per line; a .json file holding one JSON array is read as its items."""
-    name, text = f"prompts file {url}", storage.read_user_file(url, "prompts file", FIX)
-    if _suffix(url) == ".json" and text.lstrip().startswith("["):
-        try:
-            items = json.loads(text)
-        except (json.JSONDecodeError, RecursionError):
-            raise UserError(f"{name} is not valid JSON (an array of rows, or one JSON object per line)") from None
-        return Source(name, _numbered(name, "item", items))
-    rows = []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except (json.JSONDecodeError, RecursionError):
-            raise UserError(f"{name} line {lineno} is not valid JSON") from None
-        rows.append(RawRow(f"{name} line {lineno}", f"line{lineno:07d}", record))
-    return Source(name, rows)
+    name = f"prompts file {url}"
+    if _suffix(url) == ".json":
+        text = storage.read_user_file(url, "prompts file", FIX)
+        if text.lstrip().startswith("["):
+            return Source(name, _numbered(name, "item", storage.parse_json(text, name)))
+    rows = storage.read_user_jsonl(url, "prompts file", FIX)
+    return Source(name, [RawRow(f"{name} line {number}", f"line{number:07d}", record) for number, record in rows])
 
 
 def wanted_columns(name: str, available: list[str], columns: PromptColumns) -> list[str]:

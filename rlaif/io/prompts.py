@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import re
-from pathlib import Path
 
 from rlaif.config import DataConfig, PromptColumns
 from rlaif.errors import UserError
+from rlaif.io import storage
 from rlaif.io.prompt_sources import RawRow, read_source, source_digest
 
 __all__ = ["check_splits", "is_held_out", "load_prompts", "read_demonstrations", "source_digest", "split"]
@@ -116,15 +115,9 @@ def _split_rows(rows: list[dict], data: DataConfig, which: str) -> list[dict]:
 def read_demonstrations(path: str) -> list[dict]:
     """The tiny policy's supervised rows, checked (also before any work, and before a build's child process starts,
     whose errors would come back as a failed subprocess): UTF-8 JSONL objects with string 'prompt' and 'response'."""
-    try:
-        rows = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
-    except FileNotFoundError:
-        raise UserError(f"demonstrations file not found: {path} (set policy.tiny.demonstrations)") from None
-    except OSError as exc:
-        raise UserError(f"demonstrations file {path} cannot be read ({exc.strerror or exc}): give a JSONL "
-                        "file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"demonstrations file {path} is not valid UTF-8 JSONL: {exc}") from None
+    numbered = storage.read_user_jsonl(path, "demonstrations file",
+                                       "set policy.tiny.demonstrations to a JSONL file of prompt/response rows")
+    rows = [row for _, row in numbered]
     if not rows:
         raise UserError(f"demonstrations file {path} is empty: give JSONL rows with 'prompt' and 'response'")
     for line, row in enumerate(rows, 1):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib
+import json
 import os
 import re
 import shutil
@@ -125,12 +126,44 @@ def read_user_bytes(url: str, what: str, fix: str) -> bytes:
 
 
 def read_user_file(url: str, what: str, fix: str) -> str:
-    """A file the user names, as UTF-8 text (read_user_bytes' errors, and one for text that is not UTF-8)."""
+    """A file the user names, as UTF-8 text (read_user_bytes' errors, and one for text that is not UTF-8). A leading
+    byte-order mark, which Windows editors write, is dropped: it would otherwise start the first key or prompt."""
     data = read_user_bytes(url, what, fix)
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise UserError(f"{what} {url} is not UTF-8 (byte {exc.start}): re-encode it as UTF-8") from None
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    keys = [key for key, _ in pairs]
+    repeated = next((key for key in keys if keys.count(key) > 1), None)
+    if repeated is not None:
+        raise _DuplicateKey(repeated)
+    return dict(pairs)
+
+
+def parse_json(text: str, where: str):
+    """JSON, or a one-line UserError naming `where`: invalid, or an object with a key twice (json.loads would keep
+    the last one silently, so a row with two "prompt"s would lose the first)."""
+    try:
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as exc:
+        raise UserError(f"{where} has the key {exc.args[0]!r} twice: keep one") from None
+    except (json.JSONDecodeError, RecursionError) as exc:
+        reason = f" ({exc.msg}, column {exc.colno})" if isinstance(exc, json.JSONDecodeError) else " (nested too deep)"
+        raise UserError(f"{where} is not valid JSON{reason}") from None
+
+
+def read_user_jsonl(url: str, what: str, fix: str) -> list[tuple[int, object]]:
+    """A JSONL file the user names, as (line number, value) for its non-blank lines; errors name the line."""
+    text = read_user_file(url, what, fix)
+    return [(number, parse_json(line, f"{what} {url} line {number}"))
+            for number, line in enumerate(text.splitlines(), 1) if line.strip()]
 
 
 def is_dir(url: str) -> bool:

@@ -2,10 +2,8 @@
 the request and the two responses; the answer ("1" or "2") or a 1-10 score is read after a fixed cue."""
 from __future__ import annotations
 
-import json
-
 from rlaif.errors import UserError
-from rlaif.io.storage import read_user_file
+from rlaif.io.storage import read_user_jsonl
 
 ANSWER_CUE = "\nPreferred response:"
 ANSWERS = (" 1", " 2")
@@ -22,11 +20,8 @@ def score_candidate(k: int) -> str:
 def load_few_shot(path: str | None) -> list[dict]:
     if not path:
         return []
-    text = read_user_file(path, "few-shot file", "set label.few_shot to a JSONL file of worked examples")
-    try:
-        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
-    except json.JSONDecodeError as exc:
-        raise UserError(f"few-shot file {path} is not JSONL: {exc}") from None
+    rows = [row for _, row in read_user_jsonl(path, "few-shot file",
+                                              "set label.few_shot to a JSONL file of worked examples")]
     for i, row in enumerate(rows):
         texts = ("prompt", "response_1", "response_2")
         if (not isinstance(row, dict) or not {*texts, "preferred"} <= set(row) or row["preferred"] not in (1, 2)

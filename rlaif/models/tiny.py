@@ -120,8 +120,12 @@ def ensure_tiny_policy(cfg: PolicyConfig) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (target / "config.json").exists():
             return target
+        # A build killed outright (SIGKILL, out of memory) leaves its partial folder: only this key's builder, who
+        # holds the lock now, could own one, so it is debris.
+        for debris in root.glob(f".{target.name}-*"):
+            shutil.rmtree(debris, ignore_errors=True)
         print(f"building the tiny demo policy (once; cached at {target})", flush=True)
-        tmp = Path(tempfile.mkdtemp(dir=root))
+        tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{target.name}-"))
         try:
             # In a child process: inside a torchrun rank, transformers writes weights only from global rank 0, so a
             # build on any other rank (or on another node's rank 0) would silently lack its model files.

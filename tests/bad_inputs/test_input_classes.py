@@ -116,7 +116,7 @@ def test_demonstrations_checked_before_any_work(cli, tmp_path, root, content, ne
 
 def test_demonstrations_that_are_a_directory(cli, tmp_path, root):
     cli("run", "--config", TINY, *root, "--set", f"policy.tiny.demonstrations={tmp_path}",
-        needle=f"demonstrations file {tmp_path} cannot be read")
+        needle=f"demonstrations file {tmp_path} is not a regular file")
 
 
 def test_empty_eval_split_refused_before_the_first_stage(cli, tmp_path, root):
@@ -219,3 +219,82 @@ def test_response_mask_without_an_eos_token():
     responses = torch.tensor([[5, 6, 7], [8, 9, 1]])
     assert response_mask(responses, None).tolist() == [[1, 1, 1], [1, 1, 1]]
     assert response_mask(responses, 6).tolist() == [[1, 1, 0], [1, 1, 1]]
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("seed=true", "'seed': is true, a yes/no value, where a number is expected"),
+    ("ppo.ppo_epochs=false", "'ppo.ppo_epochs': is false"),
+    ("generate.temperature=true", "'generate.temperature': is true"),
+])
+def test_yes_no_where_a_number_is_expected(cli, tmp_path, root, override, needle):
+    """pydantic reads true as 1: `seed: yes` would run as seed 1."""
+    cli("run", "--config", TINY, *root, "--set", override, needle=needle)
+    assert nothing_written(tmp_path / "root")
+
+
+@pytest.mark.parametrize("name, content, needle", [
+    ("p.jsonl", b'{"prompt": "a?", "prompt": "b?"}\n', "line 1 has the key 'prompt' twice"),
+    ("p.jsonl", b'{"prompt": "a?"}\n{"prompt": "b?", "id": "x", "id": "y"}\n', "line 2 has the key 'id' twice"),
+    ("p.json", b'[{"prompt": "a?", "prompt": "b?"}]', "has the key 'prompt' twice"),
+    ("p.jsonl", b'{"prompt": "a?",\n', "line 1 is not valid JSON (Expecting property name"),
+])
+def test_json_rows_with_a_key_twice(cli, tmp_path, root, name, content, needle):
+    prompts = tmp_path / name
+    prompts.write_bytes(content)
+    cli("run", "--config", TINY, *root, "--set", f"data.prompts={prompts}", needle=needle)
+    demos = tmp_path / "demos.jsonl"
+    demos.write_bytes(b'{"prompt": "a", "response": "b", "response": "c"}\n')
+    cli("run", "--config", TINY, *root, "--set", f"policy.tiny.demonstrations={demos}",
+        needle="line 1 has the key 'response' twice")
+    assert nothing_written(tmp_path / "root")
+
+
+def test_byte_order_marks_are_read_as_windows_editors_mean_them(tmp_path):
+    from rlaif.config import DataConfig
+    from rlaif.config.loading import load_config
+    from rlaif.io.prompts import load_prompts
+
+    config = tmp_path / "c.yaml"
+    config.write_bytes("\ufeffseed: 3\n".encode())
+    assert load_config(str(config)).seed == 3
+    for name, text in (("p.jsonl", '{"prompt": "a?"}\n{"prompt": "b?"}\n'), ("p.txt", "a?\nb?\n")):
+        (tmp_path / name).write_bytes(("\ufeff" + text).encode())
+        rows = load_prompts(DataConfig(prompts=str(tmp_path / name)))
+        assert [row["prompt"] for row in rows] == ["a?", "b?"]
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--num-shards", "0"], "argument --num-shards: 0 is below 1"),
+    (["--shard-index", "-1"], "argument --shard-index: -1 is below 0"),
+    (["--num-shards", "two"], "argument --num-shards: 'two' is not a whole number"),
+])
+def test_shard_flags_out_of_range(tmp_path, capsys, flags, needle):
+    from rlaif.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["stage", "generate", "--config", TINY, *flags])
+    assert exit_info.value.code == 2 and needle in capsys.readouterr().err
+
+
+def test_a_killed_tiny_policy_build_leaves_no_debris(tmp_path, monkeypatch):
+    """SIGKILL cannot be caught: the next build of the same policy removes the partial folder it left."""
+    from rlaif.config.loading import load_config
+    from rlaif.models import tiny
+
+    monkeypatch.setenv("RLAIF_CACHE", str(tmp_path / "cache"))
+    cfg = load_config(TINY).policy
+    models = tmp_path / "cache" / "models"
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt  # the build dies before its own clean-up could matter
+
+    monkeypatch.setattr(tiny.subprocess, "run", killed)
+    monkeypatch.setattr(tiny.shutil, "rmtree", lambda *a, **k: None)  # as after SIGKILL: nothing cleaned
+    with pytest.raises(KeyboardInterrupt):
+        tiny.ensure_tiny_policy(cfg)
+    debris = [path for path in models.iterdir() if path.is_dir()]
+    assert len(debris) == 1 and debris[0].name.startswith(".tiny-llama-")
+    monkeypatch.undo()
+    monkeypatch.setenv("RLAIF_CACHE", str(tmp_path / "cache"))
+    target = tiny.ensure_tiny_policy(cfg)
+    assert sorted(path.name for path in models.iterdir() if path.is_dir()) == [target.name]
