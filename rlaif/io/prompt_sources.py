@@ -124,12 +124,10 @@ def _read_text(data: DataConfig) -> Source:
 
 def _read_jsonl(url: str) -> Source:
     """One JSON object per line; a .json file holding one JSON array is read as its items."""
-    name = f"prompts file {url}"
-    if _suffix(url) == ".json":
-        text = storage.read_user_file(url, "prompts file", FIX)
-        if text.lstrip().startswith("["):
-            return Source(name, _numbered(name, "item", storage.parse_json(text, name)))
-    rows = storage.read_user_jsonl(url, "prompts file", FIX)
+    name, text = f"prompts file {url}", storage.read_user_file(url, "prompts file", FIX)
+    if _suffix(url) == ".json" and text.lstrip().startswith("["):
+        return Source(name, _numbered(name, "item", storage.parse_json(text, name)))
+    rows = storage.parse_jsonl(text, name)
     return Source(name, [RawRow(f"{name} line {number}", f"line{number:07d}", record) for number, record in rows])
 
 

@@ -140,11 +140,11 @@ class _DuplicateKey(ValueError):
 
 
 def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
-    keys = [key for key, _ in pairs]
-    repeated = next((key for key in keys if keys.count(key) > 1), None)
-    if repeated is not None:
-        raise _DuplicateKey(repeated)
-    return dict(pairs)
+    unique = dict(pairs)
+    if len(unique) < len(pairs):
+        keys = [key for key, _ in pairs]
+        raise _DuplicateKey(next(key for key in keys if keys.count(key) > 1))
+    return unique
 
 
 def parse_json(text: str, where: str):
@@ -159,11 +159,15 @@ def parse_json(text: str, where: str):
         raise UserError(f"{where} is not valid JSON{reason}") from None
 
 
-def read_user_jsonl(url: str, what: str, fix: str) -> list[tuple[int, object]]:
-    """A JSONL file the user names, as (line number, value) for its non-blank lines; errors name the line."""
-    text = read_user_file(url, what, fix)
-    return [(number, parse_json(line, f"{what} {url} line {number}"))
+def parse_jsonl(text: str, where: str) -> list[tuple[int, object]]:
+    """JSON Lines as (line number, value) for the non-blank lines; errors name `where` and the line."""
+    return [(number, parse_json(line, f"{where} line {number}"))
             for number, line in enumerate(text.splitlines(), 1) if line.strip()]
+
+
+def read_user_jsonl(url: str, what: str, fix: str) -> list[tuple[int, object]]:
+    """A JSONL file the user names (read_user_file's errors, then parse_jsonl's)."""
+    return parse_jsonl(read_user_file(url, what, fix), f"{what} {url}")
 
 
 def is_dir(url: str) -> bool:
