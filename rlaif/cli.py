@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 
 from rlaif import __version__
 from rlaif.config import safe_run_id
@@ -116,6 +118,11 @@ def _report(runs: list[str], output: str | None) -> int:
     is_dir = output and storage.is_local(output) and storage.local_path(output).is_dir()
     if output and (not output.endswith((".html", ".htm")) or is_dir):
         raise UserError(f"--output {output}: name the comparison HTML file to write, e.g. compare.html")
+    if output and len(urls) == 1:
+        raise UserError("--output names the comparison of several runs: give two or more runs, or leave it out (a "
+                        "run's own report is written into the run, at evaluate/report.html)")
+    if output and storage.is_local(output):
+        storage.check_output_file(output, "--output", "compare.html")
     if len(urls) == 1:
         print(f"report: {report.write(urls[0])}")
         return 0
@@ -199,17 +206,20 @@ def _launch(args) -> int:
     if not isinstance(extra, list) or not all(isinstance(x, str) for x in extra):
         raise UserError(f"--set-json must be a JSON list of KEY=VALUE strings, got {args.set_json!r}")
     run_id = safe_run_id(args.run_id) if args.run_id else ""
+    if args.manifest_out:
+        from rlaif.io.storage import check_output_file
+
+        check_output_file(args.manifest_out, "--manifest-out", "manifest.json")
     cfg = launch.load_config_source(args.config, [*args.overrides, *extra], run_id, args.storage_root)
     done = launch.launch(cfg, args.name, launch.prepare(cfg, pipeline=args.pipeline))
     if args.manifest_out:
-        from pathlib import Path
 
         from rlaif.io import manifest, storage
         from rlaif.stages.common import stage_url
 
         out = {"stage": args.name, "run_id": cfg.run_id, "digest": done["digest"],
                "url": storage.join(stage_url(cfg, args.name), manifest.MANIFEST)}
-        Path(args.manifest_out).write_text(json.dumps(out) + "\n", encoding="utf-8")
+        storage.local_path(storage.normalize(args.manifest_out)).write_text(json.dumps(out) + "\n", encoding="utf-8")
     return 0
 
 
@@ -234,8 +244,30 @@ COMMANDS = {"graph": _graph, "config": _config, "compile": _compile, "submit": _
             "serve": _serve}
 
 
+class Terminated(BaseException):
+    """SIGTERM (a pod deleted, `kill`, Airflow stopping a task), unwound as Ctrl-C is: a launcher stops its stage's
+    processes and releases its lock before it exits, instead of dying at once and leaving them running."""
+
+
+def _terminate(signum, frame):
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    previous = signal.signal(signal.SIGTERM, _terminate) if threading.current_thread() is threading.main_thread() \
+        else None
+    try:
+        return _dispatch(args)
+    except Terminated:
+        print("terminated", file=sys.stderr)
+        return 143
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _dispatch(args) -> int:
     try:
         if args.command not in ("graph", "config"):
             from rlaif.io import storage

@@ -17,6 +17,7 @@ from rlaif.errors import StageFailed, UserError
 from rlaif.graph import topological_order
 from rlaif.io import manifest, storage
 from rlaif.orchestration import launch
+from rlaif.orchestration.parent_guard import guarded
 from rlaif.stages import common
 
 
@@ -72,8 +73,8 @@ def launch_together(names: list[str], config_url: str, poll_s: float = 0.5) -> N
         try:
             for name in names:
                 env = {**threads, **os.environ, "RLAIF_ERROR_FILE": str(Path(tmp) / f"{name}.err")}
-                procs[name] = subprocess.Popen([sys.executable, "-m", "rlaif", "launch", name, "--config", config_url],
-                                               env=env, start_new_session=True)  # its group: the stage process too
+                argv = guarded([sys.executable, "-m", "rlaif", "launch", name, "--config", config_url])
+                procs[name] = subprocess.Popen(argv, env=env, start_new_session=True)  # its group: the stage too
             failed = _first_failure(procs, poll_s)
         finally:
             for proc in procs.values():

@@ -58,6 +58,11 @@ def _numeric(annotation) -> bool:
     return annotation in (int, float)
 
 
+def yes_no_for_a_number(annotation, value) -> bool:
+    """A boolean given for an int or float field, which pydantic would read as 1 or 0."""
+    return isinstance(value, bool) and _numeric(annotation)
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True,
                               allow_inf_nan=False)
@@ -66,7 +71,7 @@ class Strict(BaseModel):
     @classmethod
     def _no_booleans_for_numbers(cls, value, info: ValidationInfo):
         # pydantic reads true as 1 in a number field: `seed: yes` or `epochs: true` would run silently as 1.
-        if isinstance(value, bool) and _numeric(cls.model_fields[info.field_name].annotation):
+        if yes_no_for_a_number(cls.model_fields[info.field_name].annotation, value):
             raise ValueError(f"is {str(value).lower()}, a yes/no value, where a number is expected: give a number")
         return value
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from rlaif.config.base import Phrase, Strict, no_credentials, runtime_field
 from rlaif.config.serving import ServiceEndpoint
@@ -132,6 +132,19 @@ class JudgeSettings(Strict):
     """Settings of the `rules` judge."""
     reference: ReferenceJudgeConfig = ReferenceJudgeConfig()
     """Settings of the `reference` judge."""
+
+    @model_validator(mode="after")
+    def _llm_settings_need_an_llm_judge(self):
+        """A few-shot file or a rationale under a judge that reads neither would be keyed and checked, never used."""
+        if self.judge not in ("hf", "openai"):
+            fields = type(self).model_fields
+            ignored = [name for name in ("preamble", "chain_of_thought", "rationale_tokens", "few_shot")
+                       if getattr(self, name) != fields[name].default]
+            if ignored:
+                raise ValueError(f"{', '.join(ignored)} {'is' if len(ignored) == 1 else 'are'} read by the LLM "
+                                 f"judges (hf, openai) only, not by judge {self.judge}: remove "
+                                 f"{'it' if len(ignored) == 1 else 'them'} or set judge to hf or openai")
+        return self
 
     @property
     def pod_judge(self) -> str:

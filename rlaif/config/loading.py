@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from typing import Any
 
@@ -13,25 +14,7 @@ from pydantic import BaseModel, ValidationError
 from rlaif.config.base import cache_key_dump
 from rlaif.config.stages import PipelineConfig
 from rlaif.errors import UserError
-
-
-class UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a mapping with the same key twice (PyYAML silently keeps the last one)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen = set()
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: merged by the base class
-                continue
-            key = self.construct_object(key_node, deep=deep)
-            try:
-                duplicate = key in seen
-            except TypeError:  # an unhashable key: the base class reports it
-                break
-            if duplicate:
-                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
+from rlaif.io.strict_yaml import UniqueKeyLoader
 
 
 def load_yaml(text: str, source: str) -> Any:
@@ -147,4 +130,20 @@ def stage_config_hash(cfg: PipelineConfig, sections: tuple[str, ...], input_dige
 
     dumped = cache_key_dump(cfg)
     payload = {name: dumped[name] for name in sections}
-    return sha256_json({"config": payload, "inputs": input_digests, "code": code_digest()})
+    key = {"config": payload, "inputs": input_digests, "code": code_digest()}
+    if switches := computing_switches(sections):
+        key["switches"] = switches
+    return sha256_json(key)
+
+
+# Environment variables that change what a stage computes, with their defaults and the stages (config sections) that
+# read them: set to anything else, they key those stages, so a run under them never reuses, or is reused as, a run
+# without them. The sampler: generate, ppo, evaluate, and train_rm's student; packed or padded forwards: the trainers
+# and evaluate.
+COMPUTING_SWITCHES = {"RLAIF_DECODER": ("auto", {"generate", "ppo", "evaluate", "train_rm"}),
+                      "RLAIF_PACKING": ("on", {"train_rm", "ppo", "evaluate"})}
+
+
+def computing_switches(sections: tuple[str, ...]) -> dict[str, str]:
+    return {name: os.environ[name] for name, (default, readers) in COMPUTING_SWITCHES.items()
+            if os.environ.get(name, default) != default and readers & set(sections)}

@@ -5,12 +5,13 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from rlaif.config.base import Strict
+from rlaif.config.base import Strict, runtime_field
 
 
 class PPOConfig(Strict):
     nproc: int = Field(2, ge=1)
-    """Processes per node under torchrun on CPU. On a machine with GPUs, one process per visible GPU instead."""
+    """Processes per node under torchrun on CPU. On a machine with GPUs, one process per visible GPU instead. Part
+    of the cache key: each process samples its slice of the rollout from its own seed."""
     nodes: int = Field(1, ge=1)
     """Nodes on a cluster. More than 1 runs the stage as a Kubeflow TrainJob (or PyTorchJob) of that many pods,
     created and watched by the pipeline step; locally it is refused."""
@@ -112,11 +113,11 @@ class PPOConfig(Strict):
     """Clip the global gradient norm to this."""
     anneal_lr: bool = False
     """Decay the learning rate linearly to 0 over the run (CleanRL); off keeps it constant."""
-    checkpoint_every: int = Field(10, ge=0)
+    checkpoint_every: int = runtime_field(10, ge=0)
     """Checkpoint every this many iterations (trainable weights, value head, optimizer, schedule, KL coefficient,
-    metrics so far); a restarted stage resumes from the newest. 0 disables."""
-    keep_checkpoints: int = Field(2, ge=1)
-    """Checkpoints kept in storage."""
+    metrics so far); a restarted stage resumes from the newest, exactly. 0 disables. Not part of the cache key."""
+    keep_checkpoints: int = runtime_field(2, ge=1)
+    """Checkpoints kept in storage (not part of the cache key)."""
 
     @model_validator(mode="after")
     def _sizes(self):

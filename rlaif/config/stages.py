@@ -177,7 +177,9 @@ class GenerateConfig(Strict):
     max_resamples: int = Field(3, ge=0)
     """Extra samples tried per identical pair when identical_pairs is resample."""
     batch_size: int = Field(128, ge=1)
-    """Sequences per generation micro-batch (prompts x samples_per_prompt)."""
+    """Sequences per generation micro-batch (prompts x samples_per_prompt). Part of the cache key, as are
+    length_bucketing and nproc: how rows are padded together moves logits in their last bits, and shards are
+    byte-reproducible."""
     length_bucketing: bool = True
     """Sort prompts by token length before forming micro-batches, so a batch pads to similar lengths."""
     backend: Literal["transformers", "vllm", "endpoint"] = "transformers"
@@ -194,8 +196,8 @@ class GenerateConfig(Strict):
     nodes: int = Field(1, ge=1)
     """Nodes on a cluster: more than 1 runs generate as a Kubeflow TrainJob (or PyTorchJob) whose ranks split the
     prompts (global rank 0 merges the parts); locally it is refused."""
-    shard_size: int = Field(512, ge=1)
-    """Samples per output shard."""
+    shard_size: int = runtime_field(512, ge=1)
+    """Samples per output shard (not part of the cache key)."""
 
     @model_validator(mode="after")
     def _endpoint(self):
@@ -219,9 +221,9 @@ class LabelConfig(JudgeSettings):
     min_confidence: float = Field(0.0, ge=0.0, lt=0.5)
     """Drop pairs whose label is within this of 0.5 (|p - 0.5| < min_confidence); counted in the summary."""
     batch_size: int = Field(64, ge=1)
-    """Pairs per judge batch."""
-    shard_size: int = Field(512, ge=1)
-    """Samples per output shard."""
+    """Pairs per judge batch (part of the cache key: padding moves a model judge's logits in their last bits)."""
+    shard_size: int = runtime_field(512, ge=1)
+    """Samples per output shard (not part of the cache key)."""
     streaming: bool = runtime_field(False)
     """Label generate's shards as they land instead of after its manifest: `rlaif run` starts the two stages
     together, KFP and Airflow (compiled or parsed with it) drop the edge between their two steps. Labels, shards and
@@ -283,12 +285,20 @@ class TrainRMConfig(Strict):
     """Shuffle-buffer size of the label stream (samples held in memory)."""
     held_out_fraction: float = Field(0.1, ge=0, lt=1)
     """Pairs held out for accuracy and calibration, chosen by a hash of the pair key (0: none, no accuracy)."""
-    checkpoint_every: int = Field(25, ge=0)
-    """Optimizer steps between checkpoints (0: none). A restarted stage resumes from the newest one."""
-    keep_checkpoints: int = Field(2, ge=1)
-    """Checkpoints kept; older ones are deleted."""
+    checkpoint_every: int = runtime_field(25, ge=0)
+    """Optimizer steps between checkpoints (0: none). A restarted stage resumes from the newest one, exactly: not
+    part of the cache key."""
+    keep_checkpoints: int = runtime_field(2, ge=1)
+    """Checkpoints kept; older ones are deleted (not part of the cache key)."""
     student: StudentConfig = StudentConfig()
     """A distilled student reward model for PPO (off unless student.layers > 0)."""
+
+    def cache_key_view(self, keyed: dict) -> dict:
+        """No student (layers 0): its other settings change nothing. (The process count stays in the key: ranks draw
+        their own dropout masks.)"""
+        if self.student.layers == 0:
+            keyed["student"] = {"layers": 0}
+        return keyed
 
 
 class EvaluateConfig(Strict):
@@ -299,7 +309,7 @@ class EvaluateConfig(Strict):
     temperature: float = Field(0.7, gt=0, le=100)
     """Sampling temperature of both policies."""
     batch_size: int = Field(64, ge=1)
-    """Prompts per generation micro-batch."""
+    """Prompts per generation micro-batch. Part of the cache key: each micro-batch samples from its own seed."""
     tie_margin: float = Field(0.05, ge=0, lt=0.5)
     """A comparison with |p - 0.5| below this counts as a tie (half a win)."""
     n_examples: int = Field(8, ge=0)

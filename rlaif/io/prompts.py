@@ -31,13 +31,15 @@ def _references(record: dict, columns: PromptColumns, where: str) -> dict:
     out = {}
     points = record.get(columns.key_points)
     if points is not None:
-        if not isinstance(points, list) or not all(isinstance(p, str) and p.strip() for p in points):
-            raise UserError(f"{where}: {columns.key_points!r} must be a list of non-empty strings")
+        if not isinstance(points, list) or not points or not all(isinstance(p, str) and p.strip() for p in points):
+            raise UserError(f"{where}: {columns.key_points!r} must be a non-empty list of non-empty strings (leave it "
+                            "out where a prompt has none)")
         out["key_points"] = [p.strip() for p in points]
     reference = record.get(columns.reference)
     if reference is not None:
-        if not isinstance(reference, str):
-            raise UserError(f"{where}: {columns.reference!r} must be a string")
+        if not isinstance(reference, str) or not reference.strip():
+            raise UserError(f"{where}: {columns.reference!r} must be a non-empty string (leave it out where a prompt "
+                            "has none)")
         out["reference"] = reference
     return out
 
@@ -84,7 +86,18 @@ def load_prompts(data: DataConfig) -> list[dict]:
     ids = [r["id"] for r in rows]
     if len(set(ids)) != len(ids):
         raise UserError(f"{source.name} repeats prompt ids: ids must be unique")
+    _one_reference_per_text(rows, source.name)
     return rows
+
+
+def _one_reference_per_text(rows: list[dict], name: str) -> None:
+    """The reference judge finds a response's key points by its prompt's text: two rows of one text must agree."""
+    first: dict[str, dict] = {}
+    for row in rows:
+        seen = first.setdefault(row["prompt"], row)
+        if (seen.get("key_points"), seen.get("reference")) != (row.get("key_points"), row.get("reference")):
+            raise UserError(f"{name}: prompts {seen['id']!r} and {row['id']!r} have the same text but different "
+                            "references (key points are looked up by prompt text): merge them or make them agree")
 
 
 def is_held_out(prompt_id: str, eval_fraction: float, salt: str = "") -> bool:

@@ -170,6 +170,17 @@ def read_user_jsonl(url: str, what: str, fix: str) -> list[tuple[int, object]]:
     return parse_jsonl(read_user_file(url, what, fix), f"{what} {url}")
 
 
+def check_output_file(path: str, flag: str, example: str) -> None:
+    """A local file a command will write, checked before it does any work: not a directory, in one that exists."""
+    if not is_local(normalize(path)):
+        raise UserError(f"{flag} {path}: name a local file, e.g. {example}")
+    target = local_path(normalize(path))
+    if target.is_dir():
+        raise UserError(f"{flag} {path} is a directory: name a file, e.g. {example}")
+    if not target.parent.is_dir():
+        raise UserError(f"{flag} {path}: directory {target.parent} does not exist: create it first")
+
+
 def is_dir(url: str) -> bool:
     """True for a local directory or an s3:// prefix that holds objects."""
     if is_local(url):
@@ -320,7 +331,8 @@ def upload_dir(local_dir: Path, url: str) -> list[dict]:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("RLAIF_CACHE", Path.home() / ".cache" / "rlaif"))
+    """$RLAIF_CACHE, or ~/.cache/rlaif where it is unset or empty (an empty one would be the working directory)."""
+    return Path(os.environ.get("RLAIF_CACHE") or Path.home() / ".cache" / "rlaif").expanduser()
 
 
 def download_dir(url: str, files: list[dict]) -> Path:

@@ -51,6 +51,25 @@ def static_decoder_applies(model, enc: dict, decoder: str, stop=()) -> bool:
     return not stop and supports_static_decode(model)
 
 
+def position_limit(model) -> int | None:
+    """The longest sequence a model's position embeddings cover (None where its config names no limit)."""
+    config = getattr(unwrapped(model), "config", None)
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        if isinstance(limit := getattr(config, name, None), int) and limit > 0:
+            return limit
+    return None
+
+
+def check_fits(model, prompt_tokens: int, max_new_tokens: int, what: str = "a prompt") -> None:
+    """Prompt plus response within the model's positions (the last new token is never fed back): past them learned
+    position embeddings index out of range (GPT-2) and rotary ones (Llama) give text the model was never trained on,
+    silently."""
+    limit = position_limit(model)
+    if limit is not None and prompt_tokens + max_new_tokens - 1 > limit:
+        raise UserError(f"{what} of {prompt_tokens} tokens plus {max_new_tokens} new tokens is longer than the "
+                        f"model's {limit} positions: shorten the prompts or lower the stage's max_new_tokens")
+
+
 @torch.no_grad()
 def sample(model, tokenizer, enc: dict, *, max_new_tokens: int, temperature: float, top_p: float = 1.0, top_k: int = 0,
            num_return_sequences: int = 1, seed: int | None = None, min_new_tokens: int = 0,
@@ -59,6 +78,7 @@ def sample(model, tokenizer, enc: dict, *, max_new_tokens: int, temperature: flo
     n samples are adjacent. bf16 autocast on GPUs (never on CPUs, where bf16 matmuls are slow). min_new_tokens bars
     EOS before that many tokens (= max_new_tokens: fixed-length responses). want_hidden (models with a plain head):
     (ids, the backbone's last hidden state that predicted each token [batch * n, >= T, H]; no CUDA graph then)."""
+    check_fits(model, enc["input_ids"].shape[1], max_new_tokens)
     if seed is not None:
         torch.manual_seed(seed)
     recorder = LastHiddenRecorder(model) if want_hidden else None
@@ -148,6 +168,7 @@ def sample_seeded(model, tokenizer, enc: dict, seeds: list[int], *, max_new_toke
     (rlaif.models.decode) draws the per-row randomness on the device; elsewhere PerRowSampler does, on the CPU."""
     from transformers import LogitsProcessorList
 
+    check_fits(model, enc["input_ids"].shape[1], max_new_tokens)
     if static_decoder_applies(model, enc, decoder, stop):
         return decode_static(model, enc, seeds, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                              top_p=top_p, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,

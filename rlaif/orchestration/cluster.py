@@ -145,7 +145,9 @@ def load(path: str | None = None) -> ClusterSpec:
         if path and path.endswith((".yaml", ".yml")):
             import yaml
 
-            raw = yaml.safe_load(text) or {}
+            from rlaif.io.strict_yaml import UniqueKeyLoader
+
+            raw = yaml.load(text, Loader=UniqueKeyLoader) or {}  # noqa: S506 - a SafeLoader subclass
         else:
             raw = json.loads(text)
         if not isinstance(raw, dict):

@@ -5,6 +5,7 @@ project image on a cluster), tasks wired by the graph's inputs, each task's pod 
 Components pass the small manifest artifacts; the shards and models stay in object storage."""
 
 from typing import List
+from urllib.parse import urlsplit
 
 from kfp import compiler, dsl, kubernetes
 from rlaif_components.evaluate.component import evaluate
@@ -153,6 +154,10 @@ def submit(endpoint: str, config: str | None, overrides: list[str], run_id: str,
     from rlaif.io.storage import read_user_file
     from rlaif.orchestration.launch import load_config_source
 
+    parts = urlsplit(endpoint.strip())
+    if client is None and (parts.scheme.lower() not in ("http", "https") or not parts.hostname):  # kfp: localhost:80
+        raise UserError(f"--endpoint {redact(endpoint)!r} is not an http(s) URL: give the KFP API endpoint, e.g. "
+                        "https://kfp.example.com/pipeline")
     if config and "://" not in config and "\n" not in config:
         config = read_user_file(config, "config file", "give a YAML config file, e.g. configs/demo.yaml")
     # Refuse a bad config here, not in the first pod; its judge sizes label's pod, its streaming wires label.
@@ -160,7 +165,7 @@ def submit(endpoint: str, config: str | None, overrides: list[str], run_id: str,
     pipeline = build_pipeline(load(cluster), cfg.label.pod_judge, cfg.label.streaming)
     try:
         with warnings.catch_warnings():  # kfp.Client warns about server versions on every construction
-            warnings.simplefilter("ignore", FutureWarning)
+            warnings.simplefilter("ignore")  # and about hosts it rewrites: a failure is reported below
             client = client or kfp.Client(host=endpoint)
         run = client.create_run_from_pipeline_func(
             pipeline, experiment_name=experiment,

@@ -25,6 +25,7 @@ from rlaif.io import manifest, storage
 from rlaif.io.lock import StageLock
 from rlaif.io.prompts import check_splits, load_prompts, read_demonstrations
 from rlaif.orchestration import jobs
+from rlaif.orchestration.parent_guard import guarded
 from rlaif.stages import common
 
 
@@ -168,7 +169,27 @@ TORCHRUN_FAILURE = b"torch/distributed/elastic/multiprocessing/api.py"
 def run_relaying_stderr(cmd: list[str], env: dict) -> tuple[int, bytes]:
     """Runs cmd, passing its stderr through as it comes (progress bars included) up to torchrun's failure report,
     which is held back and returned: after a user error it is noise around a one-line message."""
-    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(guarded(cmd), env=env, stderr=subprocess.PIPE)
+    try:
+        return _relay(proc)
+    finally:  # interrupted or terminated: the stage ends before this launcher does (and releases its lock)
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
+    """SIGTERM to a child still running (torchrun passes it to its ranks), SIGKILL after grace_s (inside a pod's
+    default 30 s termination grace, so the lock is released before the kubelet kills the launcher)."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _relay(proc: subprocess.Popen) -> tuple[int, bytes]:
     out, pending, held = sys.stderr.buffer, b"", []
     for chunk in iter(lambda: os.read(proc.stderr.fileno(), 65536), b""):
         if held:

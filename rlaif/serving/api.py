@@ -9,9 +9,10 @@ import random
 import time
 import uuid
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from rlaif.serving.engine import Choice, Request
+from rlaif.config.base import yes_no_for_a_number
+from rlaif.serving.engine import BadRequest, Choice, Request
 
 REPLICA_HEADER = "x-rlaif-replica"  # the answering replica's process id: which replica served a request
 
@@ -35,12 +36,17 @@ class CompletionBody(BaseModel):
     echo: bool = False
     stream: bool = False
 
-
-class BadRequest(ValueError):
-    """A request the service refuses with HTTP 400 (the message says why)."""
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_booleans_for_numbers(cls, value, info: ValidationInfo):
+        if yes_no_for_a_number(cls.model_fields[info.field_name].annotation, value):
+            raise ValueError("is a yes/no value where a number is expected")
+        return value
 
 
 def parse_request(body: dict) -> Request:
+    if _booleans_in(body.get("prompt") if isinstance(body, dict) else None):  # pydantic would read them as 1 and 0
+        raise BadRequest("prompt holds true/false where token ids are expected")
     try:
         parsed = CompletionBody.model_validate(body)
     except ValidationError as exc:
@@ -53,13 +59,34 @@ def parse_request(body: dict) -> Request:
         prompts = [prompts]
     if not prompts:
         raise BadRequest("prompt is empty")
+    for number, prompt in enumerate(prompts):
+        if not prompt:
+            raise BadRequest(f"prompt {number} is empty")
+
+        if isinstance(prompt, str) and not _encodable(prompt):
+            raise BadRequest(f"prompt {number} holds a lone surrogate (an unpaired \\ud800-\\udfff escape)")
     if parsed.logprobs is not None and not (parsed.max_tokens == 1 and parsed.temperature == 0):
         raise BadRequest("logprobs are served for next-token scoring only: max_tokens 1 at temperature 0")
     stop = [parsed.stop] if isinstance(parsed.stop, str) else list(parsed.stop or [])
+    if "" in stop:
+        raise BadRequest("stop holds an empty string, which would end every completion at once: remove it")
     seed = parsed.seed if parsed.seed is not None else random.randrange(2**63)
     return Request(prompts=list(prompts), max_tokens=parsed.max_tokens, temperature=parsed.temperature,
                    top_p=parsed.top_p, top_k=max(parsed.top_k, 0), seed=seed, stop=stop, logprobs=parsed.logprobs,
                    pad_to=parsed.pad_to_tokens)
+
+
+def _booleans_in(prompt) -> bool:
+    rows = prompt if isinstance(prompt, list) and prompt and isinstance(prompt[0], list) else [prompt]
+    return any(isinstance(row, list) and any(isinstance(token, bool) for token in row) for row in rows)
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _logprobs(engine, choice: Choice) -> dict | None:

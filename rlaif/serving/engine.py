@@ -37,6 +37,22 @@ class Request:
         return self.max_tokens
 
 
+class BadRequest(ValueError):
+    """A request the service refuses with HTTP 400 (the message says why)."""
+
+
+def check_against_model(request: Request, token_ids: list[list[int]], vocab_size: int, positions: int | None) -> None:
+    """Token ids the model has, and prompt (padded) plus new tokens within its positions: past either the model
+    indexes out of range (a 500 with a traceback) or, with rotary positions, returns text it was never trained on."""
+    for number, ids in enumerate(token_ids):
+        if any(not 0 <= token < vocab_size for token in ids):
+            raise BadRequest(f"prompt {number} holds token ids outside the model's vocabulary (0..{vocab_size - 1})")
+    width = max(request.pad_to, *map(len, token_ids)) + request.max_tokens - 1  # the last token is not fed back
+    if positions is not None and width > positions:
+        raise BadRequest(f"prompt ({max(request.pad_to, *map(len, token_ids))} tokens, padding included) plus "
+                         f"max_tokens {request.max_tokens} exceeds the model's {positions} positions")
+
+
 @dataclass
 class Choice:
     text: str
@@ -75,16 +91,23 @@ class TransformersEngine:
         self.lock = threading.Lock()  # one request at a time per replica: replicas, not threads, add throughput
 
     def complete(self, request: Request) -> list[Choice]:
+        from rlaif.models.generation import position_limit
+
+        check_against_model(request, self._token_ids(request), self.model.get_input_embeddings().num_embeddings,
+                            position_limit(self.model))
         with self.lock, torch.no_grad():
             if request.logprobs is not None and request.max_tokens == 1 and request.temperature == 0:
                 return self._next_token(request)
             return self._sample(request)
 
+    def _token_ids(self, request: Request) -> list[list[int]]:
+        return [self.tokenizer(p, add_special_tokens=False).input_ids if isinstance(p, str) else p
+                for p in request.prompts]
+
     def _batch(self, request: Request) -> dict:
         """Left-padded input_ids and attention_mask: a row padded as in the caller's batch computes what it computes
         there (padding changes float rounding; the other rows of a batch do not)."""
-        ids = [self.tokenizer(p, add_special_tokens=False).input_ids if isinstance(p, str) else p
-               for p in request.prompts]
+        ids = self._token_ids(request)
         width = max(request.pad_to, *map(len, ids))
         enc = self.tokenizer.pad({"input_ids": ids}, padding="max_length", max_length=width, return_tensors="pt")
         return {k: enc[k].to(self.device) for k in ("input_ids", "attention_mask")}

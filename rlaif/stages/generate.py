@@ -20,7 +20,7 @@ from rlaif.errors import UserError
 from rlaif.io import manifest, storage, stream
 from rlaif.io.prompts import split
 from rlaif.io.shards import ShardWriter
-from rlaif.models.generation import format_prompts, sample_texts
+from rlaif.models.generation import check_fits, format_prompts, sample_texts
 from rlaif.models.loading import load_policy, resolve_policy
 from rlaif.progress import progress
 from rlaif.stages.common import StageContext
@@ -152,9 +152,13 @@ def generate_part(cfg, backend, rows: list[dict], writer: ShardWriter, desc: str
     """Samples this part's pairs into `writer`; returns the counts for the summary."""
     g = cfg.generate
     texts = backend.format([r["prompt"] for r in rows])
+    lengths = backend.lengths(texts)
+    if lengths and (model := getattr(backend, "model", None)) is not None:  # before anything is written
+        longest = max(range(len(rows)), key=lengths.__getitem__)
+        check_fits(model, lengths[longest], g.max_new_tokens, f"prompt {rows[longest]['id']!r} (formatted)")
     counts = {"prompts": len(rows), "pairs": 0, "tokens": 0, "sequences": 0, "identical_pairs": 0, "resampled_pairs": 0,
               "dropped_identical": 0}
-    for step, batch in enumerate(progress(micro_batches(backend.lengths(texts), g.samples_per_prompt, g.batch_size,
+    for step, batch in enumerate(progress(micro_batches(lengths, g.samples_per_prompt, g.batch_size,
                                                         g.length_bucketing),
                                           desc=desc, unit="batch", disable=not distributed.is_main()), 1):
         jobs = [(i, j) for i in batch for j in range(g.samples_per_prompt)]

@@ -298,3 +298,62 @@ def test_a_killed_tiny_policy_build_leaves_no_debris(tmp_path, monkeypatch):
     monkeypatch.setenv("RLAIF_CACHE", str(tmp_path / "cache"))
     target = tiny.ensure_tiny_policy(cfg)
     assert sorted(path.name for path in models.iterdir() if path.is_dir()) == [target.name]
+
+
+def test_prompt_plus_response_longer_than_the_policys_positions(cli, tmp_path, root):
+    """Past its positions a model indexes out of range (learned embeddings) or writes garbage (rotary): refused with
+    the prompt's id before anything is written."""
+    words = " ".join(f"w{i}x{i * 7 % 13}" for i in range(270))  # ~1,800 characters, far more tokens than positions
+    prompts = tmp_path / "long.jsonl"
+    prompts.write_text(json.dumps({"id": "long-one", "prompt": words}) + "\n"
+                       + "".join(json.dumps({"id": f"p{i}", "prompt": f"question {i}?"}) + "\n" for i in range(40)))
+    cli("launch", "generate", "--config", TINY, *root, "--set", f"data.prompts={prompts}",
+        "--set", "data.eval_fraction=0.01", needle="prompt 'long-one' (formatted) of ")
+    assert not list((tmp_path / "root").rglob("*.tar"))
+
+
+@pytest.mark.parametrize("where, needle", [
+    ("missing/m.json", "directory {tmp}/missing does not exist"),
+    (".", "is a directory"),
+])
+def test_launch_manifest_out_checked_before_any_work(cli, tmp_path, root, where, needle):
+    cli("launch", "generate", "--config", TINY, *root, "--manifest-out", str(tmp_path / where),
+        needle=needle.format(tmp=tmp_path))
+    assert not (tmp_path / "root").exists()
+
+
+def test_an_empty_cache_variable_is_the_default_cache(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("RLAIF_CACHE", "")
+    assert storage.cache_dir() == tmp_path / "home/.cache/rlaif"
+
+
+@pytest.mark.parametrize("rows, needle", [
+    ([{"id": "a", "prompt": "Boil an egg?", "key_points": ["boiling water"]},
+      {"id": "b", "prompt": "Boil an egg?", "key_points": ["sing"]}], "prompts 'a' and 'b' have the same text"),
+    ([{"id": "a", "prompt": "Boil an egg?", "key_points": ["boiling water"]},
+      {"id": "b", "prompt": "Boil an egg?"}], "prompts 'a' and 'b' have the same text"),
+    ([{"id": "a", "prompt": "Boil an egg?", "key_points": []}], "'key_points' must be a non-empty list"),
+    ([{"id": "a", "prompt": "Boil an egg?", "reference": " "}], "'reference' must be a non-empty string"),
+])
+def test_references_that_would_be_silently_shared_or_empty(cli, tmp_path, root, rows, needle):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    cli("run", "--config", TINY, *root, "--set", f"data.prompts={prompts}", needle=needle)
+    assert nothing_written(tmp_path / "root")
+
+
+@pytest.mark.parametrize("override", ["label.few_shot=data/prompts.jsonl", "label.chain_of_thought=true",
+                                      "label.judge=rules"])
+def test_llm_judge_settings_under_a_judge_that_reads_none(cli, tmp_path, root, override):
+    extra = ["--set", "label.chain_of_thought=true"] if override == "label.judge=rules" else []
+    cli("run", "--config", TINY, *root, "--set", override, *extra, needle="read by the LLM judges (hf, openai) only")
+
+
+def test_report_output_and_submit_endpoint_checked(cli, tmp_path):
+    cli("report", str(tmp_path / "run"), "--output", str(tmp_path / "c.html"), needle="comparison of several runs")
+    cli("report", str(tmp_path / "a"), str(tmp_path / "b"), "--output", str(tmp_path / "no/c.html"),
+        needle="does not exist: create it first")
+    for endpoint in ("notaurl", "", "localhost:8080"):
+        cli("submit", "kfp", "--endpoint", endpoint, "--config", TINY, needle="is not an http(s) URL")

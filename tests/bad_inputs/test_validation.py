@@ -105,9 +105,9 @@ def test_config_files_that_are_not_configs(cli, tmp_path):
     (b'{"id": 1.5, "prompt": "x"}\n', "is not usable"),
     (b'{"id": true, "prompt": "x"}\n', "is not usable"),
     (b'{"prompt": "   "}\n', "has an empty prompt"),
-    (b'{"prompt": "x", "key_points": "one"}\n', "'key_points' must be a list of non-empty strings"),
-    (b'{"prompt": "x", "key_points": ["a", 3]}\n', "'key_points' must be a list"),
-    (b'{"prompt": "x", "reference": ["a"]}\n', "'reference' must be a string"),
+    (b'{"prompt": "x", "key_points": "one"}\n', "'key_points' must be a non-empty list of non-empty strings"),
+    (b'{"prompt": "x", "key_points": ["a", 3]}\n', "'key_points' must be a non-empty list"),
+    (b'{"prompt": "x", "reference": ["a"]}\n', "'reference' must be a non-empty string"),
     (b'[1, 2]\n', "has no string field 'prompt'"),
 ])
 def test_prompt_files(cli, tmp_path, content, needle):

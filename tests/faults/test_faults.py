@@ -1,5 +1,6 @@
-"""Faults as real processes: a second runner on a running run refuses (stage lock in storage), a kill -9 of the whole
-runner during PPO leaves a stale lock that the re-run takes over, resuming PPO from its last checkpoint, a stage
+"""Faults as real processes: a second runner on a running run refuses (stage lock in storage), a kill -9 of the
+runner during PPO takes its torchrun agent and ranks down with it and leaves a stale lock that the re-run takes over,
+resuming PPO from its last checkpoint, a SIGTERM stops a launcher's stage and releases its lock, a stage
 killed mid-output leaves shards that nothing downstream reads, and a shard corrupted on disk is caught by its
 checksum and named."""
 import json
@@ -28,6 +29,26 @@ def one_error_line(proc) -> str:
     return errors[0]
 
 
+def processes_under(path: Path) -> list[str]:
+    """Command lines of running processes that name `path` (a run's stage processes all carry its storage root)."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(path) in cmdline and str(os.getpid()) != proc.name:
+            found.append(cmdline)
+    return found
+
+
+def no_processes_under(path: Path, within_s: float = 60.0) -> bool:
+    deadline = time.time() + within_s
+    while processes_under(path) and time.time() < deadline:
+        time.sleep(0.5)
+    return not processes_under(path)
+
+
 def test_second_runner_refuses_and_a_killed_runner_resumes_from_the_ppo_checkpoint(tmp_path):
     root = f"file://{tmp_path}"
     args = ("run", "--config", "configs/tiny.yaml", "--storage-root", root, "--set", "ppo.iterations=60",
@@ -37,9 +58,9 @@ def test_second_runner_refuses_and_a_killed_runner_resumes_from_the_ppo_checkpoi
     lock_file, checkpoint = tmp_path / "tiny/ppo/.lock", tmp_path / "tiny/ppo/checkpoints/latest.json"
     deadline = time.time() + 300
 
-    def wait_for(path: Path, what: str) -> None:
+    def wait_for(path: Path, what: str, proc: subprocess.Popen = first) -> None:
         while not path.exists():
-            assert first.poll() is None and time.time() < deadline, f"the first runner ended before {what}"
+            assert proc.poll() is None and time.time() < deadline, f"the process ended before {what}"
             time.sleep(0.2)
 
     wait_for(lock_file, "ppo")  # well into the run: generate, label and train_rm are done
@@ -50,8 +71,9 @@ def test_second_runner_refuses_and_a_killed_runner_resumes_from_the_ppo_checkpoi
     assert all(f"[{s}] cache hit" in second.stdout for s in ("generate", "label", "train_rm"))
 
     wait_for(checkpoint, "a PPO checkpoint")
-    os.killpg(first.pid, signal.SIGKILL)  # the machine goes down: runner, torchrun and its ranks at once
+    os.kill(first.pid, signal.SIGKILL)  # the runner alone (OOM killer): its torchrun agent and ranks follow it
     first.wait()
+    assert no_processes_under(tmp_path), processes_under(tmp_path)
     assert lock_file.exists() and not (tmp_path / "tiny/ppo/manifest.json").exists()
     step = json.loads(checkpoint.read_text())["step"]
 
@@ -66,6 +88,19 @@ def test_second_runner_refuses_and_a_killed_runner_resumes_from_the_ppo_checkpoi
     for path in tmp_path.rglob("*"):
         if path.is_file():
             assert canary.encode() not in path.read_bytes(), path
+
+    # SIGTERM (a pod deleted, a task stopped) to a launcher mid-PPO: its stage stops and its lock is released.
+    manifest_before = (tmp_path / "tiny/ppo/manifest.json").read_bytes()
+    launcher = subprocess.Popen([sys.executable, "-m", "rlaif", "launch", "ppo", *args[1:], "--set", "ppo.lr=2e-5"],
+                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    wait_for(lock_file, "the relaunched ppo", launcher)
+    time.sleep(3)
+    launcher.terminate()
+    _, err = launcher.communicate(timeout=120)
+    assert launcher.returncode == 143 and err.strip().endswith("terminated"), err[-2000:]
+    assert no_processes_under(tmp_path), processes_under(tmp_path)
+    assert not lock_file.exists() and (tmp_path / "tiny/ppo/manifest.json").read_bytes() == manifest_before
 
 
 def test_rerunning_a_stage_gives_the_same_digest(tmp_path):

@@ -72,7 +72,7 @@ def test_reference_answers_become_key_points(tmp_path):
     rows = load_prompts(load_config(None, [f"data.prompts={path}"]).data)
     assert reference_points(rows) == {"Q1": ["x y", "z"], "Q2": ["Rinse rice.", "Simmer it."]}
     path.write_text('{"prompt": "Q1", "key_points": "not a list"}\n')
-    with pytest.raises(UserError, match="'key_points' must be a list of non-empty strings"):
+    with pytest.raises(UserError, match="'key_points' must be a non-empty list of non-empty strings"):
         load_prompts(load_config(None, [f"data.prompts={path}"]).data)
 
 

@@ -91,3 +91,42 @@ def test_runtime_fields_are_left_out_of_the_cache_key_at_any_depth():
 
     dumped = cache_key_dump(Outer(inner=Inner(where="b", what=2), stream=True))
     assert dumped == {"inner": {"what": 2}, "items": [{"what": 1}]}
+
+
+def stage_keys(*overrides: str) -> dict[str, str]:
+    cfg = load_config("configs/tiny.yaml", list(overrides))
+    return {s.name: stage_config_hash(cfg, s.config_sections, {}) for s in STAGES}
+
+
+@pytest.mark.parametrize("override", [
+    "train_rm.checkpoint_every=3", "train_rm.keep_checkpoints=5", "ppo.checkpoint_every=3", "ppo.keep_checkpoints=5",
+    "generate.shard_size=3", "label.shard_size=3", "train_rm.student.lr=1e-3",  # no student (layers 0): unused
+])
+def test_settings_of_how_a_stage_runs_leave_every_key_alone(override):
+    assert stage_keys(override) == stage_keys()
+
+
+@pytest.mark.parametrize("overrides, changed", [
+    (["evaluate.batch_size=7"], {"evaluate"}),  # a seed per micro-batch
+    (["ppo.nproc=3"], {"ppo"}),  # a seed per rank's slice of the rollout
+    (["train_rm.nproc=3"], {"train_rm"}),  # a dropout mask per rank
+    (["generate.batch_size=7"], {"generate"}),  # padding moves logits in their last bits
+    (["train_rm.student.layers=2", "train_rm.student.lr=1e-3"], {"train_rm"}),  # a student: its settings count
+])
+def test_settings_that_change_the_samples_change_the_keys(overrides, changed):
+    """The stage's own key (downstream keys follow through its manifest digest, not compared here)."""
+    base, keyed = stage_keys(*overrides[:-1]), stage_keys(*overrides)
+    assert {name for name in base if base[name] != keyed[name]} == changed
+
+
+def test_computing_switches_in_the_environment_are_keyed(monkeypatch):
+    base = stage_keys()
+    monkeypatch.setenv("RLAIF_DECODER", "auto")  # the default, spelled out
+    monkeypatch.setenv("RLAIF_PACKING", "on")
+    assert stage_keys() == base
+    monkeypatch.setenv("RLAIF_DECODER", "generate")  # another sampler: other samples, where a stage samples
+    assert {name for name, key in stage_keys().items() if key != base[name]} == {"generate", "train_rm", "ppo",
+                                                                                "evaluate"}
+    monkeypatch.delenv("RLAIF_DECODER")
+    monkeypatch.setenv("RLAIF_PACKING", "off")  # padded forwards: the stages that pack
+    assert {name for name, key in stage_keys().items() if key != base[name]} == {"train_rm", "ppo", "evaluate"}

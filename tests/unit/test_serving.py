@@ -20,9 +20,27 @@ def test_the_request_subset():
     for body, problem in (({"prompt": "a", "n": 2}, "n"), ({"prompt": "a", "echo": True}, "echo"),
                           ({"prompt": "a", "logprobs": 5}, "next-token scoring only"),
                           ({"prompt": []}, "empty"), ({}, "prompt"),
-                          ({"prompt": "a", "temperature": -1}, "temperature")):
+                          ({"prompt": "a", "temperature": -1}, "temperature"),
+                          ({"prompt": ""}, "prompt 0 is empty"), ({"prompt": [[1], []]}, "prompt 1 is empty"),
+                          ({"prompt": "hi\ud800"}, "lone surrogate"), ({"prompt": "a", "stop": ""}, "empty string"),
+                          ({"prompt": "a", "stop": ["x", ""]}, "empty string"),
+                          ({"prompt": "a", "max_tokens": True}, "yes/no"),
+                          ({"prompt": [True, 5]}, "true/false"), ({"prompt": [[4], [5, False]]}, "true/false")):
         with pytest.raises(api.BadRequest, match=problem):
             api.parse_request(body)
+
+
+def test_requests_checked_against_the_models_vocabulary_and_positions():
+    from rlaif.serving.engine import BadRequest, Request, check_against_model
+
+    check_against_model(Request(prompts=[[0, 99]], max_tokens=10, pad_to=20), [[0, 99]], 100, 30)
+    check_against_model(Request(prompts=[[1]], max_tokens=2, pad_to=29), [[1]], 100, 30)  # the last is not fed
+    for ids, request, problem in (([[1, 100]], Request([[1, 100]]), "outside the model's vocabulary"),
+                                  ([[-5]], Request([[-5]]), "outside the model's vocabulary"),
+                                  ([[1]], Request([[1]], max_tokens=31), "exceeds the model's 30 positions"),
+                                  ([[1]], Request([[1]], max_tokens=2, pad_to=30), "exceeds the model's 30")):
+        with pytest.raises(BadRequest, match=problem):
+            check_against_model(request, ids, 100, 30)
 
 
 def keys(overrides):
