@@ -213,7 +213,6 @@ def _launch(args) -> int:
     cfg = launch.load_config_source(args.config, [*args.overrides, *extra], run_id, args.storage_root)
     done = launch.launch(cfg, args.name, launch.prepare(cfg, pipeline=args.pipeline))
     if args.manifest_out:
-
         from rlaif.io import manifest, storage
         from rlaif.stages.common import stage_url
 

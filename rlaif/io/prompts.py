@@ -67,13 +67,20 @@ def _checked(row: RawRow, data: DataConfig) -> dict:
     return checked
 
 
-def _unicode(text: str, where: str) -> None:
-    """JSON's \\ud800-style escapes can spell lone surrogates: text no tokenizer or shard can encode."""
+def encodable(text: str) -> bool:
+    """False for text holding a lone surrogate (JSON's \\ud800-style escapes can spell one): no tokenizer or shard
+    can encode it."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _unicode(text: str, where: str) -> None:
+    if not encodable(text):
         raise UserError(f"{where}: text holds a lone surrogate (an unpaired \\ud800-\\udfff escape), which is not "
-                        "valid Unicode: fix or remove that escape") from None
+                        "valid Unicode: fix or remove that escape")
 
 
 def load_prompts(data: DataConfig) -> list[dict]:

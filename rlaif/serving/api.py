@@ -12,6 +12,7 @@ import uuid
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from rlaif.config.base import yes_no_for_a_number
+from rlaif.io.prompts import encodable
 from rlaif.serving.engine import BadRequest, Choice, Request
 
 REPLICA_HEADER = "x-rlaif-replica"  # the answering replica's process id: which replica served a request
@@ -63,7 +64,7 @@ def parse_request(body: dict) -> Request:
         if not prompt:
             raise BadRequest(f"prompt {number} is empty")
 
-        if isinstance(prompt, str) and not _encodable(prompt):
+        if isinstance(prompt, str) and not encodable(prompt):
             raise BadRequest(f"prompt {number} holds a lone surrogate (an unpaired \\ud800-\\udfff escape)")
     if parsed.logprobs is not None and not (parsed.max_tokens == 1 and parsed.temperature == 0):
         raise BadRequest("logprobs are served for next-token scoring only: max_tokens 1 at temperature 0")
@@ -79,14 +80,6 @@ def parse_request(body: dict) -> Request:
 def _booleans_in(prompt) -> bool:
     rows = prompt if isinstance(prompt, list) and prompt and isinstance(prompt[0], list) else [prompt]
     return any(isinstance(row, list) and any(isinstance(token, bool) for token in row) for row in rows)
-
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _logprobs(engine, choice: Choice) -> dict | None:
