@@ -10,7 +10,7 @@ import threading
 
 from rlaif import __version__
 from rlaif.config import safe_run_id
-from rlaif.errors import StageFailed, UserError, redact
+from rlaif.errors import StageFailed, Terminated, UserError, redact
 from rlaif.graph import STAGE_BY_NAME
 
 
@@ -241,11 +241,6 @@ def _stage(args) -> int:
 COMMANDS = {"graph": _graph, "config": _config, "compile": _compile, "submit": _submit, "launch": _launch,
             "report": lambda args: _report(args.runs, args.output), "run": _run, "stage": _stage,
             "serve": _serve}
-
-
-class Terminated(BaseException):
-    """SIGTERM (a pod deleted, `kill`, Airflow stopping a task), unwound as Ctrl-C is: a launcher stops its stage's
-    processes and releases its lock before it exits, instead of dying at once and leaving them running."""
 
 
 def _terminate(signum, frame):

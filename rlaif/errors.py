@@ -13,6 +13,12 @@ class StageFailed(Exception):
         self.code = code
 
 
+class Terminated(BaseException):
+    """SIGTERM (a pod deleted, `kill`, Airflow stopping a task), unwound as Ctrl-C is: a launcher stops its stage's
+    processes (or its multi-node job) and releases its lock before it exits, instead of dying at once and leaving
+    them running."""
+
+
 def redact(text: str) -> str:
     """Text with the user and password of any URL in it masked (scheme://user:pass@host -> scheme://***@host)."""
     import re

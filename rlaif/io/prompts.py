@@ -115,16 +115,17 @@ def is_held_out(prompt_id: str, eval_fraction: float, salt: str = "") -> bool:
 
 
 def split(data: DataConfig, which: str) -> list[dict]:
-    return _split_rows(load_prompts(data), data, which)
+    return split_rows(load_prompts(data), data, which)
 
 
 def check_splits(data: DataConfig, rows: list[dict]) -> None:
     """Both splits hold prompts (checked before any work: evaluate, the last stage, reads the eval split)."""
     for which in ("train", "eval"):
-        _split_rows(rows, data, which)
+        split_rows(rows, data, which)
 
 
-def _split_rows(rows: list[dict], data: DataConfig, which: str) -> list[dict]:
+def split_rows(rows: list[dict], data: DataConfig, which: str) -> list[dict]:
+    """The rows of one split ("train" or "eval") of the prompts `load_prompts` read."""
     held = [r for r in rows if is_held_out(r["id"], data.eval_fraction) == (which == "eval")]
     if not held:
         raise UserError(f"the {which} split of {data.prompts} is empty ({len(rows)} prompts, "

@@ -53,21 +53,62 @@ def static_decoder_applies(model, enc: dict, decoder: str, stop=()) -> bool:
 
 def position_limit(model) -> int | None:
     """The longest sequence a model's position embeddings cover (None where its config names no limit)."""
-    config = getattr(unwrapped(model), "config", None)
+    return config_position_limit(getattr(unwrapped(model), "config", None))
+
+
+def config_position_limit(config) -> int | None:
     for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
         if isinstance(limit := getattr(config, name, None), int) and limit > 0:
             return limit
     return None
 
 
-def check_fits(model, prompt_tokens: int, max_new_tokens: int, what: str = "a prompt") -> None:
-    """Prompt plus response within the model's positions (the last new token is never fed back): past them learned
-    position embeddings index out of range (GPT-2) and rotary ones (Llama) give text the model was never trained on,
-    silently."""
-    limit = position_limit(model)
+def check_fits(model, prompt_tokens: int, max_new_tokens: int, what: str = "a prompt",
+               setting: str = "the stage's max_new_tokens", limit: int | None = None) -> None:
+    """Prompt plus response within the model's positions (`limit`, else the model's; the last new token is never fed
+    back): past them learned position embeddings index out of range (GPT-2) and rotary ones (Llama) give text the
+    model was never trained on, silently."""
+    limit = limit if limit is not None else position_limit(model)
     if limit is not None and prompt_tokens + max_new_tokens - 1 > limit:
         raise UserError(f"{what} of {prompt_tokens} tokens plus {max_new_tokens} new tokens is longer than the "
-                        f"model's {limit} positions: shorten the prompts or lower the stage's max_new_tokens")
+                        f"model's {limit} positions: shorten the prompts or lower {setting}")
+
+
+def check_prompts_fit(cfg, rows: list[dict]) -> None:
+    """Before any stage runs: each sampling stage's longest formatted prompt plus its max_new_tokens within the
+    policy's positions (a stage checks again as it samples, after the stages before it ran), where the policy's files
+    are here without a build or a download; a tiny policy not built yet is held to its configured positions."""
+    from transformers import AutoConfig
+
+    from rlaif.io.prompts import split_rows
+    from rlaif.models.loading import TINY_LLAMA, load_tokenizer, local_policy_dir
+
+    stages = [(name, getattr(cfg, name)) for name in ("generate", "ppo", "evaluate")
+              if name != "generate" or cfg.generate.backend == "transformers"]  # vLLM and services check their own
+    path = local_policy_dir(cfg.policy)
+    if path is None:
+        limit = cfg.policy.tiny.max_positions
+        for name, settings in stages if cfg.policy.model == TINY_LLAMA else ():
+            if settings.max_new_tokens > limit:
+                raise UserError(f"{name}.max_new_tokens={settings.max_new_tokens} is more than the tiny policy's "
+                                f"{limit} positions: lower it, or raise policy.tiny.max_positions")
+        return
+    trust = cfg.policy.trust_remote_code
+    try:
+        limit = config_position_limit(AutoConfig.from_pretrained(str(path), trust_remote_code=trust))
+        tokenizer = load_tokenizer(path, trust) if limit is not None else None
+    except (OSError, ValueError):
+        return  # what the stage's loader refuses with its own message
+    if tokenizer is None:
+        return
+    first = {"generate": cfg.generate.max_prompts, "evaluate": cfg.evaluate.n_prompts}
+    for name, settings in stages:
+        held = split_rows(rows, cfg.data, "eval" if name == "evaluate" else "train")[: first.get(name)]
+        texts = format_prompts(tokenizer, cfg.policy, [row["prompt"] for row in held])
+        lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False).input_ids]
+        longest = max(range(len(held)), key=lengths.__getitem__)
+        check_fits(None, lengths[longest], settings.max_new_tokens, f"{name}: prompt {held[longest]['id']!r} "
+                   "(formatted)", f"{name}.max_new_tokens", limit)
 
 
 @torch.no_grad()

@@ -156,6 +156,21 @@ def resolve_policy(policy) -> Path:
     return resolve(policy.model, "policy model")
 
 
+def local_policy_dir(policy) -> Path | None:
+    """The policy's directory where its files are here without a build or a download: a local path, or the tiny
+    policy once built; None otherwise."""
+    from rlaif.io import hub
+
+    if policy.model == TINY_LLAMA:
+        from rlaif.models.tiny import tiny_policy_dir
+
+        path = tiny_policy_dir(policy)
+        return path if (path / "config.json").exists() else None
+    if hub.parse(policy.model) or policy.model.startswith(("s3://", "builtin:")):
+        return None
+    return Path(policy.model.removeprefix("file://")).expanduser()
+
+
 def check_match(tokenizer, model, path: Path) -> None:
     """A tokenizer with ids past the model's embedding table would index out of range mid-run: refuse it now."""
     rows = model.get_input_embeddings().num_embeddings

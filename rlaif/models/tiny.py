@@ -103,20 +103,24 @@ def _build(cfg: PolicyConfig, out: Path) -> None:
         json.dumps({"sft_final_loss": loss.item(), "config": tiny.model_dump()}, indent=2))
 
 
-def ensure_tiny_policy(cfg: PolicyConfig) -> Path:
-    """Path of the cached tiny policy for this config, building it first if needed."""
-    demo_path = Path(cfg.tiny.demonstrations)
+def tiny_policy_dir(cfg: PolicyConfig) -> Path:
+    """Where the tiny policy of this config is cached (built or not)."""
     read_demonstrations(cfg.tiny.demonstrations)
     key = sha256_json(
         {"tiny": cfg.tiny.model_dump(exclude={"demonstrations"}), "template": cfg.prompt_template,
-         "data": sha256_file(demo_path), "code": __version__}
+         "data": sha256_file(Path(cfg.tiny.demonstrations)), "code": __version__}
     )[:16]
-    root = cache_dir() / "models"
+    return cache_dir() / "models" / f"tiny-llama-{key}"
+
+
+def ensure_tiny_policy(cfg: PolicyConfig) -> Path:
+    """Path of the cached tiny policy for this config, building it first if needed."""
+    target = tiny_policy_dir(cfg)
+    root = target.parent
     root.mkdir(parents=True, exist_ok=True)
-    target = root / f"tiny-llama-{key}"
     if (target / "config.json").exists():
         return target
-    with open(root / f"tiny-llama-{key}.lock", "w") as lock:
+    with open(root / f"{target.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (target / "config.json").exists():
             return target

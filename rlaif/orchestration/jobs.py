@@ -7,7 +7,7 @@ import os
 import time
 
 from rlaif.config import PipelineConfig, safe_run_id
-from rlaif.errors import StageFailed, UserError
+from rlaif.errors import StageFailed, Terminated, UserError
 from rlaif.graph import Stage
 from rlaif.orchestration.cluster import ClusterSpec, load
 from rlaif.orchestration.pod import SHM_VOLUME, PodPlan, pod_plan
@@ -96,6 +96,23 @@ def wait(client, api: str, namespace: str, name: str, poll_s: float = 15.0,
         time.sleep(poll_s)
 
 
+def wait_or_stop(client, api: str, namespace: str, name: str, poll_s: float = 15.0) -> tuple[str, str]:
+    """wait(); a launcher stopped meanwhile (SIGTERM: a cancelled run, a deleted step pod; Ctrl-C) deletes the job
+    and so its pods, which would otherwise train on, holding their GPUs, with no one waiting for them. (A launcher
+    killed outright leaves the job, which its retried step finds and waits on.)"""
+    try:
+        return wait(client, api, namespace, name, poll_s)
+    except (KeyboardInterrupt, Terminated):
+        group, version, plural, _, _ = API[api]
+        try:
+            client.delete_namespaced_custom_object(group, version, namespace, plural, name,
+                                                   propagation_policy="Background")
+            print(f"stopped: deleted {plural} {namespace}/{name} and its pods", flush=True)
+        except Exception as exc:  # noqa: BLE001 - the stop goes on; the user is told what is left running
+            print(f"could not delete {plural} {namespace}/{name} ({exc}): delete it with kubectl", flush=True)
+        raise
+
+
 def create_or_reuse(client, api: str, body: dict) -> None:
     """Creates the job; a retried pipeline step finds the job it created before and waits on it instead."""
     from kubernetes.client.exceptions import ApiException
@@ -129,7 +146,7 @@ def run_multinode(stage: Stage, cfg: PipelineConfig, config_url: str, nodes: int
     body = job_manifest(stage, cfg, config_url, nodes, spec, namespace or "default")
     api = client.CustomObjectsApi()
     create_or_reuse(api, spec.multinode_api, body)
-    state, message = wait(api, spec.multinode_api, body["metadata"]["namespace"], body["metadata"]["name"])
+    state, message = wait_or_stop(api, spec.multinode_api, body["metadata"]["namespace"], body["metadata"]["name"])
     if state != "succeeded":
         print(f"{body['kind']} {body['metadata']['name']} failed: {message}", flush=True)
         raise StageFailed(stage.name, 1)

@@ -53,6 +53,9 @@ def prepare(cfg: PipelineConfig, pipeline: bool = False) -> str:
     tracking.check_settings(cfg.tracking)
     if pipeline:
         check_splits(cfg.data, prompts)
+        from rlaif.models.generation import check_prompts_fit
+
+        check_prompts_fit(cfg, prompts)
     for stage in STAGE_BY_NAME.values():
         nproc = getattr(getattr(cfg, stage.name), "nproc", 1)
         if stage.resources.torchrun and nproc > (os.cpu_count() or 1) and not _has_gpus():

@@ -312,6 +312,31 @@ def test_prompt_plus_response_longer_than_the_policys_positions(cli, tmp_path, r
     assert not list((tmp_path / "root").rglob("*.tar"))
 
 
+@pytest.mark.parametrize("stage", ["ppo", "evaluate"])
+def test_a_later_stages_response_past_the_positions_is_refused_before_the_run(cli, tmp_path, root, stage):
+    """PPO and evaluate sample with their own max_new_tokens: a run is refused before its first stage, naming the
+    stage and its prompt, not after generate, label and train_rm have run."""
+    from rlaif.config import load_config
+    from rlaif.models import tiny
+
+    policy = tiny.ensure_tiny_policy(load_config(TINY).policy)  # built: its tokenizer counts the prompts
+    longest = 256 - 1  # the tiny policy's positions less the shortest possible prompt plus the token never fed back
+    cli("run", "--config", TINY, *root, "--set", f"{stage}.max_new_tokens={longest}",
+        needle=f"{stage}: prompt ")
+    line = cli("run", "--config", TINY, *root, "--set", f"{stage}.max_new_tokens={longest}", needle="(formatted)")
+    assert f"lower {stage}.max_new_tokens" in line and "256 positions" in line
+    assert nothing_written(tmp_path / "root")
+    assert (policy / "config.json").exists()
+
+
+def test_a_response_past_an_unbuilt_tiny_policys_positions(cli, tmp_path, root, monkeypatch):
+    monkeypatch.setenv("RLAIF_CACHE", str(tmp_path / "empty-cache"))  # nothing built: its configured positions
+    cli("run", "--config", TINY, *root, "--set", "evaluate.max_new_tokens=300",
+        needle="evaluate.max_new_tokens=300 is more than the tiny policy's 256 positions")
+    assert nothing_written(tmp_path / "root")
+    assert not list((tmp_path / "empty-cache").rglob("config.json"))
+
+
 @pytest.mark.parametrize("where, needle", [
     ("missing/m.json", "directory {tmp}/missing does not exist"),
     (".", "is a directory"),

@@ -3,7 +3,7 @@ a fake Kubernetes API that records calls and walks the job through its condition
 import pytest
 
 from rlaif.config import load_config
-from rlaif.errors import UserError
+from rlaif.errors import Terminated, UserError
 from rlaif.graph import STAGE_BY_NAME
 from rlaif.orchestration import jobs
 from rlaif.orchestration.cluster import ClusterSpec
@@ -69,7 +69,7 @@ class FakeCustomObjects:
         self.created.append((group, version, namespace, plural, body))
         self.job = {"status": {}}
 
-    def delete_namespaced_custom_object(self, group, version, namespace, plural, name):
+    def delete_namespaced_custom_object(self, group, version, namespace, plural, name, **options):
         self.deleted.append(name)
         self.job = None
 
@@ -105,6 +105,25 @@ def test_a_failed_job_from_an_earlier_attempt_is_replaced(cfg, monkeypatch):
     client = FakeCustomObjects("Failed", polls=1, exists={"status": {}})
     jobs.create_or_reuse(client, "trainjob", body)
     assert client.deleted == ["rlaif-exp-1-ppo"] and len(client.created) == 1
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, Terminated])
+def test_a_stopped_launcher_deletes_its_job(cfg, monkeypatch, capsys, stop):
+    """SIGTERM (a cancelled run) or Ctrl-C while waiting: the job goes, its pods with it; a finished wait leaves it."""
+    body = jobs.job_manifest(STAGE_BY_NAME["ppo"], cfg, "u", 2, ClusterSpec(), "ns")
+    client = FakeCustomObjects("Complete", polls=10)
+    jobs.create_or_reuse(client, "trainjob", body)
+
+    def stopped(seconds):
+        raise stop
+
+    monkeypatch.setattr(jobs.time, "sleep", stopped)
+    with pytest.raises(stop):
+        jobs.wait_or_stop(client, "trainjob", "ns", "rlaif-exp-1-ppo")
+    assert client.deleted == ["rlaif-exp-1-ppo"] and client.job is None
+    assert "deleted trainjobs ns/rlaif-exp-1-ppo" in capsys.readouterr().out
+    finished = FakeCustomObjects("Complete", polls=1, exists={"status": {}})
+    assert jobs.wait_or_stop(finished, "trainjob", "ns", "j", poll_s=0)[0] == "succeeded" and finished.deleted == []
 
 
 def test_multinode_outside_a_cluster_is_refused_before_any_stage(cfg, monkeypatch, tmp_path):
