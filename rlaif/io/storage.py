@@ -172,9 +172,10 @@ def read_user_jsonl(url: str, what: str, fix: str) -> list[tuple[int, object]]:
 
 def check_output_file(path: str, flag: str, example: str) -> None:
     """A local file a command will write, checked before it does any work: not a directory, in one that exists."""
-    if not is_local(normalize(path)):
+    url = normalize(path)
+    if not is_local(url):
         raise UserError(f"{flag} {path}: name a local file, e.g. {example}")
-    target = local_path(normalize(path))
+    target = local_path(url)
     if target.is_dir():
         raise UserError(f"{flag} {path} is a directory: name a file, e.g. {example}")
     if not target.parent.is_dir():

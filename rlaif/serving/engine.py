@@ -47,10 +47,15 @@ def check_against_model(request: Request, token_ids: list[list[int]], vocab_size
     for number, ids in enumerate(token_ids):
         if any(not 0 <= token < vocab_size for token in ids):
             raise BadRequest(f"prompt {number} holds token ids outside the model's vocabulary (0..{vocab_size - 1})")
-    width = max(request.pad_to, *map(len, token_ids)) + request.max_tokens - 1  # the last token is not fed back
-    if positions is not None and width > positions:
-        raise BadRequest(f"prompt ({max(request.pad_to, *map(len, token_ids))} tokens, padding included) plus "
-                         f"max_tokens {request.max_tokens} exceeds the model's {positions} positions")
+    if positions is None:
+        return
+    from rlaif.models.generation import check_fits
+
+    try:
+        check_fits(None, max(request.pad_to, *map(len, token_ids)), request.max_tokens,
+                   "a prompt (padding included)", "max_tokens", positions)
+    except UserError as exc:
+        raise BadRequest(str(exc)) from None
 
 
 @dataclass

@@ -37,8 +37,9 @@ def test_requests_checked_against_the_models_vocabulary_and_positions():
     check_against_model(Request(prompts=[[1]], max_tokens=2, pad_to=29), [[1]], 100, 30)  # the last is not fed
     for ids, request, problem in (([[1, 100]], Request([[1, 100]]), "outside the model's vocabulary"),
                                   ([[-5]], Request([[-5]]), "outside the model's vocabulary"),
-                                  ([[1]], Request([[1]], max_tokens=31), "exceeds the model's 30 positions"),
-                                  ([[1]], Request([[1]], max_tokens=2, pad_to=30), "exceeds the model's 30")):
+                                  ([[1]], Request([[1]], max_tokens=31), "longer than the model's 30 positions"),
+                                  ([[1]], Request([[1]], max_tokens=2, pad_to=30),
+                                   "of 30 tokens plus 2 new tokens is longer than the model's 30")):
         with pytest.raises(BadRequest, match=problem):
             check_against_model(request, ids, 100, 30)
 
