@@ -3,6 +3,7 @@ exit code 2."""
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import signal
 import sys
@@ -52,6 +53,8 @@ def _launch_parser(sub, config_args) -> None:
     launch.add_argument("--storage-root", default="", help="storage root; empty: the config's")
     launch.add_argument("--pipeline", action="store_true", help="a step of a whole run (the DAGs pass it): both "
                         "prompt splits must hold prompts")
+    launch.add_argument("--rerun", action="store_true",
+                        help="run the stage even where its output exists for this config")
     launch.add_argument("--manifest-out", metavar="FILE",
                         help="when done, write the stage's manifest URL, digest and run id to this local JSON file "
                              "(what an Airflow task publishes as its asset event)")
@@ -74,6 +77,9 @@ def _parser() -> argparse.ArgumentParser:
     config_args(run)
     run.add_argument("--run-id", help="shorthand for --set run_id=...")
     run.add_argument("--storage-root", help="shorthand for --set storage.root=...")
+    run.add_argument("--rerun", action="append", default=[], choices=list(STAGE_BY_NAME), metavar="STAGE",
+                     help="run this stage even where its output exists for this config (repeatable), e.g. after a "
+                          "file of it was damaged; later stages rerun only if its output changes")
 
     _launch_parser(sub, config_args)
 
@@ -211,7 +217,7 @@ def _launch(args) -> int:
 
         check_output_file(args.manifest_out, "--manifest-out", "manifest.json")
     cfg = launch.load_config_source(args.config, [*args.overrides, *extra], run_id, args.storage_root)
-    done = launch.launch(cfg, args.name, launch.prepare(cfg, pipeline=args.pipeline))
+    done = launch.launch(cfg, args.name, launch.prepare(cfg, pipeline=args.pipeline), rerun=args.rerun)
     if args.manifest_out:
         from rlaif.io import manifest, storage
         from rlaif.stages.common import stage_url
@@ -226,7 +232,7 @@ def _run(args) -> int:
     from rlaif.orchestration.launch import load_config_source
     from rlaif.runner import run
 
-    run(load_config_source(args.config, args.overrides, args.run_id or "", args.storage_root or ""))
+    run(load_config_source(args.config, args.overrides, args.run_id or "", args.storage_root or ""), set(args.rerun))
     return 0
 
 
@@ -269,12 +275,7 @@ def _dispatch(args) -> int:
             storage.configure(None)  # a config or run given as an s3:// URL needs the endpoint from the environment
         return COMMANDS[args.command](args)
     except UserError as exc:
-        if error_file := os.environ.get("RLAIF_ERROR_FILE"):  # a stage under launch: launch prints it, once
-            with open(error_file, "a", encoding="utf-8") as f:
-                f.write(f"{redact(str(exc))}\n")
-        else:
-            print(f"error: {redact(str(exc))}", file=sys.stderr)
-        return 2
+        return _user_error(str(exc))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -284,3 +285,36 @@ def _dispatch(args) -> int:
     except StageFailed as exc:
         print(f"error: {redact(str(exc))}", file=sys.stderr)
         return 2 if exc.code == 2 else 1
+    except Exception as exc:
+        if (problem := disk_problem(exc)) is None:
+            raise
+        return _user_error(problem)
+
+
+def _user_error(message: str) -> int:
+    """One line on stderr (a stage under launch: in its error file, which launch prints once), exit code 2."""
+    if error_file := os.environ.get("RLAIF_ERROR_FILE"):
+        with open(error_file, "a", encoding="utf-8") as f:
+            f.write(f"{redact(message)}\n")
+    else:
+        print(f"error: {redact(message)}", file=sys.stderr)
+    return 2
+
+
+DISK_FULL = ("No space left on device", "Disk quota exceeded", "StorageFull")
+
+
+def disk_problem(exc: BaseException) -> str | None:
+    """A full or read-only disk behind an exception (an OSError, or a library's error wrapping one: safetensors,
+    torch.save), as a one-line user error; None for anything else."""
+    seen = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            where = seen.filename2 or seen.filename
+            return (f"cannot write{f' {where}' if where else ''}: {seen.strerror}: free space there (or point "
+                    "storage.root, TMPDIR or RLAIF_CACHE at a disk with room)")
+        if any(text in str(seen) for text in DISK_FULL):
+            return (f"a write failed for lack of disk space ({str(seen).splitlines()[0][:200]}): free space (or point "
+                    "storage.root, TMPDIR or RLAIF_CACHE at a disk with room)")
+        seen = seen.__cause__ or seen.__context__
+    return None

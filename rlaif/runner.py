@@ -21,16 +21,17 @@ from rlaif.orchestration.parent_guard import guarded
 from rlaif.stages import common
 
 
-def run(cfg: PipelineConfig) -> dict:
+def run(cfg: PipelineConfig, rerun: set[str] = frozenset()) -> dict:
+    """The whole graph; stages named in `rerun` run even where their output exists."""
     config_url = launch.prepare(cfg, pipeline=True)
     run_url = common.run_url(cfg)
     print(f"run_dir: {run_url}", flush=True)
     for group in launch_groups(cfg):
-        if len(group) > 1 and not common.cached(common.context(cfg, group[0])):
-            launch_together(group, config_url)
+        if len(group) > 1 and (group[0] in rerun or not common.cached(common.context(cfg, group[0]))):
+            launch_together(group, config_url, rerun)
         else:  # one stage, or a streamed one already done: nothing to overlap
             for name in group:
-                launch.launch(cfg, name, config_url)
+                launch.launch(cfg, name, config_url, rerun=name in rerun)
     result = manifest.require(storage.join(run_url, "evaluate"), "evaluate")["summary"]
     lo, hi = result["win_rate_ci95"]
     print(f"evaluation: win rate {result['win_rate']:.3f} [95% CI {lo:.3f}, {hi:.3f}], length-controlled "
@@ -60,7 +61,7 @@ def launch_groups(cfg: PipelineConfig) -> list[list[str]]:
     return groups
 
 
-def launch_together(names: list[str], config_url: str, poll_s: float = 0.5) -> None:
+def launch_together(names: list[str], config_url: str, rerun: set[str] = frozenset(), poll_s: float = 0.5) -> None:
     """`rlaif launch` of each stage as its own process, all at once, sharing the machine's cores. When one fails the
     others are interrupted (their locks released; a streaming label would otherwise wait for shards that will never
     come) and its error is raised: its one-line user error, or StageFailed."""
@@ -73,7 +74,8 @@ def launch_together(names: list[str], config_url: str, poll_s: float = 0.5) -> N
         try:
             for name in names:
                 env = {**threads, **os.environ, "RLAIF_ERROR_FILE": str(Path(tmp) / f"{name}.err")}
-                argv = guarded([sys.executable, "-m", "rlaif", "launch", name, "--config", config_url])
+                argv = guarded([sys.executable, "-m", "rlaif", "launch", name, "--config", config_url,
+                                *(["--rerun"] if name in rerun else [])])
                 procs[name] = subprocess.Popen(argv, env=env, start_new_session=True)  # its group: the stage too
             failed = _first_failure(procs, poll_s)
         finally:
@@ -136,5 +138,12 @@ def run_stage(cfg: PipelineConfig, name: str, part_index: int = 0, num_parts: in
         module.invalidate(ctx)
     elif first_rank:
         manifest.invalidate(ctx.url)
-    module.run(ctx)
+    # The stage's local scratch (shards before upload, checkpoints, exports, metrics) in one directory that goes when
+    # the stage ends, however it ends: a failed or interrupted stage leaves nothing in the machine's temp directory.
+    with tempfile.TemporaryDirectory(prefix=f"rlaif-{name}-") as scratch:
+        previous, tempfile.tempdir = tempfile.tempdir, scratch
+        try:
+            module.run(ctx)
+        finally:
+            tempfile.tempdir = previous
 

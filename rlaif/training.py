@@ -239,10 +239,12 @@ class Checkpoints:
         name = f"step-{step:08d}"
         local_root = Path(tempfile.mkdtemp(prefix="rlaif-ckpt-"))
         local = local_root / name
-        engine.save(local, client_state)
-        if local.exists():  # every rank uploads what it wrote (ZeRO shards are per rank)
-            storage.upload_dir(local, storage.join(self.url, name))
-        shutil.rmtree(local_root)  # the stored copy is the checkpoint; keeping this one would fill the local disk
+        try:
+            engine.save(local, client_state)
+            if local.exists():  # every rank uploads what it wrote (ZeRO shards are per rank)
+                storage.upload_dir(local, storage.join(self.url, name))
+        finally:  # the stored copy is the checkpoint; keeping this one would fill the local disk
+            shutil.rmtree(local_root, ignore_errors=True)
         dist.barrier()
         if dist.rank() == 0:
             previous = self.latest()

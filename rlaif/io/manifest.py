@@ -66,6 +66,21 @@ def _check_shape(manifest: dict, url: str) -> None:
             raise UserError(f"{url} lists a file outside its stage directory: {str(entry)[:80]}")
 
 
+def damage(stage_url: str, manifest: dict) -> str | None:
+    """What is wrong with a committed output's files, or None: every shard and file it lists present, at its recorded
+    size (one listing of the stage directory; content is checked by sha256 where it is read). A cache hit on a
+    deleted or truncated file would hand the stages downstream an error no re-run fixes."""
+    present = storage.sizes(stage_url)
+    listed = [(shard["url"], shard.get("bytes")) for shard in manifest["shards"]]
+    listed += [(entry["path"], entry.get("bytes")) for entry in manifest["files"]]
+    for name, size in listed:
+        if name not in present:
+            return f"{name} is missing"
+        if isinstance(size, int) and present[name] != size:
+            return f"{name} has {present[name]} bytes where its manifest says {size}"
+    return None
+
+
 def require(stage_url: str, stage: str) -> dict:
     manifest = read(stage_url)
     if manifest is None:

@@ -124,7 +124,7 @@ def iter_shard(stage_url: str, shard: dict) -> Iterator[dict]:
     try:
         raw = storage.open_url(url, "rb")
     except FileNotFoundError:
-        raise UserError(f"shard {url} is listed in its manifest but missing: re-run the stage that wrote it") from None
+        raise UserError(f"shard {url} is listed in its manifest but missing: {storage.rerun_hint(url)}") from None
     reader = _HashingReader(raw)
     count = 0
     try:
@@ -137,12 +137,12 @@ def iter_shard(stage_url: str, shard: dict) -> Iterator[dict]:
         reader.drain()
     except (OSError, ValueError, KeyError, tarfile.TarError) as exc:  # JSON/Unicode errors are ValueErrors
         raise UserError(f"shard {url} is malformed ({type(exc).__name__}: {exc}): "
-                        "re-run the stage that wrote it") from None
+                        + storage.rerun_hint(url)) from None
     finally:
         raw.close()
     if reader.sha.hexdigest() != shard["sha256"] or count != shard["count"]:
         raise UserError(f"shard {url} fails its manifest checksum (corrupted or overwritten): "
-                        "re-run the stage that wrote it")
+                        + storage.rerun_hint(url))
 
 
 def split_assignment(shards: list[dict], slot: int, num_slots: int) -> tuple[list[int], bool]:

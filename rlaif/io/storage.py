@@ -47,6 +47,9 @@ def normalize(url: str) -> str:
         return "file://" + str(Path(rest).expanduser().resolve())
     if scheme != "s3":
         raise UserError(f"storage URL {url!r}: only file:// and s3:// are supported")
+    if any(part in ("", ".", "..") for part in rest.rstrip("/").split("/")[1:]):
+        raise UserError(f"storage URL {url!r} has an empty, '.' or '..' part: S3 keeps keys literally (no "
+                        "directories to resolve them against); write s3://bucket/prefix/...")
     return url.rstrip("/")
 
 
@@ -76,7 +79,9 @@ def exists(url: str) -> bool:
 
 
 def open_url(url: str, mode: str = "rb"):
-    return fsspec.open(url, mode, **(_s3_options if url.startswith("s3://") else {})).open()
+    if url.startswith("s3://"):  # no auto_mkdir: for s3fs a write's "parent directory" is a bucket it would create
+        return fsspec.open(url, mode, auto_mkdir=False, **_s3_options).open()
+    return fsspec.open(url, mode).open()
 
 
 def read_bytes(url: str) -> bytes:
@@ -198,6 +203,28 @@ def list_files(url: str) -> list[str]:
     return sorted(name[len(root) + 1:] for name in fs.find(root) if name.startswith(root + "/"))
 
 
+def rerun_hint(url: str) -> str:
+    """The fix for a damaged file a stage committed: that stage run again past its cache."""
+    from rlaif.graph import STAGE_BY_NAME
+
+    stage = next((part for part in reversed(url.split("/")[:-1]) if part in STAGE_BY_NAME), None)
+    if stage is None:
+        return "re-run the stage that wrote it"
+    return f"re-run stage '{stage}' (rlaif run --rerun {stage}, or rlaif launch {stage} --rerun)"
+
+
+def sizes(url: str) -> dict[str, int]:
+    """Every file under a local directory or an s3:// prefix, by its path relative to it, with its size in bytes: one
+    listing (S3: fresh, not the filesystem's cached one)."""
+    if is_local(url):
+        root = local_path(url)
+        return {path.relative_to(root).as_posix(): path.stat().st_size for path in root.rglob("*") if path.is_file()}
+    fs, root = filesystem(url), _path(url).rstrip("/")
+    fs.invalidate_cache(root)
+    return {name[len(root) + 1:]: int(info.get("size") or 0)
+            for name, info in fs.find(root, detail=True).items() if name.startswith(root + "/")}
+
+
 def copy_to_local(url: str, relative_paths: list[str], dest: Path) -> None:
     """Copy these files under `url` (local or s3://) into `dest`, keeping their relative paths."""
     fs = filesystem(url)
@@ -213,8 +240,11 @@ def write_bytes_atomic(url: str, data: bytes) -> None:
         path = local_path(url)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        try:
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        finally:  # a full disk or an interrupt leaves no partial temp file beside the output
+            tmp.unlink(missing_ok=True)
     else:
         with open_url(url, "wb") as f:
             f.write(data)
@@ -288,13 +318,18 @@ def glob(url_pattern: str) -> list[str]:
 
 
 def check_writable(root: str) -> None:
-    """Fail early, with one line, when the storage root cannot be written."""
+    """Fail early, with one line, when the storage root cannot be written (an s3:// root's bucket must exist: it is
+    never created)."""
     probe = join(root, f".rlaif-probe-{uuid.uuid4().hex}")
     try:
         write_bytes_atomic(probe, b"ok")
         remove(probe)
     except Exception as exc:  # PermissionError, botocore errors, ...: all mean the same to a user
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if "NoSuchBucket" in reason or "bucket does not exist" in reason:
+            bucket = root.split("://", 1)[1].split("/", 1)[0]
+            raise UserError(f"storage root {root}: bucket {bucket!r} does not exist: create it, or fix the "
+                            "name") from None
         raise UserError(
             f"storage root {root} is not writable ({reason}): check the path's permissions, or for s3:// the bucket, "
             "endpoint and AWS_* credentials"
@@ -314,8 +349,11 @@ def upload_file(local: Path, url: str) -> None:
         dest = local_path(url)
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.tmp")
-        shutil.copyfile(local, tmp)
-        os.replace(tmp, dest)
+        try:
+            shutil.copyfile(local, tmp)
+            os.replace(tmp, dest)
+        finally:
+            tmp.unlink(missing_ok=True)
     else:
         filesystem(url).put_file(str(local), _path(url))
 
@@ -344,7 +382,7 @@ def download_dir(url: str, files: list[dict]) -> Path:
         for entry in files:
             if entry["sha256"] and sha256_file(target / entry["path"]) != entry["sha256"]:
                 raise UserError(f"{join(url, entry['path'])} does not match its manifest checksum: "
-                                "re-run the stage that wrote it")
+                                + rerun_hint(join(url, entry["path"])))
         return target
     digest = hashlib.sha256((url + "".join(str(e["sha256"]) for e in files)).encode()).hexdigest()[:16]
     if any(e["sha256"] is None for e in files):
@@ -359,7 +397,7 @@ def download_dir(url: str, files: list[dict]) -> Path:
     for entry in files:
         if entry["sha256"] and sha256_file(tmp / entry["path"]) != entry["sha256"]:
             raise UserError(f"{join(url, entry['path'])} does not match its manifest checksum: "
-                            "re-run the stage that wrote it")
+                            + rerun_hint(join(url, entry["path"])))
     (tmp / ".complete").write_text("ok")
     target.parent.mkdir(parents=True, exist_ok=True)
     try:

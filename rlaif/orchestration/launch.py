@@ -214,18 +214,19 @@ def _relay(proc: subprocess.Popen) -> tuple[int, bytes]:
     return proc.wait(), b"".join(held)
 
 
-def launch(cfg: PipelineConfig, name: str, config_url: str) -> dict:
-    """Runs one stage unless its output exists; returns its manifest. Raises StageFailed or UserError."""
+def launch(cfg: PipelineConfig, name: str, config_url: str, rerun: bool = False) -> dict:
+    """Runs one stage unless its output exists (`rerun`: even then); returns its manifest. Raises StageFailed or
+    UserError."""
     stage = STAGE_BY_NAME[name]
     # Requires the upstream manifests (a clear error when one is missing), except a streamed one not committed yet:
     # then there is no cache key and no hit, and the stage follows that upstream's shards as they land.
     ctx = common.start_context(cfg, name)
     if ctx.streamed:
         print(f"[{name}] streaming: reads {', '.join(ctx.streamed)}'s output as it is written", flush=True)
-    if (hit := _cache_hit(ctx)) is not None:  # checked before the lock too: a hit needs no lock
+    if not rerun and (hit := _cache_hit(ctx)) is not None:  # checked before the lock too: a hit needs no lock
         return hit
     with StageLock(ctx.url, f"stage '{name}' of run '{cfg.run_id}'"):
-        if (hit := _cache_hit(ctx)) is not None:  # another launcher finished it while this one waited
+        if not rerun and (hit := _cache_hit(ctx)) is not None:  # another launcher finished it while this one waited
             return hit
         run_locked(cfg, stage, config_url, ctx.config_hash)
     return manifest.require(ctx.url, name)

@@ -69,7 +69,7 @@ def read_json(url: str, lines: bool = False):
         body = storage.read_text(url)
         return [json.loads(line) for line in body.splitlines() if line.strip()] if lines else json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError):
-        raise UserError(f"{url} is corrupt (not UTF-8 JSON): re-run the stage that wrote it") from None
+        raise UserError(f"{url} is corrupt (not UTF-8 JSON): {storage.rerun_hint(url)}") from None
 
 
 def read_jsonl(url: str) -> list[dict]:
@@ -82,7 +82,7 @@ def read_metrics(run_url: str) -> dict:
         raise UserError(f"{metrics_url} not found: is {run_url} a run directory whose evaluate stage has run?")
     metrics = read_json(metrics_url)
     if not isinstance(metrics, dict) or not isinstance(metrics.get("judges"), dict):
-        raise UserError(f"{metrics_url} is not an evaluation's metrics: re-run stage 'evaluate'")
+        raise UserError(f"{metrics_url} is not an evaluation's metrics: {storage.rerun_hint(metrics_url)}")
     return metrics
 
 

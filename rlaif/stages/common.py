@@ -136,11 +136,16 @@ def resolved(ctx: StageContext, committed: dict[str, dict]) -> StageContext:
 
 
 def cached(ctx: StageContext) -> dict | None:
-    """The existing manifest if it was made from the same config and inputs (a cache hit), else None."""
+    """The existing manifest if it was made from the same config and inputs and its files are all there at their
+    sizes (a cache hit), else None: a damaged output is made again."""
     existing = manifest.read(ctx.url)
-    if existing and existing["config_hash"] == ctx.config_hash and existing["inputs"] == ctx.input_digests:
-        return existing
-    return None
+    if not existing or existing["config_hash"] != ctx.config_hash or existing["inputs"] != ctx.input_digests:
+        return None
+    damage = manifest.damage(ctx.url, existing)
+    if damage is not None:
+        print(f"[{ctx.stage.name}] its output for this config is damaged ({damage}): running it again", flush=True)
+        return None
+    return existing
 
 
 def model_dir(ctx: StageContext, upstream: str, subdir: str) -> Path:

@@ -52,6 +52,21 @@ def test_s3_reads_without_credentials(cli, tmp_path, root, no_aws_credentials):
     assert nothing_written(tmp_path / "root")
 
 
+def test_s3_roots_that_would_be_created_or_taken_literally(cli, s3_endpoint, monkeypatch):
+    """A missing bucket is refused, never created (fsspec's auto_mkdir would create it on the first write: a typo
+    becomes a new bucket); '..' and '//' in a key prefix are refused (S3 keeps them literally)."""
+    import boto3
+
+    endpoint, bucket = s3_endpoint
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    cli("launch", "generate", "--config", TINY, "--storage-root", "s3://no-such-bucket/runs",
+        needle="bucket 'no-such-bucket' does not exist: create it")
+    buckets = boto3.client("s3", endpoint_url=endpoint).list_buckets()["Buckets"]
+    assert "no-such-bucket" not in [b["Name"] for b in buckets]
+    for root in (f"s3://{bucket}/a/../b", f"s3://{bucket}//b"):
+        cli("launch", "generate", "--config", TINY, "--storage-root", root, needle="has an empty, '.' or '..' part")
+
+
 def test_unreachable_hub(cli, tmp_path, root, monkeypatch):
     from huggingface_hub import constants
 
@@ -335,6 +350,42 @@ def test_a_response_past_an_unbuilt_tiny_policys_positions(cli, tmp_path, root, 
         needle="evaluate.max_new_tokens=300 is more than the tiny policy's 256 positions")
     assert nothing_written(tmp_path / "root")
     assert not list((tmp_path / "empty-cache").rglob("config.json"))
+
+
+def test_a_full_disk_is_one_line_and_leaves_no_partial_files(cli, tmp_path, monkeypatch):
+    """ENOSPC mid-upload: one line naming the file and the fix, exit 2; no temp file beside the output, no manifest,
+    nothing left in the machine's temp directory."""
+    import errno
+    import shutil
+    import tempfile
+
+    def full(source, target):
+        Path(target).write_bytes(Path(source).read_bytes()[:100])  # the disk fills part-way through
+        raise OSError(errno.ENOSPC, "No space left on device", str(target))
+
+    monkeypatch.setattr(storage.shutil, "copyfile", full)
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    line = cli("stage", "generate", "--config", TINY, "--set", f"storage.root=file://{tmp_path}/root",
+               needle="No space left on device: free space there")
+    assert line.startswith("error: cannot write ") and "generate/.shard-000000.tar." in line
+    monkeypatch.setattr(storage.shutil, "copyfile", shutil.copyfile)
+    stage = tmp_path / "root/tiny/generate"
+    left = [path.relative_to(stage).as_posix() for path in stage.rglob("*") if path.is_file()]
+    assert left == ["parts/stream/00000-failed.json"]  # the part's failure record (a streaming reader stops on it)
+    assert not list((tmp_path / "tmp").iterdir())
+
+
+@pytest.mark.parametrize("error, found", [
+    (RuntimeError("Error while serializing: IoError(Os { code: 28, kind: StorageFull })"), True),
+    (OSError(30, "Read-only file system", "/mnt/runs/x"), True),
+    (OSError(13, "Permission denied", "/mnt/runs/x"), False),
+    (ValueError("no space in this string"), False),
+])
+def test_disk_problems_inside_other_errors(error, found):
+    from rlaif.cli import disk_problem
+
+    assert (disk_problem(error) is not None) == found
 
 
 @pytest.mark.parametrize("where, needle", [

@@ -107,6 +107,20 @@ def test_file_storage_run_then_cache_hits(tmp_path):
     assert "running" not in second.stdout
     assert second.stdout.count("cache hit") == len(STAGES)
 
+    # A damaged output is made again, not a cache hit; --rerun runs a stage past its cache.
+    shard = sorted((tmp_path / "runs/tiny/generate").glob("shard-*.tar"))[0]
+    size = shard.stat().st_size
+    os.truncate(shard, size // 2)
+    healed = rlaif("run", "--config", "configs/tiny.yaml", "--storage-root", root, timeout=600)
+    assert healed.returncode == 0, healed.stderr[-3000:]
+    assert (f"[generate] its output for this config is damaged ({shard.name} has {size // 2} bytes where its "
+            f"manifest says {size}): running it again") in healed.stdout and "[generate] running" in healed.stdout
+    listed = json.loads((tmp_path / "runs/tiny/generate/manifest.json").read_text())["shards"]
+    assert shard.stat().st_size == next(s["bytes"] for s in listed if s["url"] == shard.name)
+    forced = rlaif("run", "--config", "configs/tiny.yaml", "--storage-root", root, "--rerun", "label", timeout=600)
+    assert forced.returncode == 0 and "[label] running" in forced.stdout, forced.stderr[-3000:]
+    assert "[generate] cache hit" in forced.stdout
+
     # A changed PPO setting re-runs ppo and evaluate only.
     third = rlaif("run", "--config", "configs/tiny.yaml", "--storage-root", root, "--set", "ppo.lr=2e-3", timeout=600)
     assert third.returncode == 0, third.stderr[-3000:]

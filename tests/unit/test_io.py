@@ -55,6 +55,37 @@ def test_missing_shard_is_named(stage_dir):
         shards.read_all(stage_dir, m)
 
 
+def _damage_cases(url):
+    """A committed output's files checked against its manifest: whole, truncated, deleted."""
+    m = _write(url, 6, 3)
+    assert manifest.damage(url, m) is None
+    second = storage.join(url, "shard-000001.tar")
+    data = storage.read_bytes(second)
+    storage.write_bytes_atomic(second, data[: len(data) // 2])
+    assert manifest.damage(url, m) == (f"shard-000001.tar has {len(data) // 2} bytes where its manifest says "
+                                       f"{len(data)}")
+    storage.remove(second)
+    assert manifest.damage(url, m) == "shard-000001.tar is missing"
+
+
+def test_damaged_output_is_found_by_size(stage_dir):
+    _damage_cases(stage_dir)
+
+
+def test_damaged_output_is_found_by_size_on_s3(s3_endpoint):
+    endpoint, bucket = s3_endpoint
+    storage.configure(endpoint)
+    _damage_cases(f"s3://{bucket}/unit/damaged/generate")
+
+
+def test_a_damaged_shard_names_the_stage_to_rerun(tmp_path):
+    url = storage.normalize(str(tmp_path / "run" / "label"))
+    m = _write(url, 4, 2)
+    os.remove(storage.local_path(storage.join(url, "shard-000000.tar")))
+    with pytest.raises(UserError, match=r"re-run stage 'label' \(rlaif run --rerun label, or rlaif launch label "):
+        shards.read_all(url, m)
+
+
 def test_manifest_digest_ignores_timestamps_and_invalidate_removes_output(stage_dir):
     m1 = _write(stage_dir, 4, 2)
     m2 = dict(m1, created_at="2000-01-01T00:00:00Z")
