@@ -14,6 +14,7 @@ from rlaif.config.judges import (
 from rlaif.config.loading import (
     UniqueKeyLoader,
     apply_overrides,
+    check_switches,
     config_fields,
     dump_config,
     load_config,
@@ -46,7 +47,7 @@ __all__ = [
     "ServeConfig", "ServiceEndpoint", "StorageConfig", "Strict", "TinyPolicyConfig",
     "TrackingConfig",
     "TrainRMConfig",
-    "UniqueKeyLoader", "apply_overrides", "cache_key_dump", "runtime_field",
+    "UniqueKeyLoader", "apply_overrides", "cache_key_dump", "check_switches", "runtime_field",
     "config_fields", "dump_config", "load_config", "load_yaml", "no_credentials",
     "parse_config", "safe_run_id", "sha256_json", "stage_config_hash",
 ]

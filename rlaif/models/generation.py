@@ -7,6 +7,7 @@ import os
 import torch
 
 from rlaif.algo.logprobs import chosen_logprobs
+from rlaif.config.loading import SWITCH_VALUES
 from rlaif.errors import UserError
 from rlaif.models.adapters import unwrapped
 from rlaif.models.decode import decode_static, forward_takes, supports_static_decode
@@ -32,7 +33,7 @@ def encode_prompts(tokenizer, texts: list[str], device) -> dict:
     return {k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask")}
 
 
-DECODERS = ("auto", "static", "generate")
+DECODERS = SWITCH_VALUES["RLAIF_DECODER"]
 
 
 def static_decoder_applies(model, enc: dict, decoder: str, stop=()) -> bool:

@@ -93,18 +93,42 @@ def check_model_files(path: Path, what: str) -> Path:
         raise UserError(f"{what} directory {path}: config.json is not a JSON object: re-export the model")
     if not any((path / name).exists() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
         raise UserError(f"{what} directory {path} has no tokenizer files: save the tokenizer with the model")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        if (path / name).exists() and not isinstance(_json_or_none(path / name), dict):
+            raise UserError(f"{what} directory {path}: {name} is not a JSON object (truncated?): save the tokenizer "
+                            "again")
     for weights in sorted(path.glob("*.safetensors")):
-        size = weights.stat().st_size
-        with open(weights, "rb") as f:
-            head = f.read(8)
-            length = int.from_bytes(head, "little") if len(head) == 8 else -1
-            try:
-                ok = 0 < length <= size - 8 and isinstance(json.loads(f.read(length)), dict)
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                ok = False
-        if not ok:
-            raise UserError(f"{what} weights {weights} are not valid safetensors (bad header): re-export the model")
+        if not safetensors_intact(weights):
+            raise UserError(f"{what} weights {weights} are not valid safetensors (a bad header, or the file is "
+                            "shorter or longer than its tensors: truncated?): re-export the model")
     return path
+
+
+def _json_or_none(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+
+
+def safetensors_intact(weights: Path) -> bool:
+    """Without reading the tensors: an 8-byte header length, that much JSON, and tensor data that ends exactly at the
+    end of the file (what safetensors checks on load, as "file not fully covered")."""
+    size = weights.stat().st_size
+    with open(weights, "rb") as f:
+        head = f.read(8)
+        length = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if not 0 < length <= size - 8:
+            return False
+        try:
+            header = json.loads(f.read(length))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return False
+    if not isinstance(header, dict):
+        return False
+    ends = [entry.get("data_offsets", [0, -1])[1] for key, entry in header.items()
+            if key != "__metadata__" and isinstance(entry, dict)]
+    return all(isinstance(end, int) for end in ends) and 8 + length + max(ends, default=0) == size
 
 
 def resolve(spec: str, what: str) -> Path:

@@ -21,6 +21,7 @@ import torch
 
 from rlaif import __version__
 from rlaif.config import PolicyConfig, sha256_json
+from rlaif.errors import UserError
 from rlaif.io.prompts import read_demonstrations
 from rlaif.io.storage import cache_dir, sha256_file
 
@@ -113,17 +114,32 @@ def tiny_policy_dir(cfg: PolicyConfig) -> Path:
     return cache_dir() / "models" / f"tiny-llama-{key}"
 
 
+def built(target: Path) -> bool:
+    """A cached build whose files are whole (config, tokenizer and weights checked without loading them)."""
+    from rlaif.models.loading import check_model_files
+
+    if not (target / "config.json").exists():
+        return False
+    try:
+        check_model_files(target, "tiny policy")
+    except UserError:
+        return False
+    return True
+
+
 def ensure_tiny_policy(cfg: PolicyConfig) -> Path:
     """Path of the cached tiny policy for this config, building it first if needed."""
     target = tiny_policy_dir(cfg)
     root = target.parent
     root.mkdir(parents=True, exist_ok=True)
-    if (target / "config.json").exists():
+    if built(target):
         return target
     with open(root / f"{target.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if (target / "config.json").exists():
+        if built(target):
             return target
+        if target.exists():  # a cached build damaged since (a truncated file): built again
+            shutil.rmtree(target)
         # A build killed outright (SIGKILL, out of memory) leaves its partial folder: only this key's builder, who
         # holds the lock now, could own one, so it is debris.
         for debris in root.glob(f".{target.name}-*"):

@@ -15,6 +15,7 @@ from pathlib import Path
 from rlaif import tracking
 from rlaif.config import (
     PipelineConfig,
+    check_switches,
     dump_config,
     load_config,
     parse_config,
@@ -44,6 +45,7 @@ def load_config_source(source: str | None, overrides: list[str] = (), run_id: st
 def prepare(cfg: PipelineConfig, pipeline: bool = False) -> str:
     """Cheap checks before any work, then the resolved config written once per run; returns its URL. `pipeline`: the
     whole graph will run, so both prompt splits must hold prompts (evaluate, the last stage, reads the eval split)."""
+    check_switches()
     storage.configure(cfg.storage.endpoint_url)
     root = storage.normalize(cfg.storage.root)
     storage.check_writable(root)

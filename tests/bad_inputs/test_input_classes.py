@@ -4,6 +4,7 @@ a child process, settings checked only deep in a run (empty eval split, an MLflo
 everywhere, misspelled constitution keys, half-written compile output, URLs without their '//'. Each: exit 2, one
 line, nothing written; and the odd inputs that stay valid."""
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -313,6 +314,30 @@ def test_a_killed_tiny_policy_build_leaves_no_debris(tmp_path, monkeypatch):
     monkeypatch.setenv("RLAIF_CACHE", str(tmp_path / "cache"))
     target = tiny.ensure_tiny_policy(cfg)
     assert sorted(path.name for path in models.iterdir() if path.is_dir()) == [target.name]
+
+
+@pytest.mark.parametrize("variable", ["RLAIF_PACKING", "RLAIF_DECODER"])
+def test_switch_variables_checked_before_the_first_stage(cli, tmp_path, root, monkeypatch, variable):
+    """Read only by later stages (RLAIF_PACKING: the trainers): a misspelt value stops the run before generate."""
+    monkeypatch.setenv(variable, "bogus")
+    cli("run", "--config", TINY, *root, needle=f"{variable}='bogus' is not one of ")
+    assert not (tmp_path / "root").exists()
+
+
+def test_a_damaged_tiny_policy_build_is_built_again(tmp_path, monkeypatch):
+    """A cached build whose weights were truncated since (a full disk, a bad copy) is not loaded: it is built again."""
+    from rlaif.config.loading import load_config
+    from rlaif.models import tiny
+    from rlaif.models.loading import safetensors_intact
+
+    monkeypatch.setenv("RLAIF_CACHE", str(tmp_path / "cache"))
+    cfg = load_config(TINY).policy
+    weights = tiny.ensure_tiny_policy(cfg) / "model.safetensors"
+    size = weights.stat().st_size
+    os.truncate(weights, size - 100)
+    assert not safetensors_intact(weights)
+    assert tiny.ensure_tiny_policy(cfg) / "model.safetensors" == weights
+    assert weights.stat().st_size == size and safetensors_intact(weights)
 
 
 def test_prompt_plus_response_longer_than_the_policys_positions(cli, tmp_path, root):

@@ -194,27 +194,33 @@ def test_output_paths_and_endpoints(cli, tmp_path):
         needle="is not writable")
 
 
-def _model_dir(path, config=b"{}", weights=None, tokenizer=True):
+HEADER = b'{"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}'
+WEIGHTS = len(HEADER).to_bytes(8, "little") + HEADER + b"\0" * 8
+TOKENIZERS = {"no-tokenizer": None, "tokenizer-cut-short": '{"model": {"vocab": {"a'}
+
+
+def _model_dir(path, config=b"{}", weights=None, tokenizer="{}"):
     path.mkdir()
     (path / "config.json").write_bytes(config)
-    header = b'{"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}'
-    valid = len(header).to_bytes(8, "little") + header + b"\0" * 4
-    (path / "model.safetensors").write_bytes(weights if weights is not None else valid)
-    if tokenizer:
-        (path / "tokenizer.json").write_text("{}")
+    (path / "model.safetensors").write_bytes(weights if weights is not None else WEIGHTS)
+    if tokenizer is not None:
+        (path / "tokenizer.json").write_text(tokenizer)
     return path
 
 
 @pytest.mark.parametrize("key, kind, needle", [
     ("policy.model", "config-not-object", "config.json is not a JSON object"),
-    ("policy.model", "bad-header", "are not valid safetensors (bad header)"),
+    ("policy.model", "bad-header", "are not valid safetensors (a bad header"),
+    ("policy.model", "data-cut-short", "are not valid safetensors"),
+    ("policy.model", "tokenizer-cut-short", "tokenizer.json is not a JSON object (truncated?)"),
     ("train_rm.backbone", "no-tokenizer", "has no tokenizer files"),
     ("train_rm.backbone", "truncated", "are not valid safetensors"),
 ])
 def test_model_directories_checked_at_launch(cli, tmp_path, key, kind, needle):
     model = _model_dir(tmp_path / "model", config=b"[1, 2]" if kind == "config-not-object" else b"{}",
-                       weights={"bad-header": b"\xff" * 16, "truncated": b"\x10\x00"}.get(kind),
-                       tokenizer=kind != "no-tokenizer")
+                       weights={"bad-header": b"\xff" * 16, "truncated": b"\x10\x00",
+                                "data-cut-short": WEIGHTS[:-3]}.get(kind),
+                       tokenizer=TOKENIZERS.get(kind, "{}"))
     cli("run", "--config", TINY, "--storage-root", f"file://{tmp_path}/root", "--set", f"{key}={model}", needle=needle)
     assert nothing_written(tmp_path / "root")
 
