@@ -302,6 +302,8 @@ def _user_error(message: str) -> int:
 
 
 DISK_FULL = ("No space left on device", "Disk quota exceeded", "StorageFull")
+READ_ONLY = ("Read-only file system", "ReadOnlyFilesystem")
+ELSEWHERE = "storage.root, TMPDIR or RLAIF_CACHE"
 
 
 def disk_problem(exc: BaseException) -> str | None:
@@ -311,10 +313,13 @@ def disk_problem(exc: BaseException) -> str | None:
     while seen is not None:
         if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
             where = seen.filename2 or seen.filename
-            return (f"cannot write{f' {where}' if where else ''}: {seen.strerror}: free space there (or point "
-                    "storage.root, TMPDIR or RLAIF_CACHE at a disk with room)")
-        if any(text in str(seen) for text in DISK_FULL):
-            return (f"a write failed for lack of disk space ({str(seen).splitlines()[0][:200]}): free space (or point "
-                    "storage.root, TMPDIR or RLAIF_CACHE at a disk with room)")
+            fix = ("point it at a writable disk" if seen.errno == errno.EROFS
+                   else f"free space there, or point {ELSEWHERE} at a disk with room")
+            return f"cannot write{f' {where}' if where else ''}: {seen.strerror}: {fix}"
+        text = str(seen).splitlines()[0][:200] if str(seen) else ""
+        if any(marker in text for marker in DISK_FULL):
+            return f"a write failed for lack of disk space ({text}): free space, or point {ELSEWHERE} elsewhere"
+        if any(marker in text for marker in READ_ONLY):
+            return f"a write failed on a read-only disk ({text}): point {ELSEWHERE} at a writable disk"
         seen = seen.__cause__ or seen.__context__
     return None

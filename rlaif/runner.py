@@ -4,6 +4,7 @@ so re-running after a failure or a kill continues from the first incomplete stag
 before it (label.streaming) runs at the same time as that one, each under its own `rlaif launch`."""
 from __future__ import annotations
 
+import getpass
 import os
 import signal
 import subprocess
@@ -15,7 +16,7 @@ from pathlib import Path
 from rlaif.config import PipelineConfig
 from rlaif.errors import StageFailed, UserError
 from rlaif.graph import topological_order
-from rlaif.io import manifest, storage
+from rlaif.io import manifest, storage, stream
 from rlaif.orchestration import launch
 from rlaif.orchestration.parent_guard import guarded
 from rlaif.stages import common
@@ -27,11 +28,7 @@ def run(cfg: PipelineConfig, rerun: set[str] = frozenset()) -> dict:
     run_url = common.run_url(cfg)
     print(f"run_dir: {run_url}", flush=True)
     for group in launch_groups(cfg):
-        if len(group) > 1 and (group[0] in rerun or not common.cached(common.context(cfg, group[0]))):
-            launch_together(group, config_url, rerun)
-        else:  # one stage, or a streamed one already done: nothing to overlap
-            for name in group:
-                launch.launch(cfg, name, config_url, rerun=name in rerun)
+        run_group(cfg, group, config_url, rerun)
     result = manifest.require(storage.join(run_url, "evaluate"), "evaluate")["summary"]
     lo, hi = result["win_rate_ci95"]
     print(f"evaluation: win rate {result['win_rate']:.3f} [95% CI {lo:.3f}, {hi:.3f}], length-controlled "
@@ -44,6 +41,20 @@ def run(cfg: PipelineConfig, rerun: set[str] = frozenset()) -> dict:
                   f"[95% CI {j['win_rate_ci95'][0]:.3f}, {j['win_rate_ci95'][1]:.3f}]")
     print(f"report: {storage.join(run_url, 'evaluate', 'report.html')}")
     return {"run_dir": run_url, "evaluation": result}
+
+
+def run_group(cfg: PipelineConfig, group: list[str], config_url: str, rerun: set[str] = frozenset()) -> None:
+    """One launch group: a streamed pair together while its first stage has to run, else stage by stage."""
+    if len(group) > 1 and (group[0] in rerun or not common.cached(common.context(cfg, group[0]), report=True)):
+        # Its old output goes before the group starts: a follower must not take an old (damaged, or rerun) manifest
+        # of this config as committed, nor follow old shard records to shards the rerun is replacing.
+        url = common.stage_url(cfg, group[0])
+        stream.forget(url, "*")
+        manifest.invalidate(url)
+        launch_together(group, config_url, rerun)
+    else:  # one stage, or a streamed one already done: nothing to overlap
+        for name in group:
+            launch.launch(cfg, name, config_url, rerun=name in rerun)
 
 
 def launch_groups(cfg: PipelineConfig) -> list[list[str]]:
@@ -140,7 +151,10 @@ def run_stage(cfg: PipelineConfig, name: str, part_index: int = 0, num_parts: in
         manifest.invalidate(ctx.url)
     # The stage's local scratch (shards before upload, checkpoints, exports, metrics) in one directory that goes when
     # the stage ends, however it ends: a failed or interrupted stage leaves nothing in the machine's temp directory.
-    with tempfile.TemporaryDirectory(prefix=f"rlaif-{name}-") as scratch:
+    # torch.compile's kernel cache stays where it would be (it defaults to the temp directory), not in the scratch.
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
+                          os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"))
+    with tempfile.TemporaryDirectory(prefix=f"rlaif-{name}-", ignore_cleanup_errors=True) as scratch:
         previous, tempfile.tempdir = tempfile.tempdir, scratch
         try:
             module.run(ctx)

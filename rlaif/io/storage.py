@@ -213,16 +213,19 @@ def rerun_hint(url: str) -> str:
     return f"re-run stage '{stage}' (rlaif run --rerun {stage}, or rlaif launch {stage} --rerun)"
 
 
-def sizes(url: str) -> dict[str, int]:
-    """Every file under a local directory or an s3:// prefix, by its path relative to it, with its size in bytes: one
-    listing (S3: fresh, not the filesystem's cached one)."""
+def sizes(url: str, names: list[str]) -> dict[str, int]:
+    """The size in bytes of each of these files under a local directory or an s3:// prefix that exists (by its path
+    relative to it): local files by a stat each, S3 by one fresh listing (not the filesystem's cached one)."""
     if is_local(url):
-        root = local_path(url)
-        return {path.relative_to(root).as_posix(): path.stat().st_size for path in root.rglob("*") if path.is_file()}
+        found = {}
+        for name in names:
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                found[name] = (local_path(url) / name).stat().st_size
+        return found
     fs, root = filesystem(url), _path(url).rstrip("/")
     fs.invalidate_cache(root)
-    return {name[len(root) + 1:]: int(info.get("size") or 0)
-            for name, info in fs.find(root, detail=True).items() if name.startswith(root + "/")}
+    listed = {name[len(root) + 1:]: info for name, info in fs.find(root, detail=True).items()}
+    return {name: int(listed[name].get("size") or 0) for name in names if name in listed}
 
 
 def copy_to_local(url: str, relative_paths: list[str], dest: Path) -> None:

@@ -53,8 +53,8 @@ class PartRecorder:
         self._write("failed", error=redact(text)[:300], time=time.time())
 
 
-def forget(stage_url: str, part: int) -> None:
-    """A part starting over removes its records first, before any of its old shards go."""
+def forget(stage_url: str, part: int | str) -> None:
+    """A part starting over removes its records first, before any of its old shards go ("*": every part's)."""
     for url in storage.glob(record_url(stage_url, part, "*")):
         storage.remove(url)
 

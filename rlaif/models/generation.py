@@ -78,7 +78,8 @@ def check_fits(model, prompt_tokens: int, max_new_tokens: int, what: str = "a pr
 def check_prompts_fit(cfg, rows: list[dict]) -> None:
     """Before any stage runs: each sampling stage's longest formatted prompt plus its max_new_tokens within the
     policy's positions (a stage checks again as it samples, after the stages before it ran), where the policy's files
-    are here without a build or a download; a tiny policy not built yet is held to its configured positions."""
+    are here without a build or a download; a tiny policy not built yet is held to its configured positions. PPO is
+    held to every train prompt, any of which its rollouts may draw."""
     from transformers import AutoConfig
 
     from rlaif.io.prompts import split_rows
@@ -87,12 +88,13 @@ def check_prompts_fit(cfg, rows: list[dict]) -> None:
     stages = [(name, getattr(cfg, name)) for name in ("generate", "ppo", "evaluate")
               if name != "generate" or cfg.generate.backend == "transformers"]  # vLLM and services check their own
     path = local_policy_dir(cfg.policy)
-    if path is None:
+    if path is None and cfg.policy.model == TINY_LLAMA:
         limit = cfg.policy.tiny.max_positions
-        for name, settings in stages if cfg.policy.model == TINY_LLAMA else ():
+        for name, settings in stages:
             if settings.max_new_tokens > limit:
                 raise UserError(f"{name}.max_new_tokens={settings.max_new_tokens} is more than the tiny policy's "
                                 f"{limit} positions: lower it, or raise policy.tiny.max_positions")
+    if path is None:
         return
     trust = cfg.policy.trust_remote_code
     try:

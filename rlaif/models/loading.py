@@ -83,7 +83,7 @@ def check_model_dir(path: Path, what: str) -> Path:
 
 def check_model_files(path: Path, what: str) -> Path:
     """Beyond check_model_dir, cheaply and without loading weights: config.json is a JSON object, a tokenizer file is
-    there, and every .safetensors file has a well-formed header (8-byte length, then that much JSON inside the file)."""
+    there and its JSON files parse, and every .safetensors file is whole (safetensors_intact)."""
     check_model_dir(path, what)
     try:
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
@@ -126,9 +126,11 @@ def safetensors_intact(weights: Path) -> bool:
             return False
     if not isinstance(header, dict):
         return False
-    ends = [entry.get("data_offsets", [0, -1])[1] for key, entry in header.items()
-            if key != "__metadata__" and isinstance(entry, dict)]
-    return all(isinstance(end, int) for end in ends) and 8 + length + max(ends, default=0) == size
+    offsets = [entry.get("data_offsets") if isinstance(entry, dict) else None
+               for key, entry in header.items() if key != "__metadata__"]
+    if not all(isinstance(pair, list) and len(pair) == 2 and all(type(end) is int for end in pair) for pair in offsets):
+        return False
+    return 8 + length + max((end for _, end in offsets), default=0) == size
 
 
 def resolve(spec: str, what: str) -> Path:

@@ -17,6 +17,7 @@ import os
 
 import torch
 
+from rlaif.config.loading import SWITCH_VALUES
 from rlaif.errors import UserError
 from rlaif.models.adapters import unwrapped
 
@@ -113,7 +114,7 @@ def enable_packing(model) -> bool:
     RLAIF_PACKING=off (the padded forward, to compare or to rule packing out). ZeRO-3 shards are refused per call
     (packs): DeepSpeed partitions the model after it is built."""
     switch = os.environ.get("RLAIF_PACKING", "on")
-    if switch not in ("on", "off"):
+    if switch not in SWITCH_VALUES["RLAIF_PACKING"]:
         raise UserError(f"RLAIF_PACKING={switch!r} is not on or off: unset it or pick one")
     if switch == "off":
         return False

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 
 from rlaif.config import PipelineConfig, safe_run_id
 from rlaif.errors import StageFailed, Terminated, UserError
@@ -26,9 +27,13 @@ def job_name(stage: Stage, cfg: PipelineConfig) -> str:
 
 
 def job_manifest(stage: Stage, cfg: PipelineConfig, config_url: str, nodes: int, spec: ClusterSpec,
-                 namespace: str) -> dict:
-    """The TrainJob or PyTorchJob custom resource for a stage on `nodes` pods, each pod from the stage's pod plan."""
+                 namespace: str, cache_checked: str = "") -> dict:
+    """The TrainJob or PyTorchJob custom resource for a stage on `nodes` pods, each pod from the stage's pod plan.
+    `cache_checked`: the cache key its launcher found no valid output for (a miss, a damaged output, --rerun), so
+    the pods run the stage without checking the cache again."""
     plan = pod_plan(stage, spec, cfg.label.pod_judge)
+    if cache_checked:
+        plan = replace(plan, env={**plan.env, "RLAIF_CACHE_CHECKED": cache_checked})
     nproc = plan.gpus or getattr(cfg, stage.name).nproc
     entry = ["-m", "rlaif", *stage.argv(config_url)[1:]]
     metadata = {"name": job_name(stage, cfg), "namespace": namespace,
@@ -97,9 +102,10 @@ def wait(client, api: str, namespace: str, name: str, poll_s: float = 15.0,
 
 
 def wait_or_stop(client, api: str, namespace: str, name: str, poll_s: float = 15.0) -> tuple[str, str]:
-    """wait(); a launcher stopped meanwhile (SIGTERM: a cancelled run, a deleted step pod; Ctrl-C) deletes the job
-    and so its pods, which would otherwise train on, holding their GPUs, with no one waiting for them. (A launcher
-    killed outright leaves the job, which its retried step finds and waits on.)"""
+    """wait(); a launcher stopped meanwhile (SIGTERM: a cancelled run, a deleted step pod, an evicted one; Ctrl-C)
+    deletes the job and so its pods, which would otherwise train on, holding their GPUs, with no one waiting for
+    them; a retried step then starts a new job, which resumes from the stage's last checkpoint. (A launcher killed
+    outright leaves the job, which its retried step finds and waits on.)"""
     try:
         return wait(client, api, namespace, name, poll_s)
     except (KeyboardInterrupt, Terminated):
@@ -114,7 +120,9 @@ def wait_or_stop(client, api: str, namespace: str, name: str, poll_s: float = 15
 
 
 def create_or_reuse(client, api: str, body: dict) -> None:
-    """Creates the job; a retried pipeline step finds the job it created before and waits on it instead."""
+    """Creates the job; a retried pipeline step finds the job it created before, still running, and waits on it
+    instead. An ended one is replaced: a failed one, and a succeeded one too, since its launcher found no valid
+    output of this config (another config's run, a damaged output, --rerun)."""
     from kubernetes.client.exceptions import ApiException
 
     group, version, plural, _, _ = API[api]
@@ -126,14 +134,16 @@ def create_or_reuse(client, api: str, body: dict) -> None:
         if exc.status != 409:
             raise UserError(f"could not create {body['kind']} {ns}/{name}: {exc.status} {exc.reason}") from None
         job = client.get_namespaced_custom_object(group, version, ns, plural, name)
-        if job_state(job, api)[0] == "failed":  # a failed job from an earlier attempt: start over
+        if job_state(job, api)[0] != "running":  # ended in an earlier attempt: start over
             client.delete_namespaced_custom_object(group, version, ns, plural, name)
             time.sleep(5)
             client.create_namespaced_custom_object(group, version, ns, plural, body)
+            print(f"replaced {body['kind']} {ns}/{name} (it had ended in an earlier attempt)", flush=True)
+            return
         print(f"{body['kind']} {ns}/{name} exists (an earlier attempt): waiting on it", flush=True)
 
 
-def run_multinode(stage: Stage, cfg: PipelineConfig, config_url: str, nodes: int) -> None:
+def run_multinode(stage: Stage, cfg: PipelineConfig, config_url: str, nodes: int, config_hash: str) -> None:
     """Called from inside a pipeline pod: create the job for this stage and wait for it."""
     from kubernetes import client, config
 
@@ -143,7 +153,7 @@ def run_multinode(stage: Stage, cfg: PipelineConfig, config_url: str, nodes: int
     if not namespace and os.path.exists(SERVICE_ACCOUNT_NAMESPACE):
         with open(SERVICE_ACCOUNT_NAMESPACE, encoding="utf-8") as f:
             namespace = f.read().strip()
-    body = job_manifest(stage, cfg, config_url, nodes, spec, namespace or "default")
+    body = job_manifest(stage, cfg, config_url, nodes, spec, namespace or "default", cache_checked=config_hash)
     api = client.CustomObjectsApi()
     create_or_reuse(api, spec.multinode_api, body)
     state, message = wait_or_stop(api, spec.multinode_api, body["metadata"]["namespace"], body["metadata"]["name"])

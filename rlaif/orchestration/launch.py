@@ -228,14 +228,14 @@ def launch(cfg: PipelineConfig, name: str, config_url: str, rerun: bool = False)
     if not rerun and (hit := _cache_hit(ctx)) is not None:  # checked before the lock too: a hit needs no lock
         return hit
     with StageLock(ctx.url, f"stage '{name}' of run '{cfg.run_id}'"):
-        if not rerun and (hit := _cache_hit(ctx)) is not None:  # another launcher finished it while this one waited
+        if not rerun and (hit := _cache_hit(ctx, report=False)) is not None:  # another launcher finished it meanwhile
             return hit
         run_locked(cfg, stage, config_url, ctx.config_hash)
     return manifest.require(ctx.url, name)
 
 
-def _cache_hit(ctx) -> dict | None:
-    hit = common.cached(ctx)
+def _cache_hit(ctx, report: bool = True) -> dict | None:
+    hit = common.cached(ctx, report)
     if hit is not None:
         print(f"[{ctx.stage.name}] cache hit: output exists for this config and inputs, skipped", flush=True)
     return hit
@@ -246,7 +246,7 @@ def run_locked(cfg: PipelineConfig, stage: Stage, config_url: str, config_hash: 
     nodes = getattr(getattr(cfg, name), "nodes", 1)
     start = time.time()
     if nodes > 1:
-        jobs.run_multinode(stage, cfg, config_url, nodes)
+        jobs.run_multinode(stage, cfg, config_url, nodes, config_hash)
     else:
         nproc = processes_per_node(stage, cfg)
         cmd = command(stage, config_url, nproc)

@@ -135,15 +135,17 @@ def resolved(ctx: StageContext, committed: dict[str, dict]) -> StageContext:
     return final
 
 
-def cached(ctx: StageContext) -> dict | None:
+def cached(ctx: StageContext, report: bool = False) -> dict | None:
     """The existing manifest if it was made from the same config and inputs and its files are all there at their
-    sizes (a cache hit), else None: a damaged output is made again."""
+    sizes (a cache hit), else None: a damaged output is made again (`report`: say so, once, from its launcher)."""
     existing = manifest.read(ctx.url)
     if not existing or existing["config_hash"] != ctx.config_hash or existing["inputs"] != ctx.input_digests:
         return None
     damage = manifest.damage(ctx.url, existing)
     if damage is not None:
-        print(f"[{ctx.stage.name}] its output for this config is damaged ({damage}): running it again", flush=True)
+        if report:
+            print(f"[{ctx.stage.name}] its output for this config is damaged ({damage}): running it again",
+                  flush=True)
         return None
     return existing
 

@@ -196,6 +196,7 @@ def test_output_paths_and_endpoints(cli, tmp_path):
 
 HEADER = b'{"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}'
 WEIGHTS = len(HEADER).to_bytes(8, "little") + HEADER + b"\0" * 8
+BAD_OFFSETS = len(b'{"w": {"data_offsets": []}}').to_bytes(8, "little") + b'{"w": {"data_offsets": []}}'
 TOKENIZERS = {"no-tokenizer": None, "tokenizer-cut-short": '{"model": {"vocab": {"a'}
 
 
@@ -212,6 +213,7 @@ def _model_dir(path, config=b"{}", weights=None, tokenizer="{}"):
     ("policy.model", "config-not-object", "config.json is not a JSON object"),
     ("policy.model", "bad-header", "are not valid safetensors (a bad header"),
     ("policy.model", "data-cut-short", "are not valid safetensors"),
+    ("policy.model", "offsets-not-a-pair", "are not valid safetensors"),
     ("policy.model", "tokenizer-cut-short", "tokenizer.json is not a JSON object (truncated?)"),
     ("train_rm.backbone", "no-tokenizer", "has no tokenizer files"),
     ("train_rm.backbone", "truncated", "are not valid safetensors"),
@@ -219,7 +221,7 @@ def _model_dir(path, config=b"{}", weights=None, tokenizer="{}"):
 def test_model_directories_checked_at_launch(cli, tmp_path, key, kind, needle):
     model = _model_dir(tmp_path / "model", config=b"[1, 2]" if kind == "config-not-object" else b"{}",
                        weights={"bad-header": b"\xff" * 16, "truncated": b"\x10\x00",
-                                "data-cut-short": WEIGHTS[:-3]}.get(kind),
+                                "data-cut-short": WEIGHTS[:-3], "offsets-not-a-pair": BAD_OFFSETS}.get(kind),
                        tokenizer=TOKENIZERS.get(kind, "{}"))
     cli("run", "--config", TINY, "--storage-root", f"file://{tmp_path}/root", "--set", f"{key}={model}", needle=needle)
     assert nothing_written(tmp_path / "root")

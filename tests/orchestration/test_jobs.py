@@ -99,12 +99,17 @@ def test_create_then_a_retry_reuses_the_running_job(cfg):
     assert len(client.created) == 1 and client.deleted == []
 
 
-def test_a_failed_job_from_an_earlier_attempt_is_replaced(cfg, monkeypatch):
+@pytest.mark.parametrize("ended", ["Failed", "Complete"])
+def test_an_ended_job_from_an_earlier_attempt_is_replaced(cfg, monkeypatch, ended):
+    """Failed, or succeeded for another config or an output since damaged or rerun: its launcher found no valid
+    output, so waiting on the old job would hand it back."""
     monkeypatch.setattr(jobs.time, "sleep", lambda s: None)
-    body = jobs.job_manifest(STAGE_BY_NAME["ppo"], cfg, "u", 2, ClusterSpec(), "ns")
-    client = FakeCustomObjects("Failed", polls=1, exists={"status": {}})
+    body = jobs.job_manifest(STAGE_BY_NAME["ppo"], cfg, "u", 2, ClusterSpec(), "ns", cache_checked="key")
+    client = FakeCustomObjects(ended, polls=1, exists={"status": {}})
     jobs.create_or_reuse(client, "trainjob", body)
     assert client.deleted == ["rlaif-exp-1-ppo"] and len(client.created) == 1
+    env = {e["name"]: e.get("value") for e in client.created[0][4]["spec"]["trainer"]["env"]}
+    assert env["RLAIF_CACHE_CHECKED"] == "key"  # the pods run it: they do not take the old output as a hit
 
 
 @pytest.mark.parametrize("stop", [KeyboardInterrupt, Terminated])

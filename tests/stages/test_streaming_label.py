@@ -158,6 +158,23 @@ def test_the_runner_starts_generate_and_label_together(tmp_path, capfd, sequenti
     assert stage_manifest(cfg, "label")["digest"] == sequential["single"][1]["digest"]
 
 
+def test_a_damaged_generate_runs_again_before_label_streams_it(tmp_path, capfd, sequential):
+    """The runner drops the damaged output's manifest before starting the pair: label streams the new shards, not the
+    truncated one (nor shards being replaced), and commits the sequential run's labels."""
+    cfg = tiny(tmp_path, "label.streaming=true", *ONE_PROCESS)
+    config_url = launch.prepare(cfg)
+    runner.run_group(cfg, ["generate", "label"], config_url)
+    shard = tmp_path / "tiny/generate/shard-000000.tar"
+    size = shard.stat().st_size
+    shard.write_bytes(shard.read_bytes()[: size // 2])
+    capfd.readouterr()
+    runner.run_group(cfg, ["generate", "label"], config_url)
+    out = capfd.readouterr().out
+    assert out.count("its output for this config is damaged") == 1 and "[label] streaming: reads" in out
+    assert shard.stat().st_size == size
+    assert stage_manifest(cfg, "label")["digest"] == sequential["single"][1]["digest"]
+
+
 def test_the_runner_stops_label_when_generate_dies_without_a_trace(tmp_path, monkeypatch):
     cfg = tiny(tmp_path, "label.streaming=true", "label.stream_timeout_s=600", *ONE_PROCESS)
     monkeypatch.setenv("RLAIF_FAULT", "generate:2:0")  # SIGKILL after generate's second batch: no failure record
