@@ -238,9 +238,10 @@ def _run(args) -> int:
 
 def _stage(args) -> int:
     from rlaif.config import load_config
-    from rlaif.runner import run_stage
+    from rlaif.runner import run_stage, stage_scratch
 
-    run_stage(load_config(args.config, args.overrides), args.name, args.shard_index, args.num_shards)
+    with stage_scratch(args.name):
+        run_stage(load_config(args.config, args.overrides), args.name, args.shard_index, args.num_shards)
     return 0
 
 

@@ -4,6 +4,7 @@ so re-running after a failure or a kill continues from the first incomplete stag
 before it (label.streaming) runs at the same time as that one, each under its own `rlaif launch`."""
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import signal
@@ -149,15 +150,22 @@ def run_stage(cfg: PipelineConfig, name: str, part_index: int = 0, num_parts: in
         module.invalidate(ctx)
     elif first_rank:
         manifest.invalidate(ctx.url)
-    # The stage's local scratch (shards before upload, checkpoints, exports, metrics) in one directory that goes when
-    # the stage ends, however it ends: a failed or interrupted stage leaves nothing in the machine's temp directory.
-    # torch.compile's kernel cache stays where it would be (it defaults to the temp directory), not in the scratch.
+    module.run(ctx)
+
+
+@contextlib.contextmanager
+def stage_scratch(name: str):
+    """A stage process's local scratch (shards before upload, checkpoints, exports, metrics) in one temporary
+    directory that goes when the stage ends, however it ends: a failed or interrupted stage leaves nothing in the
+    machine's temp directory. Process-wide (tempfile's default directory), so for `rlaif stage`, whose process runs
+    one stage, not for stages run in threads of one process. torch.compile's kernel cache, which defaults to the
+    temp directory, stays where it would be."""
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
                           os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"))
     with tempfile.TemporaryDirectory(prefix=f"rlaif-{name}-", ignore_cleanup_errors=True) as scratch:
         previous, tempfile.tempdir = tempfile.tempdir, scratch
         try:
-            module.run(ctx)
+            yield
         finally:
             tempfile.tempdir = previous
 
