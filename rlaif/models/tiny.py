@@ -116,7 +116,7 @@ def tiny_policy_dir(cfg: PolicyConfig) -> Path:
 
 def built(target: Path) -> bool:
     """A cached build whose files are whole (config, tokenizer and weights checked without loading them)."""
-    from rlaif.models.loading import check_model_files
+    from rlaif.models.files import check_model_files
 
     if not (target / "config.json").exists():
         return False

@@ -124,7 +124,8 @@ def check_models(cfg: PipelineConfig) -> None:
     when downloaded. The model cache must be writable (the built-in policy lives there)."""
     from rlaif.io import hub
     from rlaif.io.storage import cache_dir
-    from rlaif.models.loading import CAUSAL_LM_ROLES, TINY_LLAMA, check_builtin, check_causal_lm, check_model_files
+    from rlaif.models.files import check_model_files
+    from rlaif.models.loading import CAUSAL_LM_ROLES, TINY_LLAMA, check_builtin, check_causal_lm
 
     named = [("policy model", cfg.policy.model), ("reward-model backbone", cfg.train_rm.backbone),
              *(("judge model", j.hf.model) for j in (cfg.label, *cfg.evaluate.judges) if j.judge == "hf")]

@@ -328,7 +328,7 @@ def test_a_damaged_tiny_policy_build_is_built_again(tmp_path, monkeypatch):
     """A cached build whose weights were truncated since (a full disk, a bad copy) is not loaded: it is built again."""
     from rlaif.config.loading import load_config
     from rlaif.models import tiny
-    from rlaif.models.loading import safetensors_intact
+    from rlaif.models.files import safetensors_intact
 
     monkeypatch.setenv("RLAIF_CACHE", str(tmp_path / "cache"))
     cfg = load_config(TINY).policy

@@ -1,0 +1,71 @@
+"""Model directories checked as files, cheaply and without loading weights: the layout a Hugging Face directory
+needs, JSON that parses, safetensors that are whole. Below models/loading.py and models/tiny.py, which both use it."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rlaif.errors import UserError
+
+
+def check_model_dir(path: Path, what: str) -> Path:
+    if not path.is_dir():
+        raise UserError(f"{what} directory not found: {path} (give a Hugging Face model directory)")
+    if not (path / "config.json").exists():
+        raise UserError(f"{what} directory {path} has no config.json: it is not a Hugging Face model directory")
+    if not any(path.glob("*.safetensors")):
+        raise UserError(f"{what} directory {path} has no .safetensors weights: "
+                        "convert it with save_pretrained(safe_serialization=True)")
+    return path
+
+
+def check_model_files(path: Path, what: str) -> Path:
+    """Beyond check_model_dir, cheaply and without loading weights: config.json is a JSON object, a tokenizer file is
+    there and its JSON files parse, and every .safetensors file is whole (safetensors_intact)."""
+    check_model_dir(path, what)
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        config = None
+    if not isinstance(config, dict):
+        raise UserError(f"{what} directory {path}: config.json is not a JSON object: re-export the model")
+    if not any((path / name).exists() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        raise UserError(f"{what} directory {path} has no tokenizer files: save the tokenizer with the model")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        if (path / name).exists() and not isinstance(_json_or_none(path / name), dict):
+            raise UserError(f"{what} directory {path}: {name} is not a JSON object (truncated?): save the tokenizer "
+                            "again")
+    for weights in sorted(path.glob("*.safetensors")):
+        if not safetensors_intact(weights):
+            raise UserError(f"{what} weights {weights} are not valid safetensors (a bad header, or the file is "
+                            "shorter or longer than its tensors: truncated?): re-export the model")
+    return path
+
+
+def _json_or_none(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+
+
+def safetensors_intact(weights: Path) -> bool:
+    """Without reading the tensors: an 8-byte header length, that much JSON, and tensor data that ends exactly at the
+    end of the file (what safetensors checks on load, as "file not fully covered")."""
+    size = weights.stat().st_size
+    with open(weights, "rb") as f:
+        head = f.read(8)
+        length = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if not 0 < length <= size - 8:
+            return False
+        try:
+            header = json.loads(f.read(length))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return False
+    if not isinstance(header, dict):
+        return False
+    offsets = [entry.get("data_offsets") if isinstance(entry, dict) else None
+               for key, entry in header.items() if key != "__metadata__"]
+    if not all(isinstance(pair, list) and len(pair) == 2 and all(type(end) is int for end in pair) for pair in offsets):
+        return False
+    return 8 + length + max((end for _, end in offsets), default=0) == size
