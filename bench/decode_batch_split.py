@@ -9,41 +9,50 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, "bench")
 import torch
-from bench_grpo import GROUP, GRPO_OVERRIDES
-from bench_ppo import OVERRIDES, ROLLOUT, ours_setup, shared_models
 
-from rlaif.io.prompts import split
-from rlaif.models.decode import decode_static
-from rlaif.models.generation import encode_prompts, format_prompts
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_grpo import GROUP, GRPO_OVERRIDES  # noqa: E402
+from bench_ppo import OVERRIDES, ROLLOUT, ours_setup, shared_models  # noqa: E402
 
-size = sys.argv[1] if len(sys.argv) > 1 else "h256x4"
-lora = sys.argv[2] if len(sys.argv) > 2 else "16"
-policy_dir, rm_dir = shared_models(Path("runs"), size)
-cfg, device, tokenizer, policy, reference_logprobs, reward_fn, engine, amp = ours_setup(
-    [*OVERRIDES, f"ppo.lora_rank={lora}", "ppo.fixed_length=true", f"policy.model={policy_dir}", *GRPO_OVERRIDES], rm_dir)
-prompts = split(cfg.data, "train")[: ROLLOUT // GROUP]
-texts = format_prompts(tokenizer, cfg.policy, [p["prompt"] for p in prompts])
-enc = encode_prompts(tokenizer, texts, device)
-enc = {k: v.repeat_interleave(GROUP, 0) for k, v in enc.items()}
-lm = policy.lm
-from rlaif.models.adapters import adapter_folded
+from rlaif.io.prompts import split  # noqa: E402
+from rlaif.models.adapters import adapter_folded  # noqa: E402
+from rlaif.models.decode import decode_static  # noqa: E402
+from rlaif.models.generation import encode_prompts, format_prompts  # noqa: E402
 
-n = enc["input_ids"].shape[0]
-seeds = list(range(n))
-def run(chunk):
-    outs = []
-    for s in range(0, n, chunk):
-        part = {k: v[s:s+chunk] for k, v in enc.items()}
-        outs.append(decode_static(lm, part, seeds[s:s+chunk], max_new_tokens=48, temperature=1.0, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, min_new_tokens=48))
-    return outs
-times = {c: [] for c in (64, 32, 16)}
-lm.eval()
-with torch.no_grad(), adapter_folded(lm):
-    for r in range(6):
-        for c in times:
-            t = time.perf_counter(); run(c); dt = time.perf_counter() - t
-            if r: times[c].append(dt)
-for c, v in times.items():
-    print(c, round(statistics.median(v), 3), [round(x, 3) for x in v])
+
+def main() -> None:
+    size = sys.argv[1] if len(sys.argv) > 1 else "h256x4"
+    lora = sys.argv[2] if len(sys.argv) > 2 else "16"
+    policy_dir, rm_dir = shared_models(Path("runs"), size)
+    overrides = [*OVERRIDES, f"ppo.lora_rank={lora}", "ppo.fixed_length=true", f"policy.model={policy_dir}",
+                 *GRPO_OVERRIDES]
+    cfg, device, tokenizer, policy, *_ = ours_setup(overrides, rm_dir)
+    prompts = split(cfg.data, "train")[: ROLLOUT // GROUP]
+    enc = encode_prompts(tokenizer, format_prompts(tokenizer, cfg.policy, [p["prompt"] for p in prompts]), device)
+    enc = {k: v.repeat_interleave(GROUP, 0) for k, v in enc.items()}
+    rows = enc["input_ids"].shape[0]
+    settings = dict(max_new_tokens=48, temperature=1.0, eos_id=tokenizer.eos_token_id,
+                    pad_id=tokenizer.pad_token_id, min_new_tokens=48)
+
+    def decode(chunk: int) -> float:
+        start = time.perf_counter()
+        for first in range(0, rows, chunk):
+            part = {k: v[first : first + chunk] for k, v in enc.items()}
+            decode_static(policy.lm, part, list(range(first, first + chunk)), **settings)
+        return time.perf_counter() - start
+
+    seconds = {chunk: [] for chunk in (64, 32, 16)}
+    policy.lm.eval()
+    with torch.no_grad(), adapter_folded(policy.lm):
+        for round_ in range(6):
+            for chunk in seconds:
+                elapsed = decode(chunk)
+                if round_:
+                    seconds[chunk].append(elapsed)
+    for chunk, values in seconds.items():
+        print(chunk, round(statistics.median(values), 3), [round(v, 3) for v in values])
+
+
+if __name__ == "__main__":
+    main()
