@@ -2,8 +2,9 @@
 (16 prompts x 4 samples), run as one batch of 64 or as chunks of 32 or 16 rows, alternating over 6 rounds (the first
 untimed), to split a decode step's time into a per-row part and a fixed part (BENCHMARKS.md, session 25).
 
-    .venv/bin/python bench/decode_batch_split.py [h256x4] [16]
+    .venv/bin/python bench/decode_batch_split.py [--size h256x4] [--lora-rank 16]
 """
+import argparse
 import statistics
 import sys
 import time
@@ -13,7 +14,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_grpo import GROUP, GRPO_OVERRIDES  # noqa: E402
-from bench_ppo import OVERRIDES, ROLLOUT, ours_setup, shared_models  # noqa: E402
+from bench_ppo import OVERRIDES, ROLLOUT, SIZES, ours_setup, shared_models  # noqa: E402
 
 from rlaif.io.prompts import split  # noqa: E402
 from rlaif.models.adapters import adapter_folded  # noqa: E402
@@ -22,10 +23,12 @@ from rlaif.models.generation import encode_prompts, format_prompts  # noqa: E402
 
 
 def main() -> None:
-    size = sys.argv[1] if len(sys.argv) > 1 else "h256x4"
-    lora = sys.argv[2] if len(sys.argv) > 2 else "16"
-    policy_dir, rm_dir = shared_models(Path("runs"), size)
-    overrides = [*OVERRIDES, f"ppo.lora_rank={lora}", "ppo.fixed_length=true", f"policy.model={policy_dir}",
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--size", default="h256x4", choices=sorted(SIZES))
+    parser.add_argument("--lora-rank", type=int, default=16)
+    args = parser.parse_args()
+    policy_dir, rm_dir = shared_models(Path("runs"), args.size)
+    overrides = [*OVERRIDES, f"ppo.lora_rank={args.lora_rank}", "ppo.fixed_length=true", f"policy.model={policy_dir}",
                  *GRPO_OVERRIDES]
     cfg, device, tokenizer, policy, *_ = ours_setup(overrides, rm_dir)
     prompts = split(cfg.data, "train")[: ROLLOUT // GROUP]
