@@ -68,8 +68,8 @@ def _check_shape(manifest: dict, url: str) -> None:
 
 def damage(stage_url: str, manifest: dict) -> str | None:
     """What is wrong with a committed output's files, or None: every shard and file it lists present, at its recorded
-    size (one listing of the stage directory; content is checked by sha256 where it is read). A cache hit on a
-    deleted or truncated file would hand the stages downstream an error no re-run fixes."""
+    size (storage.sizes: a stat per file locally, one listing on S3; content is checked by sha256 where it is read).
+    A cache hit on a deleted or truncated file would hand the stages downstream an error no re-run fixes."""
     listed = [(shard["url"], shard.get("bytes")) for shard in manifest["shards"]]
     listed += [(entry["path"], entry.get("bytes")) for entry in manifest["files"]]
     present = storage.sizes(stage_url, [name for name, _ in listed])
