@@ -5,11 +5,12 @@ Shared (the default): minibatches of whole groups (ppo.group_minibatches), packe
 prefix once (rlaif/models/packing.py) in the update, the reference pass and the reward model's scoring, and a sampler
 prefill that runs each group's prompt once (rlaif/models/decode.py). Per sample: minibatches drawn sample by sample
 (TRL's order) and every row's prompt run for that row. `--compare prefill` turns only the sampler's sharing on and off
-(the rest shared in both). bench_grpo.py's workload
+(the rest shared in both). `--compare lean` runs the sampler's CPU decode steps through transformers' forward and
+through rlaif/models/lean_decode.py's step (everything else as the default). bench_grpo.py's workload
 (the demo policy with LoRA r16 or all weights, 16 prompts x 4 samples, minibatches of 16, 2 passes, fixed-length
 responses of 48 tokens); each round runs one iteration in each mode, the first round untimed.
 
-    .venv/bin/python bench/bench_grpo_phases.py [--size demo] [--lora-rank 16] [--rounds 5] [--compare all|prefill]
+    .venv/bin/python bench/bench_grpo_phases.py [--size demo] [--lora-rank 16] [--rounds 5] [--compare all|prefill|lean]
         [--append]
 """
 from __future__ import annotations
@@ -31,12 +32,22 @@ import rlaif.models.packing as packing  # noqa: E402
 from rlaif.distributed import clock  # noqa: E402
 
 PHASES = ("generate_s", "score_s", "reference_s", "update_s")
-SHARED_OWNERS, PROMPT_RUNS = packing.prefix_owners, decode.prompt_runs
+SHARED_OWNERS, PROMPT_RUNS, LEAN_STEP = packing.prefix_owners, decode.prompt_runs, decode.lean_decode_step
+# compare: (the column without the change, the column with it, what the table compares)
+COMPARISONS = {"all": ("per sample", "shared prompt", "prompts run per sample vs once per group"),
+               "prefill": ("prefill per sample", "shared prompt",
+                           "the sampler's prefill per sample vs once per group (the rest shared)"),
+               "lean": ("transformers' decode step", "lean decode step",
+                        "the sampler's CPU decode step through transformers' forward vs the lean step")}
 
 
 def switch(shared: bool, compare: str) -> None:
-    """Common prefixes run once (the default), or every row owns all of its tokens: in the sampler's prefill, and
-    (compare `all`) in the packed forwards."""
+    """The default (`shared`: common prefixes run once, the lean decode step), or without the change compared:
+    every row owns all of its tokens in the sampler's prefill, and (compare `all`) in the packed forwards; or
+    (compare `lean`) the decode steps run transformers' forward."""
+    if compare == "lean":
+        decode.lean_decode_step = LEAN_STEP if shared else (lambda *_: None)
+        return
     decode.prompt_runs = PROMPT_RUNS if shared else (lambda *_: None)
     if compare == "all":
         packing.prefix_owners = SHARED_OWNERS if shared else (
@@ -48,7 +59,7 @@ def main() -> None:
     p.add_argument("--size", default="demo", choices=sorted(SIZES))
     p.add_argument("--lora-rank", type=int, default=16)
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--compare", default="all", choices=("all", "prefill"))
+    p.add_argument("--compare", default="all", choices=sorted(COMPARISONS))
     p.add_argument("--append", action="store_true")
     a = p.parse_args()
     from rlaif.io.prompts import split
@@ -58,7 +69,7 @@ def main() -> None:
     cfg, device, tokenizer, policy, reference_logprobs, reward_fn, engine, amp = ours_setup(
         [*OVERRIDES, f"ppo.lora_rank={a.lora_rank}", "ppo.fixed_length=true", f"policy.model={policy_dir}",
          *GRPO_OVERRIDES], rm_dir)
-    per_sample = (cfg if a.compare == "prefill"
+    per_sample = (cfg if a.compare != "all"
                   else cfg.model_copy(update={"ppo": cfg.ppo.model_copy(update={"group_minibatches": False})}))
     prompts = split(cfg.data, "train")[: ROLLOUT // GROUP]
     seconds = {(phase, shared): [] for phase in (*PHASES, "iteration_s") for shared in (False, True)}
@@ -76,13 +87,11 @@ def main() -> None:
                 seconds[(phase, shared)].append(timings[phase])
     switch(True, a.compare)
     weights = f"LoRA r{a.lora_rank}" if a.lora_rank else "all weights"
-    before = "prefill per sample" if a.compare == "prefill" else "per sample"
-    lines = [f"| phase | {before} s | shared prompt s | shared / {before} |", "|---|---|---|---|"]
+    before, after, what = COMPARISONS[a.compare]
+    lines = [f"| phase | {before} s | {after} s | {after} / {before} |", "|---|---|---|---|"]
     for phase in (*PHASES, "iteration_s"):
         alone, shared = (statistics.median(seconds[(phase, mode)]) for mode in (False, True))
         lines.append(f"| {phase.removesuffix('_s')} | {alone:.3f} | {shared:.3f} | {shared / alone:.2f} |")
-    what = ("the sampler's prefill per sample vs once per group (the rest shared)" if a.compare == "prefill"
-            else "prompts run per sample vs once per group")
     title = (f"GRPO phases, {what}, policy {a.size}, {weights}, {ROLLOUT // GROUP} "
              f"prompts x {GROUP} samples, fixed-length responses, medians of {a.rounds} alternating rounds")
     publish(title, "\n".join(lines) + "\n", a.append)

@@ -11,7 +11,8 @@ share its batch (the property the generate stage's per-sample seeds promise).
 
 It draws different (equally distributed) samples than the CPU path (`PerRowSampler`'s torch.Generator streams),
 and from `generate()`'s. On CPUs it runs the same steps eagerly: no growing cache to copy, no logits processors,
-22-34% less time than `generate()` on the demo policy (BENCHMARKS.md).
+22-34% less time than `generate()` on the demo policy (BENCHMARKS.md); for Llama-family decoders a step runs the
+layers' arithmetic without transformers' forward (lean_decode.py), whose small operators are a third of a CPU step.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from typing import NamedTuple
 import torch
 
 from rlaif.models.adapters import unwrapped
+from rlaif.models.lean_decode import lean_decode_step
 from rlaif.models.packing import prefix_owners, windowed_attention
 
 MASK32 = 0xFFFFFFFF
@@ -145,6 +147,7 @@ class StaticDecode:
         # whole preallocated cache: PPO's generate phase 7% shorter at the demo size, decode attention a third
         # shorter at 28M parameters (BENCHMARKS.md). It costs a host read per step.
         self.trim_reads = torch.device(device).type != "cuda"
+        self.lean = None  # off CUDA, a step without transformers' forward where it applies (lean_decode.py)
         self.reads = KeyReads()
         for layer in self.cache.layers:
             cast_on_update(layer, cache_dtype, self.reads)
@@ -208,6 +211,7 @@ class StaticDecode:
             logits = logits.index_select(0, runs.row_run)
             if recorder is not None:
                 recorder.spread_last(runs.row_run)
+        self.lean = lean_decode_step(self.model, recorder) if self.trim_reads else None
         self._record(logits)
 
     def step(self) -> None:
@@ -215,11 +219,14 @@ class StaticDecode:
         graph replays it); off CUDA the key slots read grow by one per step."""
         fed = self.tokens.index_select(1, self.index.view(1))
         slots = self._read_slots(lambda: int(self.prompt_len + self.index) + 1)
-        visible = self.key_valid[:, :slots] & (self.key_index[:slots] <= self.prompt_len + self.index)
-        with self.autocast():
-            logits = self.model(input_ids=fed, attention_mask=self.mask(visible[:, None, None, :]),
-                                position_ids=self.next_position + self.index, use_cache=True,
-                                **self.cache_argument).logits[:, -1]
+        if self.lean is not None:
+            logits = self.lean(self, fed, slots)
+        else:
+            visible = self.key_valid[:, :slots] & (self.key_index[:slots] <= self.prompt_len + self.index)
+            with self.autocast():
+                logits = self.model(input_ids=fed, attention_mask=self.mask(visible[:, None, None, :]),
+                                    position_ids=self.next_position + self.index, use_cache=True,
+                                    **self.cache_argument).logits[:, -1]
         self.index.add_(1)
         self._record(logits)
 

@@ -166,8 +166,13 @@ class LastHiddenRecorder:
         self.backbone, self.steps, self.handle = parts[0], [], None
 
     def __enter__(self):
-        self.handle = self.backbone.register_forward_hook(lambda _m, _i, out: self.steps.append(out[0][:, -1].clone()))
+        self.handle = self.backbone.register_forward_hook(lambda _m, _i, out: self.keep(out[0]))
         return self
+
+    def keep(self, hidden: torch.Tensor) -> None:
+        """A forward's backbone output [batch, T, H]: its last position's state (the lean decode step calls this
+        itself, not through the hook)."""
+        self.steps.append(hidden[:, -1].clone())
 
     def __exit__(self, *exc):
         self.handle.remove()
