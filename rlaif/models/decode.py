@@ -211,7 +211,7 @@ class StaticDecode:
             logits = logits.index_select(0, runs.row_run)
             if recorder is not None:
                 recorder.spread_last(runs.row_run)
-        self.lean = lean_decode_step(self.model, recorder) if self.trim_reads else None
+        self.lean = lean_decode_step(self.model, self.cache, recorder) if self.trim_reads else None
         self._record(logits)
 
     def step(self) -> None:

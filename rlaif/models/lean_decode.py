@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from rlaif.models.adapters import unwrapped
-from rlaif.models.packing import MODEL_TYPES, PACKED
+from rlaif.models.packing import MODEL_TYPES, PACKED, windowed_attention
 
 ATTENTION = ("sdpa", "eager", PACKED)  # each computes softmax(q k^T * scaling + mask) v, as SDPA does here
 NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"}  # x * rsqrt(mean(x^2) + eps) * weight
@@ -50,17 +50,21 @@ class Layer(NamedTuple):
     scaling: float
 
 
+def _folded_base(module) -> torch.nn.Linear | None:
+    """The base layer of a LoRA layer whose adapter is folded into it (adapter_folded sets the LoRA layer's forward
+    to the base layer's call), else None."""
+    if not hasattr(module, "get_base_layer") or "forward" not in vars(module):
+        return None
+    base = module.get_base_layer()
+    return base if type(base) is torch.nn.Linear and vars(module)["forward"] == base.__call__ else None
+
+
 def _linear(module) -> torch.nn.Linear | None:
-    """The plain linear layer a projection runs as: itself, or the base layer of a LoRA layer whose adapter is
-    folded into it (adapter_folded sets the LoRA layer's forward to the base layer's call); None for anything else
-    (an unfolded or fused adapter, a quantized layer)."""
-    if type(module) is torch.nn.Linear:
+    """The plain linear layer a projection runs as: itself, or a folded LoRA layer's base layer; None for anything
+    else (an unfolded or fused adapter, a quantized layer, a replaced forward)."""
+    if type(module) is torch.nn.Linear and "forward" not in vars(module):
         return module
-    if hasattr(module, "get_base_layer") and "forward" in vars(module):
-        base = module.get_base_layer()
-        if type(base) is torch.nn.Linear and vars(module)["forward"] == base.__call__:
-            return base
-    return None
+    return _folded_base(module)
 
 
 def _norm(module) -> Norm | None:
@@ -84,37 +88,58 @@ def _layer(decoder_layer) -> Layer | None:
                  attention.head_dim, attention.scaling)
 
 
-def _hooked(module) -> bool:
-    return any(sub._forward_hooks or sub._forward_pre_hooks for sub in module.modules())
+def _runs_more_than_its_forward(module, allowed_hooks: set) -> bool:
+    """Does `module` run more than its class's forward: hooks (a probe, an offload hook; those of `allowed_hooks`
+    aside), an accelerate hook (which replaces the forward), a forward replaced on the instance (other than a folded
+    adapter)? (Once anything asks transformers for hidden states or attentions it hooks every layer for good, and
+    transformers' forward runs from then on.)"""
+    return (bool(set(module._forward_hooks) - allowed_hooks) or bool(module._forward_pre_hooks)
+            or hasattr(module, "_hf_hook") or ("forward" in vars(module) and _folded_base(module) is None))
 
 
-def lean_decode_step(model, recorder=None) -> LeanDecodeStep | None:
-    """The lean step for this model, or None where it does not apply (module docstring). `recorder`: the
-    generation.LastHiddenRecorder hooked on the backbone, fed each step's hidden state directly."""
-    inner = unwrapped(model)
+def _applies(model, inner, cache, recorder) -> bool:
+    """Is every piece of `model` (the PEFT wrapper, if any, and the transformers model `inner`) one the lean step
+    computes as its forward does?"""
+    from transformers.cache_utils import StaticLayer
+
     config, backbone = getattr(inner, "config", None), getattr(inner, "model", None)
     if (config is None or getattr(config, "model_type", None) not in MODEL_TYPES
             or not type(inner).__module__.startswith("transformers.models.")  # not remote code
-            or config._attn_implementation not in ATTENTION or torch.is_autocast_enabled("cpu")
-            or backbone is None or not hasattr(backbone, "rotary_emb") or not hasattr(inner, "lm_head")):
+            or config._attn_implementation not in ATTENTION or windowed_attention(config)
+            or torch.is_autocast_enabled("cpu") or inner.training  # training: attention dropout
+            or backbone is None or not hasattr(backbone, "rotary_emb") or not hasattr(inner, "lm_head")
+            or type(backbone.embed_tokens) is not torch.nn.Embedding):
+        return False
+    if cache is not None and (len(cache.layers) != config.num_hidden_layers
+                              or any(type(layer) is not StaticLayer for layer in cache.layers)):
+        return False
+    if any(p.dtype != torch.float32 or p.device.type != "cpu" for p in inner.parameters()):
+        return False
+    recorder_hook = {recorder.handle.id} if recorder is not None and recorder.handle is not None else set()
+    return not any(_runs_more_than_its_forward(module, recorder_hook if module is backbone else set())
+                   for module in model.modules())
+
+
+def lean_decode_step(model, cache=None, recorder=None) -> LeanDecodeStep | None:
+    """The lean step for this model and its StaticCache `cache`, or None where it does not apply (module
+    docstring). `recorder`: the generation.LastHiddenRecorder hooked on the backbone, fed each step's hidden state
+    directly."""
+    inner = unwrapped(model)
+    if not _applies(model, inner, cache, recorder):
         return None
-    parameters = list(inner.parameters())
-    if any(p.dtype != torch.float32 or p.device.type != "cpu" for p in parameters):
-        return None
-    own_hooks = 1 if recorder is not None else 0
-    if (len(backbone._forward_hooks) != own_hooks or backbone._forward_pre_hooks
-            or any(map(_hooked, (*backbone.children(), inner.lm_head)))):
-        return None
-    layers = [_layer(layer) for layer in backbone.layers]
+    backbone = inner.model
+    layers = [_layer(layer) for layer in backbone.layers[: inner.config.num_hidden_layers]]
     head, final_norm = _linear(inner.lm_head), _norm(backbone.norm)
-    if None in layers or head is None or final_norm is None or type(backbone.embed_tokens) is not torch.nn.Embedding:
+    if None in layers or head is None or final_norm is None:
         return None
     return LeanDecodeStep(backbone.embed_tokens, backbone.rotary_emb, layers, final_norm, head, recorder)
 
 
 class LeanDecodeStep:
     """One decode step of a StaticDecode state (decode.py): feed each row's token at response index `index`, write
-    its keys and values into cache slot prompt_len + index, return the logits [batch, vocabulary]."""
+    its keys and values into cache slot prompt_len + index, return the logits [batch, vocabulary]. It leaves the
+    cache layers' own position counters at the prefill's: every step of a batch after its prefill is lean (the
+    state's `load` resets the cache for the next batch)."""
 
     def __init__(self, embedding, rotary, layers: list[Layer], final_norm: Norm, head, recorder):
         self.embedding, self.rotary, self.layers = embedding, rotary, layers
