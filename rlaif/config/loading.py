@@ -142,15 +142,24 @@ def stage_config_hash(cfg: PipelineConfig, sections: tuple[str, ...], input_dige
 # and evaluate.
 COMPUTING_SWITCHES = {"RLAIF_DECODER": ("auto", {"generate", "ppo", "evaluate", "train_rm"}),
                       "RLAIF_PACKING": ("on", {"train_rm", "ppo", "evaluate"})}
-SWITCH_VALUES = {"RLAIF_DECODER": ("auto", "static", "generate"), "RLAIF_PACKING": ("on", "off")}
+SWITCH_VALUES = {"RLAIF_DECODER": ("auto", "static", "generate"), "RLAIF_PACKING": ("on", "off")}  # default first
+
+
+def switch(name: str) -> str:
+    """The value of the switch variable `name` (SWITCH_VALUES), its default when unset; a value it cannot take is
+    a one-line error."""
+    allowed = SWITCH_VALUES[name]
+    value = os.environ.get(name, allowed[0])
+    if value not in allowed:
+        raise UserError(f"{name}={value!r} is not one of {', '.join(allowed)}: unset it or pick one")
+    return value
 
 
 def check_switches() -> None:
     """Before any work (the stages that read them check again): a misspelt value would otherwise fail only the first
     stage that reads it, after the stages before it ran."""
-    for name, allowed in SWITCH_VALUES.items():
-        if (value := os.environ.get(name)) is not None and value not in allowed:
-            raise UserError(f"{name}={value!r} is not one of {', '.join(allowed)}: unset it or pick one")
+    for name in SWITCH_VALUES:
+        switch(name)
 
 
 def computing_switches(sections: tuple[str, ...]) -> dict[str, str]:

@@ -11,8 +11,9 @@ share its batch (the property the generate stage's per-sample seeds promise).
 
 It draws different (equally distributed) samples than the CPU path (`PerRowSampler`'s torch.Generator streams),
 and from `generate()`'s. On CPUs it runs the same steps eagerly: no growing cache to copy, no logits processors,
-22-34% less time than `generate()` on the demo policy (BENCHMARKS.md); for Llama-family decoders a step runs the
-layers' arithmetic without transformers' forward (lean_decode.py), whose small operators are a third of a CPU step.
+22-34% less time than `generate()` on the demo policy (2026-11-25, BENCHMARKS.md); since then, for Llama-family
+decoders, a step runs the layers' arithmetic without transformers' forward (lean_decode.py), whose small operators
+were a third of a CPU step.
 """
 from __future__ import annotations
 

@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import contextlib
-import os
 
 import torch
 
 from rlaif.algo.logprobs import chosen_logprobs
-from rlaif.config.loading import SWITCH_VALUES
+from rlaif.config.loading import switch
 from rlaif.errors import UserError
 from rlaif.models.adapters import unwrapped
 from rlaif.models.decode import decode_static, forward_takes, supports_static_decode
@@ -33,17 +32,13 @@ def encode_prompts(tokenizer, texts: list[str], device) -> dict:
     return {k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask")}
 
 
-DECODERS = SWITCH_VALUES["RLAIF_DECODER"]
-
 
 def static_decoder_applies(model, enc: dict, decoder: str, stop=()) -> bool:
     """`auto`: $RLAIF_DECODER when set, else the static decoder for models it supports and no stop strings (on CPUs
-    too, without the CUDA graph: 22-34% less time than generate() there, BENCHMARKS.md); `static` or `generate`
+    too, without the CUDA graph: faster than generate() there, BENCHMARKS.md); `static` or `generate`
     force one."""
     if decoder == "auto":
-        decoder = os.environ.get("RLAIF_DECODER", "auto")
-        if decoder not in DECODERS:
-            raise UserError(f"RLAIF_DECODER={decoder!r} is not one of {', '.join(DECODERS)}: unset it or pick one")
+        decoder = switch("RLAIF_DECODER")
     if decoder == "static" and not supports_static_decode(model):
         raise UserError("the static decoder cannot run this model (sliding-window attention, DeepSpeed ZeRO-3 shards "
                         "or no full-graph support in transformers): set RLAIF_DECODER=auto or generate")

@@ -13,12 +13,9 @@ common prefix runs once and attention reads it back into each row.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
-from rlaif.config.loading import SWITCH_VALUES
-from rlaif.errors import UserError
+from rlaif.config.loading import switch
 from rlaif.models.adapters import unwrapped
 
 PACKED = "rlaif_packed_sdpa"
@@ -113,10 +110,7 @@ def enable_packing(model) -> bool:
     call packs its rows; True where packed forwards apply. Not for a sliding attention window; never with
     RLAIF_PACKING=off (the padded forward, to compare or to rule packing out). ZeRO-3 shards are refused per call
     (packs): DeepSpeed partitions the model after it is built."""
-    switch = os.environ.get("RLAIF_PACKING", "on")
-    if switch not in SWITCH_VALUES["RLAIF_PACKING"]:
-        raise UserError(f"RLAIF_PACKING={switch!r} is not on or off: unset it or pick one")
-    if switch == "off":
+    if switch("RLAIF_PACKING") == "off":
         return False
     inner = unwrapped(model)
     config = getattr(inner, "config", None)

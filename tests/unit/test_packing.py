@@ -134,7 +134,7 @@ def test_rlaif_packing_off_keeps_the_padded_forward_and_a_zero3_partitioned_mode
     lm = decoder("llama")
     assert not enable_packing(lm) and not packs(lm)
     monkeypatch.setenv("RLAIF_PACKING", "no")
-    with pytest.raises(UserError, match="RLAIF_PACKING='no' is not on or off"):
+    with pytest.raises(UserError, match="RLAIF_PACKING='no' is not one of on, off"):
         enable_packing(lm)
     monkeypatch.delenv("RLAIF_PACKING")
     assert enable_packing(lm) and packs(lm)
