@@ -4,12 +4,13 @@ adapter disabled, a fixed random Llama reward model on the same tokenizer).
 
 Per iteration by default: 16 prompts x 4 samples = 64 completions of up to 48 tokens, minibatches of 16, 2 passes
 (TRL: num_iterations=2, steps_per_generation=4; --rollout, --minibatch, --epochs and --response-length change them),
-KL weight 0.05 as a loss term (k3 in both), loss normalised per sequence (TRL loss_type="grpo"), group-std-scaled
-advantages (both). One process each with the same threads; medians over --trials. TRL runs from .venv-bench
-(trl 1.16; 1.12's GRPOTrainer needs packages its environment lacks).
+KL weight 0.05 as a loss term (k3 in both; --kl-coef 0 is TRL's default, and then neither runs a reference), loss
+normalised per sequence (TRL loss_type="grpo"), group-std-scaled advantages (both). One process each with the same
+threads; medians over --trials. TRL runs from .venv-bench (trl 1.16; 1.12's GRPOTrainer needs packages its
+environment lacks).
 
     .venv-bench/bin/python bench/bench_grpo.py --trials 3 --iterations 6 [--size h512x8] [--lora-rank 0]
-        [--fixed-length] [--rollout 64 --minibatch 16 --epochs 2 --response-length 48]
+        [--fixed-length] [--rollout 64 --minibatch 16 --epochs 2 --response-length 48] [--kl-coef 0.05]
 """
 from __future__ import annotations
 
@@ -45,14 +46,14 @@ def worker_ours(a) -> dict:
     iterations = a.iterations
     policy_dir, rm_dir = shared_models(Path(a.work), a.size)
     cfg, device, tokenizer, policy, reference_logprobs, reward_fn, engine, amp = ours_setup(
-        [*bench_overrides(a), f"policy.model={policy_dir}", *GRPO_OVERRIDES], rm_dir)
+        [*GRPO_OVERRIDES, *bench_overrides(a), f"policy.model={policy_dir}"], rm_dir)  # bench's KL weight last
     rows, per_iteration = split(cfg.data, "train"), a.rollout // GROUP
     start = clock()
     for it in range(iterations):
         chunk = [rows[(it * per_iteration + k) % len(rows)] for k in range(per_iteration)]
         batch, _, _ = ppo.rollout(cfg, policy, reference_logprobs, tokenizer, reward_fn, chunk, seed=it, device=device,
-                                  kl_coef=KL, amp=amp)
-        ppo.update(cfg, engine, ppo.whiten_advantages(cfg, batch), seed=it, kl_coef=KL, amp=amp)
+                                  kl_coef=a.kl_coef, amp=amp)
+        ppo.update(cfg, engine, ppo.whiten_advantages(cfg, batch), seed=it, kl_coef=a.kl_coef, amp=amp)
     seconds = clock() - start
     return {"iterations_per_s": iterations / seconds, "samples_per_s": iterations * a.rollout / seconds}
 
@@ -76,7 +77,7 @@ def worker_trl(a) -> dict:
     torch.manual_seed(0)
     args = GRPOConfig(output_dir=str(work / "trl-grpo-out"), per_device_train_batch_size=a.minibatch,
                       steps_per_generation=steps_per_generation, num_generations=GROUP, num_iterations=a.epochs,
-                      max_completion_length=a.response_length, beta=KL, loss_type="grpo", learning_rate=LR,
+                      max_completion_length=a.response_length, beta=a.kl_coef, loss_type="grpo", learning_rate=LR,
                       temperature=1.0,
                       max_steps=iterations * steps_per_generation * a.epochs, gradient_accumulation_steps=1,
                       report_to=[], save_strategy="no", logging_steps=10**6, disable_tqdm=True,

@@ -43,6 +43,7 @@ def shape_overrides(rollout: int, minibatch: int, epochs: int, response_length: 
             f"ppo.max_new_tokens={response_length}"]
 
 
+KL_COEF = 0.05  # both trainers' KL weight unless --kl-coef says otherwise
 OVERRIDES = [*shape_overrides(ROLLOUT, MINIBATCH, EPOCHS, RESPONSE_LEN), *COMMON]  # the usual shape
 
 
@@ -50,7 +51,8 @@ def bench_overrides(a) -> list[str]:
     """The run's batch shape, LoRA rank and response-length mode, and the settings every bench shares."""
     return [*shape_overrides(a.rollout, a.minibatch, a.epochs, a.response_length), *COMMON,
             f"ppo.lora_rank={a.lora_rank}", f"ppo.fixed_length={str(a.fixed_length).lower()}",
-            f"ppo.rollout_logprobs={a.rollout_logprobs}", f"ppo.reward_inputs={a.reward_inputs}"]
+            f"ppo.rollout_logprobs={a.rollout_logprobs}", f"ppo.reward_inputs={a.reward_inputs}",
+            f"ppo.kl_coef={a.kl_coef}"]
 
 
 def import_our_libraries(a) -> None:
@@ -186,7 +188,7 @@ def worker_trl(a) -> dict:
                      stop_token=None if a.fixed_length else "eos",  # None: no EOS in generate (fixed length)
                      num_sample_generations=0, report_to=[], save_strategy="no", logging_steps=10**6,
                      use_cpu=not torch.cuda.is_available(), bf16=torch.cuda.is_available(), fp16=False,
-                     dataloader_num_workers=0, disable_tqdm=True, kl_coef=0.05, vf_coef=0.1,
+                     dataloader_num_workers=0, disable_tqdm=True, kl_coef=a.kl_coef, vf_coef=0.1,
                      lam=0.95, gamma=1.0, temperature=1.0,
                      gradient_checkpointing=False)  # TRL's config default is on; rlaif does not recompute activations
     trainer = PPOTrainer(
@@ -222,6 +224,8 @@ def cli(script: str, workers: dict, algorithm: str, ours: str, peer: str, algori
                    help="ours: ppo.rollout_logprobs (old log-probs and values from the sampler, or recomputed)")
     p.add_argument("--reward-inputs", choices=["auto", "text"], default="auto",
                    help="ours: ppo.reward_inputs (the sampled token ids, or decoded and re-tokenized text)")
+    p.add_argument("--kl-coef", type=float, default=KL_COEF,
+                   help="KL weight in both (TRL GRPOConfig's beta, whose default 0 runs no reference model)")
     a = p.parse_args()
     if a.worker:  # spawned by the comparison below, which has checked the shape
         report_result(workers[a.worker](a))
@@ -238,11 +242,13 @@ def cli(script: str, workers: dict, algorithm: str, ours: str, peer: str, algori
     passed = ["--rollout", str(a.rollout), "--minibatch", str(a.minibatch), "--epochs", str(a.epochs),
               "--response-length", str(a.response_length), "--lora-rank", str(a.lora_rank),
               "--rollout-logprobs", a.rollout_logprobs,
-              "--reward-inputs", a.reward_inputs,
+              "--reward-inputs", a.reward_inputs, "--kl-coef", str(a.kl_coef),
               *(["--fixed-length"] if a.fixed_length else [])]
     setting = f"LoRA r{a.lora_rank}" if a.lora_rank else "all weights"
     if (a.rollout, a.minibatch, a.epochs, a.response_length) != (ROLLOUT, MINIBATCH, EPOCHS, RESPONSE_LEN):
         setting += f", rollout {a.rollout}, minibatch {a.minibatch}, {a.epochs} epochs, {a.response_length} tokens"
+    if a.kl_coef != KL_COEF:
+        setting += f", KL weight {a.kl_coef:g}"
     compare_iterations(script, a, lambda: shared_models(Path(a.work), a.size),
                        f"{algorithm} iteration vs {peer} (policy {a.size}, {setting}"
                        f"{', fixed-length responses' if a.fixed_length else ''}"

@@ -86,7 +86,9 @@ class PPOConfig(Strict):
     vf_coef: float = Field(0.1, ge=0)
     """Value-loss weight (TRL: 0.1)."""
     kl_coef: float = Field(0.05, ge=0)
-    """PPO: weight of the per-token KL penalty in the reward (peers: 0.001 to 0.1). GRPO: weight of the KL loss term."""
+    """PPO: weight of the per-token KL penalty in the reward (peers: 0.001 to 0.1). GRPO: weight of the KL loss term
+    (TRL's GRPO default is 0). 0 without adaptive_kl_target: no reference at all (no reference pass per rollout, no
+    frozen copy of an all-weights policy), and the KL to it is not logged."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k1"
     """Per-token KL estimator (PPO peers use k1 in the reward; GRPO uses k3 in the loss)."""
     adaptive_kl_target: float | None = Field(None, gt=0)

@@ -73,7 +73,8 @@ def policy_card(ctx, rows: list[dict], adapter: bool) -> str:
     return render(
         title=f"RLAIF-tuned policy ({'LoRA adapter' if adapter else 'merged weights'})",
         summary=f"{what} fine-tuned with {settings.algorithm.upper()} from AI feedback by the rlaif pipeline: "
-                f"the reward is {reward}, with a KL penalty to the starting policy.",
+                f"the reward is {reward}, "
+                + ("with a KL penalty to the starting policy." if "kl" in last else "without a KL penalty."),
         base_model=cfg.policy.model, library="peft" if adapter else "transformers",
         tags=[settings.algorithm, "lora" if adapter else "merged"], pipeline_tag=None if adapter else "text-generation",
         training={"algorithm": settings.algorithm, "iterations": settings.iterations, "learning rate": settings.lr,
@@ -83,7 +84,7 @@ def policy_card(ctx, rows: list[dict], adapter: bool) -> str:
         data={"prompts": cfg.data.prompts, "held-out fraction": cfg.data.eval_fraction,
               "label judge": cfg.label.judge, "constitution": cfg.label.constitution},
         metrics={"reward (first iteration)": first["reward_raw"], "reward (last iteration)": last["reward_raw"],
-                 "KL to start (last iteration)": last["kl"]},
+                 **({"KL to start (last iteration)": last["kl"]} if "kl" in last else {})},
         run=run_facts(ctx),
         usage=("Load with `peft.PeftModel.from_pretrained(base, this_directory)`." if adapter
                else LOAD.format(auto="AutoModelForCausalLM")),

@@ -42,11 +42,13 @@ class PolicyWithValue(nn.Module):
 
 def build_policy(cfg, device):
     """(tokenizer, trainable PolicyWithValue, reference_logprobs(policy, *inputs)). LoRA: the reference is the
-    adapter disabled; all weights: a frozen copy."""
+    adapter disabled; all weights: a frozen copy. None where nothing reads the reference: a KL weight of 0 that does
+    not adapt."""
     settings = cfg.ppo
     tokenizer, lm = load_policy(cfg.policy)
     enable_packing(lm)  # forwards over real tokens only, where the architecture allows (the reference copy too)
     torch.manual_seed(cfg.seed)  # the same adapter and value-head initialisation whether or not the policy was cached
+    needs_reference, reference_logprobs = settings.kl_coef > 0 or settings.adaptive_kl_target is not None, None
     if settings.lora_rank > 0:
         from peft import LoraConfig, get_peft_model
 
@@ -54,14 +56,18 @@ def build_policy(cfg, device):
         lm = get_peft_model(lm, LoraConfig(r=settings.lora_rank, lora_alpha=settings.lora_alpha, lora_dropout=0.0,
                                            target_modules=targets))
 
-        def reference_logprobs(policy, *args):
+        def adapter_disabled_logprobs(policy, *args):
             with policy.lm.disable_adapter():  # of the policy given: the learner's or the async actor's copy
                 return response_logprobs(policy.lm, *args, settings.temperature)[0]
-    else:
+
+        reference_logprobs = adapter_disabled_logprobs if needs_reference else None
+    elif needs_reference:
         frozen = copy.deepcopy(lm).eval().requires_grad_(False).to(device)
 
-        def reference_logprobs(policy, *args):
+        def frozen_copy_logprobs(policy, *args):
             return response_logprobs(frozen, *args, settings.temperature)[0]
+
+        reference_logprobs = frozen_copy_logprobs
 
     policy = PolicyWithValue(lm, lm.config.hidden_size, settings.temperature).to(device)
     if settings.algorithm == "grpo":

@@ -65,7 +65,8 @@ def logprobs_from_sampling(settings, lm, device) -> bool:
 def rollout_logprobs(policy, reference_logprobs, rows: dict, sampled_hidden, amp, chunk_rows: int):
     """Old log-probs, reference log-probs and values of a rollout [rows, max_new_tokens] (zeros past every response's
     end), `chunk_rows` rows at a time, each chunk without the columns that are padding in all its rows; the old ones
-    and the values from the sampler's hidden states when it kept them (one policy forward fewer)."""
+    and the values from the sampler's hidden states when it kept them (one policy forward fewer). Without a
+    reference (a KL weight of 0) the reference log-probs are the old ones: a KL of 0, weighted 0."""
     width, parts = rows["responses"].shape[1], []
     for start in range(0, rows["responses"].shape[0], chunk_rows):
         index = slice(start, start + chunk_rows)
@@ -76,7 +77,7 @@ def rollout_logprobs(policy, reference_logprobs, rows: dict, sampled_hidden, amp
                 old_logprobs, _, values = policy(*args)
             else:
                 old_logprobs, values = policy.from_hidden(sampled_hidden[index, : args[2].shape[1]], args[2])
-            ref_logprobs = reference_logprobs(policy, *args)
+            ref_logprobs = reference_logprobs(policy, *args) if reference_logprobs is not None else old_logprobs
         parts.append([pad_right(x.float(), width, 0) for x in (old_logprobs, ref_logprobs, values)])
     return tuple(torch.cat(column) for column in zip(*parts))
 
@@ -137,8 +138,10 @@ def rollout(cfg, policy, reference_logprobs, tokenizer, reward_fn, prompts, seed
                  old_logprobs=old_logprobs, ref_logprobs=ref_logprobs, old_values=values, advantages=advantages,
                  returns=returns)
     stats = {"reward_raw": raw.mean().item(), "reward_std": raw.std().item() if raw.numel() > 1 else 0.0,
-             "score": score.mean().item(), "kl": kl.sum(1).mean().item(), "response_length": maskf.sum(1).mean().item(),
+             "score": score.mean().item(), "response_length": maskf.sum(1).mean().item(),
              "eos_rate": ended.float().mean().item()}
+    if reference_logprobs is not None:  # else no reference to measure the KL to
+        stats["kl"] = kl.sum(1).mean().item()
     if not grpo:
         stats["explained_variance"] = algo.explained_variance(values, returns, maskf)
     return batch, stats, timings
@@ -184,7 +187,7 @@ def minibatch_step(settings, engine: Engine, batch: dict, mine: torch.Tensor, no
                                                  settings.clip_eps, normalizer)
             if grpo:
                 kl = algo.kl_penalty(logprobs, part["ref_logprobs"], settings.kl_estimator)
-                aux = algo.token_average(kl, mask, normalizer)
+                aux = algo.token_average(kl, mask, normalizer) if kl_coef else logprobs.new_zeros(())
                 loss = pg_loss + kl_coef * aux
             else:
                 aux = algo.value_loss(values.float(), part["old_values"], part["returns"], mask,
@@ -335,7 +338,8 @@ def iteration(cfg, engine: Engine, rollouts: Rollouts, controller, it: int, amp)
     timings["iteration_s"] = clock() - t_iter
     row = {"iteration": it + 1, **dist.all_reduce_mean({**stats, **train_stats}), "kl_coef": controller.value,
            "samples_per_s": settings.rollout_batch_size / timings["iteration_s"], **timings}
-    controller.update(row["kl"], settings.rollout_batch_size)
+    if "kl" in row:  # a coefficient that adapts always has a reference
+        controller.update(row["kl"], settings.rollout_batch_size)
     return row
 
 
@@ -367,7 +371,7 @@ def run(ctx: StageContext) -> dict:
         row = iteration(cfg, engine, rollouts, controller, it, amp)
         rows.append(row)
         metrics.log(it + 1, row)
-        bar.set_postfix(reward=f"{row['reward_raw']:.2f}", kl=f"{row['kl']:.2f}")
+        bar.set_postfix(reward=f"{row['reward_raw']:.2f}", **({"kl": f"{row['kl']:.2f}"} if "kl" in row else {}))
         if settings.checkpoint_every and (it + 1) % settings.checkpoint_every == 0 and it + 1 < settings.iterations:
             checkpoints.save(engine, it + 1, {"iteration": it + 1, "rows": rows, "kl_coef": controller.value})
             faults.maybe_kill("ppo", it + 1, rank)
@@ -402,13 +406,14 @@ def export(ctx: StageContext, policy: PolicyWithValue, tokenizer, rows: list[dic
         files = storage.upload_dir(out, ctx.url) + metrics.publish((out / "policy" / "README.md",))
         first, last = rows[0], rows[-1]
         summary = {"algorithm": settings.algorithm, "reward": settings.reward, "iterations": settings.iterations,
-                   "reward_first": first["reward_raw"], "reward_last": last["reward_raw"], "kl_last": last["kl"],
+                   "reward_first": first["reward_raw"], "reward_last": last["reward_raw"], "kl_last": last.get("kl"),
                    "world_size": dist.world_size(),
                    "seconds_per_iteration": sum(r["iteration_s"] for r in rows) / len(rows),
                    "phase_seconds": {k: sum(r[k] for r in rows)
                                      for k in ("generate_s", "score_s", "reference_s", "update_s")}}
-        print(f"{settings.algorithm}: reward {first['reward_raw']:.3f} -> {last['reward_raw']:.3f}, "
-              f"KL {last['kl']:.3f}, {summary['seconds_per_iteration']:.2f}s/iteration")
+        kl = f"KL {last['kl']:.3f}" if "kl" in last else "no reference (kl_coef 0)"
+        print(f"{settings.algorithm}: reward {first['reward_raw']:.3f} -> {last['reward_raw']:.3f}, {kl}, "
+              f"{summary['seconds_per_iteration']:.2f}s/iteration")
         return ctx.commit(files=files, num_samples=settings.iterations * settings.rollout_batch_size, summary=summary)
     finally:
         shutil.rmtree(out, ignore_errors=True)

@@ -131,6 +131,28 @@ def test_grpo_trains_without_a_critic(upstream, tmp_path):
     assert (run / "ppo/policy/model.safetensors").exists() and (run / "ppo/adapter/adapter_model.safetensors").exists()
 
 
+def test_a_kl_weight_of_zero_builds_and_runs_no_reference(upstream, tmp_path):
+    # TRL's GRPO default (beta 0): no reference pass per rollout, no frozen copy of an all-weights policy, and no KL
+    # logged that nothing measured. (The frozen all-weights copy is made only where a reference is returned.)
+    from rlaif.config import load_config
+    from rlaif.models.policy import build_policy
+
+    run = copy_run(upstream, tmp_path, "no-reference")
+    proc = launch_ppo(run, "ppo.algorithm=grpo", "ppo.group_size=2", "ppo.kl_coef=0", "ppo.lora_rank=0",
+                      "ppo.iterations=2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "no reference (kl_coef 0)" in proc.stdout + proc.stderr
+    rows = rows_of(run)
+    assert len(rows) == 2 and all("kl" not in row and row["kl_loss"] == 0 for row in rows)
+    assert json.loads((run / "ppo/manifest.json").read_text())["summary"]["kl_last"] is None
+    assert "without a KL penalty" in (run / "ppo/policy/README.md").read_text()
+    for overrides, has_reference in ((["ppo.kl_coef=0"], False), (["ppo.kl_coef=0", "ppo.lora_rank=8"], False),
+                                     (["ppo.kl_coef=0", "ppo.adaptive_kl_target=1.0"], True),
+                                     (["ppo.kl_coef=0.01"], True)):
+        cfg = load_config("configs/tiny.yaml", ["ppo.lora_rank=0", *overrides])
+        assert (build_policy(cfg, torch.device("cpu"))[2] is not None) == has_reference, overrides
+
+
 def test_deepspeed_zero2_trains_and_exports_a_loadable_policy(upstream, tmp_path):
     run = copy_run(upstream, tmp_path, "zero2")
     proc = launch_ppo(run, "ppo.strategy=deepspeed", "ppo.zero_stage=2", "ppo.iterations=2", "ppo.lora_rank=0")
