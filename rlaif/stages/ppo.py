@@ -137,14 +137,18 @@ def rollout(cfg, policy, reference_logprobs, tokenizer, reward_fn, prompts, seed
     batch = dict(prompt_ids=prompt_ids, prompt_mask=prompt_mask, responses=responses, mask=mask,
                  old_logprobs=old_logprobs, ref_logprobs=ref_logprobs, old_values=values, advantages=advantages,
                  returns=returns)
-    stats = {"reward_raw": raw.mean().item(), "reward_std": raw.std().item() if raw.numel() > 1 else 0.0,
-             "score": score.mean().item(), "response_length": maskf.sum(1).mean().item(),
-             "eos_rate": ended.float().mean().item()}
-    if reference_logprobs is not None:  # else no reference to measure the KL to
-        stats["kl"] = kl.sum(1).mean().item()
+    stats = rollout_stats(raw, score, maskf, ended, kl if reference_logprobs is not None else None)
     if not grpo:
         stats["explained_variance"] = algo.explained_variance(values, returns, maskf)
     return batch, stats, timings
+
+
+def rollout_stats(raw, score, maskf, ended, kl) -> dict:
+    """A rollout's logged means; the KL to the reference only where there is one (`kl` None: none to measure)."""
+    stats = {"reward_raw": raw.mean().item(), "reward_std": raw.std().item() if raw.numel() > 1 else 0.0,
+             "score": score.mean().item(), "response_length": maskf.sum(1).mean().item(),
+             "eos_rate": ended.float().mean().item()}
+    return stats if kl is None else {**stats, "kl": kl.sum(1).mean().item()}
 
 
 def gather_batch(batch: dict, pad_id: int) -> dict:
