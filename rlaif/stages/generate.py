@@ -75,6 +75,8 @@ class Backend:
         return format_prompts(self.tokenizer, self.cfg.policy, prompts)
 
     def lengths(self, texts: list[str]) -> list[int]:
+        if not texts:  # a part or rank with no prompts (more of them than prompts): tokenizers refuse an empty batch
+            return []
         return [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False).input_ids]
 
 

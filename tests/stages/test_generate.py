@@ -49,6 +49,17 @@ def test_three_parts_equal_the_unsharded_run(tmp_path, unsharded):
     assert manifest.read(f"{cfg.storage.root}/{cfg.run_id}/generate")["digest"] == m["digest"]
 
 
+def test_more_parts_than_prompts_leave_some_parts_empty(tmp_path, unsharded):
+    # nproc or --num-shards above the prompt count: the parts without a prompt commit nothing (were a traceback)
+    _, expected = unsharded
+    cfg = tiny(tmp_path, "generate.max_prompts=2")
+    for index in range(5):
+        run_stage(cfg, "generate", index, 5)
+    got = pairs(cfg)
+    assert len(got) == 2 and all(expected[key] == pair for key, pair in got.items())
+    assert manifest.read(f"{cfg.storage.root}/{cfg.run_id}/generate")["summary"]["parts"] == 5
+
+
 def test_any_pair_regenerates_alone(unsharded):
     cfg, expected = unsharded
     backend = generate.TransformersBackend(cfg)
