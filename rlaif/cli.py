@@ -165,8 +165,10 @@ def _compile(args) -> int:
 
 def _serve(args) -> int:
     from rlaif.config import load_config
+    from rlaif.serving.engine import check_bindable, check_served_model
 
     cfg = load_config(args.config, args.overrides)
+    check_served_model(cfg, cfg.serve.model)
     if args.manifest:
         from rlaif.orchestration.cluster import load
         from rlaif.serving.manifests import render
@@ -179,6 +181,7 @@ def _serve(args) -> int:
         from rlaif.serving.api import plain_app
         from rlaif.serving.engine import make_engine
 
+        check_bindable(cfg.serve.host, cfg.serve.port)
         app = plain_app(make_engine(cfg, cfg.serve.model), cfg.serve.service_name)
         print(f"serving the {cfg.serve.model} at {cfg.serve.base_url} (one replica, no Ray)", flush=True)
         uvicorn.run(app, host=cfg.serve.host, port=cfg.serve.port, log_level="warning")
@@ -217,7 +220,8 @@ def _launch(args) -> int:
 
         check_output_file(args.manifest_out, "--manifest-out", "manifest.json")
     cfg = launch.load_config_source(args.config, [*args.overrides, *extra], run_id, args.storage_root)
-    done = launch.launch(cfg, args.name, launch.prepare(cfg, pipeline=args.pipeline), rerun=args.rerun)
+    config_url = launch.prepare(cfg, pipeline=args.pipeline, launched=args.name)
+    done = launch.launch(cfg, args.name, config_url, rerun=args.rerun)
     if args.manifest_out:
         from rlaif.io import manifest, storage
         from rlaif.stages.common import stage_url

@@ -42,9 +42,11 @@ def load_config_source(source: str | None, overrides: list[str] = (), run_id: st
     return load_config(source or None, overrides)
 
 
-def prepare(cfg: PipelineConfig, pipeline: bool = False) -> str:
+def prepare(cfg: PipelineConfig, pipeline: bool = False, launched: str | None = None) -> str:
     """Cheap checks before any work, then the resolved config written once per run; returns its URL. `pipeline`: the
-    whole graph will run, so both prompt splits must hold prompts (evaluate, the last stage, reads the eval split)."""
+    whole graph will run, so both prompt splits must hold prompts (evaluate, the last stage, reads the eval split).
+    `launched`: the one stage launched, whose upstream outputs must be there and made from this config before the
+    run's config is rewritten."""
     check_switches()
     storage.configure(cfg.storage.endpoint_url)
     root = storage.normalize(cfg.storage.root)
@@ -67,6 +69,8 @@ def prepare(cfg: PipelineConfig, pipeline: bool = False) -> str:
         if nodes > 1 and not os.environ.get("KUBERNETES_SERVICE_HOST"):
             raise UserError(f"{stage.name}.nodes={nodes} needs a Kubernetes cluster with Kubeflow Trainer: submit the "
                             f"pipeline to KFP or Airflow, or set {stage.name}.nodes=1 to run here")
+    if launched is not None:
+        common.start_context(cfg, launched)
     config_url = storage.join(root, cfg.run_id, "config.yaml")
     text = dump_config(cfg).encode()
     if not storage.exists(config_url) or storage.read_bytes(config_url) != text:

@@ -86,8 +86,7 @@ class TransformersEngine:
         if model == "policy":
             self.tokenizer, self.model = load_policy(cfg.policy)
         else:
-            if not cfg.label.hf.model:
-                raise UserError("serving the judge needs label.hf.model (a Hugging Face causal-LM directory)")
+            check_served_model(cfg, model)
             path = resolve(cfg.label.hf.model, "judge model")
             self.tokenizer = load_tokenizer(path, cfg.label.hf.trust_remote_code, padding_side="left")
             self.model = load_causal_lm(path, cfg.label.hf.trust_remote_code).eval()
@@ -172,3 +171,29 @@ def make_engine(cfg: PipelineConfig, model: str):
     engine.model_digest = model_digest(cfg, model)
     engine.role = model
     return engine
+
+
+def check_served_model(cfg, model: str) -> None:
+    """Before serving or rendering a service's manifests: the judge is served from label.hf.model."""
+    if model == "judge" and not cfg.label.hf.model:
+        raise UserError("serving the judge needs label.hf.model (a Hugging Face causal-LM directory)")
+
+
+def check_bindable(host: str, port: int) -> None:
+    """Can this process listen on host:port? Checked before the service says it is serving (uvicorn would print
+    its own error after that and exit 3)."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError):
+        raise UserError(f"serve.host={host!r} is not an address this machine can listen on: use 0.0.0.0, "
+                        "127.0.0.1 or one of its own addresses") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind(address)
+        except OSError as error:
+            raise UserError(f"cannot listen on {host}:{port} ({error.strerror}): pick another serve.port or stop "
+                            "what holds it") from None

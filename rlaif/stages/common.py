@@ -104,10 +104,22 @@ def context(cfg: PipelineConfig, name: str, part_index: int = 0, num_parts: int 
     """Reads (and so requires) the upstream manifests; raises UserError if one is missing. The cache key covers the
     upstream manifests, the content of every file the config names for this stage, and the code."""
     stage = STAGE_BY_NAME[name]
-    inputs = {dep: manifest.require(stage_url(cfg, dep), dep) for dep in stage.inputs}
+    inputs = {dep: current_input(cfg, dep, name) for dep in stage.inputs}
     digests = {**{dep: m["digest"] for dep, m in inputs.items()}, **file_digests(cfg, name)}
     return StageContext(cfg, stage, stage_url(cfg, name), inputs, digests,
                         stage_config_hash(cfg, stage.config_sections, digests), part_index, num_parts)
+
+
+def current_input(cfg: PipelineConfig, dep: str, reader: str) -> dict:
+    """Upstream stage `dep`'s manifest, refused unless it was made from this config (its settings, the files it
+    reads, its own upstreams', recursively): one stage launched after a config change would otherwise read the
+    output of the old settings, and be cached under them (a stale hit)."""
+    committed = manifest.require(stage_url(cfg, dep), dep)
+    if committed["config_hash"] != context(cfg, dep).config_hash:
+        raise UserError(f"stage '{reader}' reads '{dep}', whose output in run '{cfg.run_id}' was made with other "
+                        f"settings or inputs than this config's: run the pipeline (`rlaif run`) or `rlaif launch "
+                        f"{dep}` with this config first")
+    return committed
 
 
 def start_context(cfg: PipelineConfig, name: str, part_index: int = 0, num_parts: int = 1) -> StageContext:

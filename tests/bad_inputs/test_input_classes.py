@@ -461,3 +461,21 @@ def test_report_output_and_submit_endpoint_checked(cli, tmp_path):
         needle="does not exist: create it first")
     for endpoint in ("notaurl", "", "localhost:8080"):
         cli("submit", "kfp", "--endpoint", endpoint, "--config", TINY, needle="is not an http(s) URL")
+
+
+def test_a_service_that_could_not_start_is_refused_before_it_says_it_serves(cli):
+    # a judge service without a judge model (its manifests too, which would deploy a pod that never starts); a port
+    # another process holds; a host that is no address of this machine
+    import socket
+
+    cli("serve", "--config", TINY, "--manifest", "deployment", "--set", "serve.model=judge",
+        needle="serving the judge needs label.hf.model")
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        cli("serve", "--config", TINY, "--no-ray", "--set", f"serve.port={port}",
+            needle=f"cannot listen on 127.0.0.1:{port}")
+    for host in ("example.invalid", "999.1.1.1"):
+        cli("serve", "--config", TINY, "--no-ray", "--set", f"serve.host={host}",
+            needle="is not an address this machine")

@@ -131,6 +131,18 @@ def test_grpo_trains_without_a_critic(upstream, tmp_path):
     assert (run / "ppo/policy/model.safetensors").exists() and (run / "ppo/adapter/adapter_model.safetensors").exists()
 
 
+def test_a_stage_launched_after_its_upstreams_settings_changed_is_refused(upstream, tmp_path):
+    # train_rm's output was made with the tiny config's train_rm.lr: ppo launched alone under another value would
+    # train on it and be cached under settings it never saw. Refused before the run's config.yaml is rewritten.
+    run = copy_run(upstream, tmp_path, "stale")
+    config_before = (run / "config.yaml").read_bytes()
+    proc = launch_ppo(run, "train_rm.lr=0.0009")
+    assert proc.returncode == 2
+    assert ("stage 'ppo' reads 'train_rm', whose output in run 'stale' was made with other settings or inputs than "
+            "this config's") in proc.stderr
+    assert (run / "config.yaml").read_bytes() == config_before and not (run / "ppo").exists()
+
+
 def test_a_kl_weight_of_zero_builds_and_runs_no_reference(upstream, tmp_path):
     # TRL's GRPO default (beta 0): no reference pass per rollout, no frozen copy of an all-weights policy, and no KL
     # logged that nothing measured. (The frozen all-weights copy is made only where a reference is returned.)

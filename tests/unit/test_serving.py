@@ -188,8 +188,8 @@ def test_deployment_service_and_hpa_manifests():
 
 
 def test_serve_manifest_cli(capsys):
-    assert main(["serve", "--config", "configs/tiny.yaml", "--set", "serve.model=judge", "--manifest",
-                 "deployment"]) == 0
+    assert main(["serve", "--config", "configs/tiny.yaml", "--set", "serve.model=judge", "--set",
+                 "label.hf.model=/models/judge", "--manifest", "deployment"]) == 0
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
     assert [d["metadata"]["name"] for d in docs] == ["rlaif-judge"] * 3
     assert main(["serve", "--config", "configs/tiny.yaml", "--set", "serve.min_replicas=3", "--set",
