@@ -10,7 +10,7 @@ from rlaif.io import storage
 from rlaif.report import sections, upstream
 from rlaif.report.examples import Pick, choose
 from rlaif.report.plots import plots
-from rlaif.report.run import NA, Run, dig, load_run, num, read_metrics
+from rlaif.report.run import NA, Run, dig, load_run, num, read_metrics, stale_notes
 from rlaif.report.sections import Block
 from rlaif.report.verdicts import verdicts
 
@@ -33,7 +33,9 @@ def build(run: Run, n_examples: int, evaluate_seconds: float | None = None) -> P
     picks, notes = choose(run.examples, n_examples)
     before = [sections.summary(run.metrics), sections.provenance(run), upstream.labeling(run),
               upstream.reward_model(run), upstream.ppo_diagnostics(run)]
-    return Page(run.run_id, verdicts(run.metrics), run.metrics.get("gates") or {}, before, picks, notes,
+    # Rebuilt later (not by the evaluate stage, which writes it before its manifest): say where it is out of date.
+    stale = stale_notes(run) if evaluate_seconds is None else []
+    return Page(run.run_id, [*stale, *verdicts(run.metrics)], run.metrics.get("gates") or {}, before, picks, notes,
                 list(run.metrics["judges"]), [sections.stage_times(run, evaluate_seconds)])
 
 

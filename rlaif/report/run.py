@@ -128,3 +128,22 @@ def load_run(run_url: str) -> Run:
         config, config_digest = _config(run_url)
         return Run(run_url, metrics, read_jsonl(storage.join(run_url, "evaluate", "examples.jsonl")),
                    read_jsonl(storage.join(run_url, "ppo", "metrics.jsonl")), manifests, label, config, config_digest)
+
+
+def stale_notes(run: Run) -> list[str]:
+    """Where the results shown are not the run's current state: evaluate's manifest gone (a re-run that did not
+    finish), or an upstream output it was evaluated on since removed or made again; the settings shown are the
+    run's config.yaml now."""
+    evaluated = run.manifests.get("evaluate")
+    if evaluated is None:
+        return ["These results are from an earlier evaluation of this run: evaluate has no manifest (a re-run that "
+                "did not finish?), so they may not match the settings shown. Re-run the pipeline to update them."]
+    notes = []
+    for dep, recorded in (evaluated.get("inputs") or {}).items():
+        current = run.manifests.get(dep, False)
+        if current is False or current is not None and current.get("digest") == recorded:
+            continue  # not a stage (a file's digest), or the output evaluate read
+        now = "removed (a re-run that did not finish?)" if current is None else "made again"
+        notes.append(f"These results evaluated an earlier {dep} output of this run, since {now}: they may not match "
+                     f"the settings or curves shown. Re-run the pipeline to update them.")
+    return notes

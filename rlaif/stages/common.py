@@ -112,13 +112,13 @@ def context(cfg: PipelineConfig, name: str, part_index: int = 0, num_parts: int 
 
 def current_input(cfg: PipelineConfig, dep: str, reader: str) -> dict:
     """Upstream stage `dep`'s manifest, refused unless it was made from this config (its settings, the files it
-    reads, its own upstreams', recursively): one stage launched after a config change would otherwise read the
-    output of the old settings, and be cached under them (a stale hit)."""
+    reads, the code, its own upstreams', recursively): one stage launched after a change would otherwise read the
+    output of the old settings, and be cached under the new ones (a stale hit)."""
     committed = manifest.require(stage_url(cfg, dep), dep)
     if committed["config_hash"] != context(cfg, dep).config_hash:
-        raise UserError(f"stage '{reader}' reads '{dep}', whose output in run '{cfg.run_id}' was made with other "
-                        f"settings or inputs than this config's: run the pipeline (`rlaif run`) or `rlaif launch "
-                        f"{dep}` with this config first")
+        raise UserError(f"stage '{reader}' reads '{dep}', whose output in run '{cfg.run_id}' was made from other "
+                        f"settings, inputs or rlaif code than this config's now: run the pipeline (`rlaif run`), or "
+                        f"`rlaif launch {dep}` with this config first")
     return committed
 
 

@@ -138,8 +138,8 @@ def test_a_stage_launched_after_its_upstreams_settings_changed_is_refused(upstre
     config_before = (run / "config.yaml").read_bytes()
     proc = launch_ppo(run, "train_rm.lr=0.0009")
     assert proc.returncode == 2
-    assert ("stage 'ppo' reads 'train_rm', whose output in run 'stale' was made with other settings or inputs than "
-            "this config's") in proc.stderr
+    assert ("stage 'ppo' reads 'train_rm', whose output in run 'stale' was made from other settings, inputs or "
+            "rlaif code than this config's now") in proc.stderr
     assert (run / "config.yaml").read_bytes() == config_before and not (run / "ppo").exists()
 
 

@@ -296,3 +296,24 @@ def test_old_run_without_the_new_fields_shows_na(tmp_path, capsys):
     examples = _section(md, "Examples")
     assert examples.count("### ") == 8 and "nothing to choose by" in examples and "One judge only" in examples
     assert sorted(p.name for p in (run / "evaluate" / "plots").iterdir()) == ["ppo_reward_kl.png", "win_rate.png"]
+
+
+def test_a_rebuilt_report_says_where_its_results_are_out_of_date(tmp_path):
+    # after a re-run that changed ppo and was interrupted: evaluate's results are of the old ppo output
+    from rlaif.io import manifest
+
+    run = _full_run(tmp_path)
+    url = storage.normalize(str(run / "evaluate"))
+    recorded = json.loads((run / "ppo" / "manifest.json").read_text())["digest"]
+    manifest.write(url, stage="evaluate", run_id=run.name, config_hash="evaluate-key", num_samples=1, summary={},
+                   inputs={"ppo": recorded, "train_rm": "digest-of-another-train_rm", "prompts.jsonl": "a-file"})
+    md, _ = _build(run)
+    assert "earlier train_rm output of this run, since made again" in md and "earlier ppo output" not in md
+    (run / "ppo" / "manifest.json").unlink()  # ppo re-running, interrupted
+    md, _ = _build(run)
+    assert "earlier ppo output of this run, since removed" in md
+    (run / "evaluate" / "manifest.json").unlink()
+    md, _ = _build(run)
+    assert "evaluate has no manifest" in md
+    stage_built = storage.local_path(report.write(storage.normalize(str(run)), evaluate_seconds=3.0))
+    assert "evaluate has no manifest" not in stage_built.read_text()  # the stage writes it before its manifest
