@@ -4,6 +4,7 @@ one-process server (`plain_app`) both answer through these functions."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import time
@@ -21,7 +22,7 @@ REPLICA_HEADER = "x-rlaif-replica"  # the answering replica's process id: which 
 class CompletionBody(BaseModel):
     """Unknown OpenAI fields (user, frequency_penalty at 0, ...) are ignored, as OpenAI-compatible servers do."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)  # "4" is not a number of tokens
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int = Field(16, ge=1, le=32768)
     temperature: float = Field(1.0, ge=0, le=100)
@@ -91,6 +92,24 @@ def _logprobs(engine, choice: Choice) -> dict | None:
             "top_token_ids": [[[tid, lp] for tid, lp in step] for step in tops]}  # exact ids: strings may collide
 
 
+async def completion_response(engine, name: str, raw: bytes):
+    """The HTTP response to a completions request's raw body, in both apps: the completion, or a 400 in OpenAI's
+    error format for a body that is not a JSON object (FastAPI's own check would answer 422 in its own format) or a
+    request the service refuses."""
+    from fastapi.responses import JSONResponse
+
+    try:
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise BadRequest("the body is not JSON: send a JSON object of completion parameters") from None
+        if not isinstance(body, dict):
+            raise BadRequest("the body is not a JSON object of completion parameters")
+        return JSONResponse(await complete(engine, name, body), headers=replica_headers())
+    except BadRequest as exc:
+        return JSONResponse({"error": {"message": str(exc), "type": "invalid_request_error"}}, status_code=400)
+
+
 async def complete(engine, name: str, body: dict) -> dict:
     """The completions response for `body` (raises BadRequest); the engine runs in a worker thread."""
     request = parse_request(body)
@@ -116,6 +135,7 @@ def plain_app(engine, name: str):
     """One replica in this process, without Ray (the Kubernetes Deployment's pods, behind a Service and an HPA)."""
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse
+    from starlette.requests import Request as StarletteRequest
 
     app = FastAPI(title=f"rlaif {name}")
 
@@ -127,11 +147,12 @@ def plain_app(engine, name: str):
     async def list_models():
         return JSONResponse(models(engine, name), headers=replica_headers())
 
-    @app.post("/v1/completions")
-    async def completions(body: dict):
-        try:
-            return JSONResponse(await complete(engine, name, body), headers=replica_headers())
-        except BadRequest as exc:
-            return JSONResponse({"error": {"message": str(exc), "type": "invalid_request_error"}}, status_code=400)
+    async def completions(request):
+        return await completion_response(engine, name, await request.body())
+
+    # The raw request, not a `dict` body FastAPI would check (and answer 422 in its own format); the annotation is
+    # set here, where fastapi is imported, not as a string FastAPI would resolve in this module's globals.
+    completions.__annotations__ = {"request": StarletteRequest}
+    app.post("/v1/completions")(completions)
 
     return app

@@ -11,6 +11,7 @@ import time
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from ray import serve
+from starlette.requests import Request as StarletteRequest
 
 from rlaif.config import PipelineConfig, dump_config, parse_config
 from rlaif.serving import api
@@ -37,11 +38,8 @@ class ModelServer:
         return JSONResponse(api.models(self.engine, self.name), headers=api.replica_headers())
 
     @app.post("/v1/completions")
-    async def completions(self, body: dict):
-        try:
-            return JSONResponse(await api.complete(self.engine, self.name, body), headers=api.replica_headers())
-        except api.BadRequest as exc:
-            return JSONResponse({"error": {"message": str(exc), "type": "invalid_request_error"}}, status_code=400)
+    async def completions(self, request: StarletteRequest):
+        return await api.completion_response(self.engine, self.name, await request.body())
 
 
 def deployment_options(cfg: PipelineConfig) -> dict:

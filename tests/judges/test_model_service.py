@@ -200,3 +200,7 @@ def test_plain_service_answers_and_scores_like_the_in_process_judge(judge_model_
     assert torch.equal(served, judge._p_first(texts))  # bit for bit
     refused = client.post("/v1/completions", json={"prompt": "x", "n": 3})
     assert refused.status_code == 400 and "n" in refused.json()["error"]["message"]
+    for raw, problem in ((b"{not json", "not JSON"), (b"[1, 2]", "not a JSON object"), (b"\xff", "not JSON"),
+                         (b'{"prompt": "x", "max_tokens": "4"}', "max_tokens")):  # OpenAI's error format, not 422
+        refused = client.post("/v1/completions", content=raw, headers={"content-type": "application/json"})
+        assert refused.status_code == 400 and problem in refused.json()["error"]["message"], refused.text

@@ -25,6 +25,8 @@ def test_the_request_subset():
                           ({"prompt": "hi\ud800"}, "lone surrogate"), ({"prompt": "a", "stop": ""}, "empty string"),
                           ({"prompt": "a", "stop": ["x", ""]}, "empty string"),
                           ({"prompt": "a", "max_tokens": True}, "yes/no"),
+                          ({"prompt": "a", "max_tokens": "4"}, "max_tokens"),
+                          ({"prompt": "a", "temperature": "0.5"}, "temperature"),
                           ({"prompt": [True, 5]}, "true/false"), ({"prompt": [[4], [5, False]]}, "true/false")):
         with pytest.raises(api.BadRequest, match=problem):
             api.parse_request(body)
