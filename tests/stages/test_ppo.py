@@ -63,8 +63,8 @@ def upstream(tmp_path_factory):
     return root / "tiny"
 
 
-def launch_ppo(run_dir: Path, *overrides, env=None):
-    args = [sys.executable, "-m", "rlaif", "launch", "ppo", "--config", "configs/tiny.yaml",
+def launch_ppo(run_dir: Path, *overrides, env=None, stage: str = "ppo"):
+    args = [sys.executable, "-m", "rlaif", "launch", stage, "--config", "configs/tiny.yaml",
             "--storage-root", f"file://{run_dir.parent}", "--run-id", run_dir.name]
     for item in overrides:
         args += ["--set", item]
@@ -189,7 +189,10 @@ def test_async_rollout_generates_one_update_behind(upstream, straight, tmp_path)
 
 def test_d_rlaif_reward_from_the_judge_without_the_reward_model(upstream, tmp_path):
     run = copy_run(upstream, tmp_path, "d-rlaif")
-    proc = launch_ppo(run, "ppo.reward=judge", "label.judge=rules", "label.rules.min_words=3", "ppo.iterations=2")
+    judge = ("label.judge=rules", "label.rules.min_words=3")
+    for stage in ("label", "train_rm"):  # the run's labels by this judge too: ppo alone would refuse the old ones
+        assert launch_ppo(run, *judge, stage=stage).returncode == 0
+    proc = launch_ppo(run, "ppo.reward=judge", *judge, "ppo.iterations=2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((run / "ppo/manifest.json").read_text())["summary"]
     assert summary["reward"] == "judge"
