@@ -81,10 +81,14 @@ def damage(stage_url: str, manifest: dict) -> str | None:
     return None
 
 
+class MissingInput(UserError):
+    """A stage's input has no committed manifest."""
+
+
 def require(stage_url: str, stage: str) -> dict:
     manifest = read(stage_url)
     if manifest is None:
-        raise UserError(f"input of stage missing: {storage.join(stage_url, MANIFEST)} does not exist; "
+        raise MissingInput(f"input of stage missing: {storage.join(stage_url, MANIFEST)} does not exist; "
                         f"run stage '{stage}' first")
     return manifest
 

@@ -164,15 +164,20 @@ def test_bad_policy_directories(tmp_path, kind, needle):
 
 
 def test_label_shards_with_missing_fields(tmp_path):
+    from rlaif.config import load_config
     from rlaif.io import manifest
     from rlaif.io.shards import ShardWriter
+    from rlaif.stages.common import context
 
+    overrides = [f"storage.root=file://{tmp_path}", "label.judge=rules"]
     url = f"file://{tmp_path}/tiny/generate"
     with ShardWriter(url, 5) as writer:
         writer.write({"__key__": "p0", "prompt.txt": "q", "response_b.txt": "b"})
-    manifest.write(url, stage="generate", run_id="tiny", config_hash="x", inputs={}, shards=writer.shards)
-    proc = rlaif("stage", "label", "--config", "configs/tiny.yaml", "--set", f"storage.root=file://{tmp_path}",
-                 "--set", "label.judge=rules")
+    # as if this config's generate had written it (an output of other settings is refused before it is read)
+    generate = context(load_config("configs/tiny.yaml", overrides), "generate")
+    manifest.write(url, stage="generate", run_id="tiny", config_hash=generate.config_hash, inputs={},
+                   shards=writer.shards)
+    proc = rlaif("stage", "label", "--config", "configs/tiny.yaml", "--set", overrides[0], "--set", overrides[1])
     assert_clean_failure(proc, "pair p0 in")
     assert "lacks response_a.txt: re-run stage 'generate'" in proc.stderr
     assert not (tmp_path / "tiny/label/manifest.json").exists()

@@ -6,7 +6,9 @@ import os
 
 import pytest
 
+from rlaif.config import load_config
 from rlaif.io import manifest as manifests
+from rlaif.stages.common import context
 
 SECRET = "hunter2-s3cr3t"  # the conftest fixture asserts it is never echoed
 
@@ -140,7 +142,9 @@ def _generate_manifest(tmp_path, **change):
     url = f"file://{tmp_path}/tiny/generate"
     with ShardWriter(url, 5) as writer:
         writer.write({"__key__": "p0", "prompt.txt": "q", "response_a.txt": "a", "response_b.txt": "b"})
-    written = manifests.write(url, stage="generate", run_id="tiny", config_hash="x", inputs={}, shards=writer.shards)
+    cfg = load_config(TINY, [f"storage.root=file://{tmp_path}", "label.judge=rules"])  # the label command's below
+    written = manifests.write(url, stage="generate", run_id="tiny", config_hash=context(cfg, "generate").config_hash,
+                              inputs={}, shards=writer.shards)
     path = tmp_path / "tiny/generate/manifest.json"
     if "raw" in change:
         path.write_bytes(change["raw"])

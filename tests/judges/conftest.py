@@ -127,10 +127,13 @@ def write_pairs(cfg, prompts, first, second) -> str:
     """A committed generate output holding these pairs (keys p000, p001, ...); returns its URL."""
     from rlaif.io import manifest
     from rlaif.io.shards import ShardWriter
+    from rlaif.stages.common import context
 
     url = f"{cfg.storage.root}/{cfg.run_id}/generate"
     with ShardWriter(url, 5) as writer:
         for i, (p, a, b) in enumerate(zip(prompts, first, second)):
             writer.write({"__key__": f"p{i:03d}", "prompt.txt": p, "response_a.txt": a, "response_b.txt": b})
-    manifest.write(url, stage="generate", run_id=cfg.run_id, config_hash="test", inputs={}, shards=writer.shards)
+    # as this config's generate would have committed it: a stage refuses an upstream output of other settings
+    manifest.write(url, stage="generate", run_id=cfg.run_id, config_hash=context(cfg, "generate").config_hash,
+                   inputs={}, shards=writer.shards)
     return url

@@ -9,6 +9,7 @@ from rlaif.errors import UserError
 from rlaif.io import manifest, shards
 from rlaif.io.shards import ShardWriter
 from rlaif.runner import run_stage
+from rlaif.stages.common import context
 
 PROMPTS = ["q1", "q2", "q3", "q4", "q5", "q6"]
 FIRST = ["a short one", "the sea is wide and deep", "x", "one two three four", "same words here", "rivers run"]
@@ -66,7 +67,8 @@ def test_malformed_pairs_are_refused(tmp_path):
     url = f"file://{tmp_path}/{cfg.run_id}/generate"
     with ShardWriter(url, 5) as writer:
         writer.write({"__key__": "p000", "prompt.txt": "q", "response_a.txt": "a"})
-    manifest.write(url, stage="generate", run_id=cfg.run_id, config_hash="test", inputs={}, shards=writer.shards)
+    manifest.write(url, stage="generate", run_id=cfg.run_id, config_hash=context(cfg, "generate").config_hash,
+                   inputs={}, shards=writer.shards)
     with pytest.raises(UserError, match="pair p000 in .* lacks response_b.txt: re-run stage 'generate'"):
         run_stage(cfg, "label")
     assert manifest.read(f"file://{tmp_path}/{cfg.run_id}/label") is None
