@@ -2,8 +2,6 @@
 proxy, which spreads requests over replicas and replaces a replica that dies. `build` is the application builder a
 KubeRay RayService names in its serveConfigV2 (import_path `rlaif.serving.ray_app:build`); `rlaif serve` runs the same
 application on a local Ray instance."""
-from __future__ import annotations
-
 import signal
 import threading
 import time
@@ -38,7 +36,8 @@ class ModelServer:
         return JSONResponse(api.models(self.engine, self.name), headers=api.replica_headers())
 
     @app.post("/v1/completions")
-    async def completions(self, request: StarletteRequest):
+    async def completions(self, request: StarletteRequest):  # a real annotation (no postponed ones in this module):
+        # Serve's class-based view cannot resolve a string one, and FastAPI would take `request` for a query parameter
         return await api.completion_response(self.engine, self.name, await request.body())
 
 

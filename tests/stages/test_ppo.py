@@ -227,8 +227,9 @@ def test_ppo_scores_with_the_distilled_student_when_asked(upstream, tmp_path):
     assert refused.returncode == 2 and "ppo.reward_model=student needs a student" in refused.stderr
     student = ("train_rm.student.layers=1", "train_rm.student.max_prompts=8", "train_rm.student.max_new_tokens=6",
                "train_rm.student.batch_size=8", "train_rm.student.epochs=1")
-    missing = launch_ppo(run, "ppo.reward_model=student", *student, "ppo.iterations=1")
-    assert missing.returncode == 2 and "train_rm exported no student" in missing.stderr, missing.stderr[-2000:]
+    missing = launch_ppo(run, "ppo.reward_model=student", *student, "ppo.iterations=1")  # train_rm ran without them
+    assert missing.returncode == 2 and "reads 'train_rm', whose output in run 'student' was made from other" in (
+        missing.stderr), missing.stderr[-2000:]
     distilled = subprocess.run([sys.executable, "-m", "rlaif", "launch", "train_rm", "--config", "configs/tiny.yaml",
                                 "--storage-root", f"file://{run.parent}", "--run-id", run.name,
                                 *(a for item in student for a in ("--set", item))],
