@@ -6,6 +6,9 @@
 #   scripts/gpu_check.sh micro      gae and the PPO update's model FLOPs utilisation against the bf16 matmul peak
 #   scripts/gpu_check.sh ppo-vs-trl SIZE...   PPO iteration vs TRL PPOTrainer (needs trl==1.12.0 importable)
 #   scripts/gpu_check.sh rm-vs-trl  reward-model training vs TRL RewardTrainer (needs trl==1.16.0; after pipeline)
+#   scripts/gpu_check.sh revalidate the GPU tests, generation throughput, update MFU at 0.5B+, PPO vs TRL 1.12.0 at the
+#                                   demo size, and GRPO vs TRL's GRPOTrainer where $TRL16 (a PYTHONPATH entry holding
+#                                   trl==1.16.0) is set: one lease's re-measurement of every GPU row at the current code
 #   scripts/gpu_check.sh decode     the static decoder's tests on CUDA, generation throughput at the demo size and
 #                                   at h512x8 (static decoder with CUDA graph vs eager vs generate), PPO phases with
 #                                   each decoder, update MFU at 0.5B+
@@ -55,6 +58,17 @@ decode)
     step ppo-phases-generate env RLAIF_DECODER=generate $PY bench/bench_ppo_scaling.py --points 3 \
         --work "$LOGS/../ppo-work"
     step mfu-large $PY bench/bench_ppo_update.py --large --trials 3
+    ;;
+revalidate)
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    $PY -c "import torch, transformers, trl; print('torch', torch.__version__, 'transformers', transformers.__version__, 'trl', trl.__version__)"
+    step gpu-tests timeout 120 $PY -m pytest -q tests/unit/test_decode.py tests/unit/test_logprobs_math.py \
+        tests/unit/test_lean_decode.py
+    step generation timeout 150 $PY bench/bench_generation.py --trials 3 --append
+    step mfu-large timeout 150 $PY bench/bench_ppo_update.py --large --trials 3 --append
+    step ppo-demo timeout 150 $PY bench/bench_ppo.py --trials 3 --iterations 6 --fixed-length --size demo --lora-rank 0
+    [ -n "${TRL16:-}" ] && step grpo-demo timeout 150 env PYTHONPATH="$TRL16:${PYTHONPATH:-}" $PY bench/bench_grpo.py \
+        --trials 3 --iterations 6 --fixed-length --size demo
     ;;
 rm-vs-trl)
     step rm $PY bench/bench_reward_model.py --source-run runs/gpu-demo --trials 3
