@@ -100,26 +100,30 @@ def file_digests(cfg: PipelineConfig, name: str) -> dict[str, str]:
                           for role, spec in files.items()}}
 
 
-def context(cfg: PipelineConfig, name: str, part_index: int = 0, num_parts: int = 1) -> StageContext:
+def context(cfg: PipelineConfig, name: str, part_index: int = 0, num_parts: int = 1,
+            upstream_hashes: dict[str, str | None] | None = None) -> StageContext:
     """Reads (and so requires) the upstream manifests; raises UserError if one is missing. The cache key covers the
-    upstream manifests, the content of every file the config names for this stage, and the code."""
+    upstream manifests, the content of every file the config names for this stage, and the code. `upstream_hashes`:
+    the config hashes already computed in this call, so an upstream reached by two paths is hashed once."""
     stage = STAGE_BY_NAME[name]
-    inputs = {dep: current_input(cfg, dep, name) for dep in stage.inputs}
+    known = {} if upstream_hashes is None else upstream_hashes
+    inputs = {dep: current_input(cfg, dep, name, known) for dep in stage.inputs}
     digests = {**{dep: m["digest"] for dep, m in inputs.items()}, **file_digests(cfg, name)}
     return StageContext(cfg, stage, stage_url(cfg, name), inputs, digests,
                         stage_config_hash(cfg, stage.config_sections, digests), part_index, num_parts)
 
 
-def current_input(cfg: PipelineConfig, dep: str, reader: str) -> dict:
+def current_input(cfg: PipelineConfig, dep: str, reader: str, known: dict[str, str | None]) -> dict:
     """Upstream stage `dep`'s manifest, refused unless it was made from this config (its settings, the files it
     reads, the code, its own upstreams', recursively): one stage launched after a change would otherwise read the
-    output of the old settings, and be cached under the new ones (a stale hit)."""
+    output of the old settings, and be cached under the new ones (a stale hit). `known`: hashes computed so far."""
     committed = manifest.require(stage_url(cfg, dep), dep)
-    try:
-        expected = context(cfg, dep).config_hash
-    except manifest.MissingInput:  # an input of `dep` itself is gone: nothing to compare its output with
-        return committed
-    if committed["config_hash"] != expected:
+    if dep not in known:
+        try:
+            known[dep] = context(cfg, dep, upstream_hashes=known).config_hash
+        except manifest.MissingInput:  # an input of `dep` itself is gone: nothing to compare its output with
+            known[dep] = None
+    if known[dep] is not None and committed["config_hash"] != known[dep]:
         raise UserError(f"stage '{reader}' reads '{dep}', whose output in run '{cfg.run_id}' was made from other "
                         f"settings, inputs or rlaif code than this config's now: run the pipeline (`rlaif run`), or "
                         f"`rlaif launch {dep}` with this config first")

@@ -6,6 +6,7 @@ import shutil
 import pytest
 
 from rlaif.config import load_config, stage_config_hash
+from rlaif.errors import UserError
 from rlaif.graph import STAGES
 from rlaif.io import digest
 from rlaif.stages.common import file_digests
@@ -130,3 +131,25 @@ def test_computing_switches_in_the_environment_are_keyed(monkeypatch):
     monkeypatch.delenv("RLAIF_DECODER")
     monkeypatch.setenv("RLAIF_PACKING", "off")  # padded forwards: the stages that pack
     assert {name for name, key in stage_keys().items() if key != base[name]} == {"train_rm", "ppo", "evaluate"}
+
+
+def test_an_upstream_reached_by_two_paths_is_hashed_once(tmp_path, monkeypatch):
+    # evaluate reads train_rm directly and through ppo: checking that each upstream output was made from this config
+    # hashes every stage's inputs once per call, not once per path (each hash reads its files and lists model dirs).
+    from rlaif.graph import topological_order
+    from rlaif.io import manifest
+    from rlaif.stages import common
+
+    cfg = load_config("configs/demo.yaml", [f"storage.root={tmp_path}", "run_id=paths"])
+    for stage in topological_order():  # each output committed as this config would make it
+        manifest.write(common.stage_url(cfg, stage.name), stage=stage.name, run_id=cfg.run_id,
+                       config_hash=common.context(cfg, stage.name).config_hash, inputs={}, shards=[])
+    hashed = []
+    real = common.file_digests
+    monkeypatch.setattr(common, "file_digests", lambda config, name: hashed.append(name) or real(config, name))
+    common.context(cfg, "evaluate")
+    assert sorted(hashed) == sorted(s.name for s in STAGES)
+    manifest.write(common.stage_url(cfg, "label"), stage="label", run_id=cfg.run_id, config_hash="other settings",
+                   inputs={}, shards=[])
+    with pytest.raises(UserError, match="stage 'train_rm' reads 'label', whose output in run 'paths' was made"):
+        common.context(cfg, "evaluate")
