@@ -284,9 +284,12 @@ def _dispatch(args) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # `rlaif config | head`: the reader left; end quietly
+    except BrokenPipeError:  # `rlaif config | head`: the reader left; a command that prints ends quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+        if args.command in PRINTS_ONLY:
+            return 0
+        return _user_error(f"`rlaif {args.command}` stopped: the program reading its output (a pipe) exited; "
+                           "run it without the pipe, or send its output to a file")
     except StageFailed as exc:
         print(f"error: {redact(str(exc))}", file=sys.stderr)
         return 2 if exc.code == 2 else 1
@@ -299,23 +302,36 @@ def _dispatch(args) -> int:
 def _user_error(message: str) -> int:
     """One line on stderr (a stage under launch: in its error file, which launch prints once), exit code 2."""
     if error_file := os.environ.get("RLAIF_ERROR_FILE"):
-        with open(error_file, "a", encoding="utf-8") as f:
-            f.write(f"{redact(message)}\n")
-    else:
-        print(f"error: {redact(message)}", file=sys.stderr)
+        try:
+            with open(error_file, "a", encoding="utf-8") as f:
+                f.write(f"{redact(message)}\n")
+            return 2
+        except OSError:  # not a launcher's file (a variable left set): the message goes where a user sees it
+            pass
+    print(f"error: {redact(message)}", file=sys.stderr)
     return 2
 
 
+PRINTS_ONLY = ("graph", "config", "report")  # commands whose output is all they do: a reader may stop early
 DISK_FULL = ("No space left on device", "Disk quota exceeded", "StorageFull")
 READ_ONLY = ("Read-only file system", "ReadOnlyFilesystem")
 ELSEWHERE = "storage.root, TMPDIR or RLAIF_CACHE"
 
 
+WRONG_KIND = {errno.ENOTDIR: "part of this path is a file where a directory is expected",
+              errno.EISDIR: "this is a directory where a file is expected",
+              errno.EEXIST: "this exists and is not the directory expected here"}
+
+
 def disk_problem(exc: BaseException) -> str | None:
-    """A full or read-only disk behind an exception (an OSError, or a library's error wrapping one: safetensors,
+    """A full or read-only disk, or a path of the wrong kind (a file where the storage tree or cache holds a
+    directory, or the reverse), behind an exception (an OSError, or a library's error wrapping one: safetensors,
     torch.save), as a one-line user error; None for anything else."""
     seen = exc
     while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in WRONG_KIND and (seen.filename2 or seen.filename):
+            return (f"{seen.filename2 or seen.filename}: {WRONG_KIND[seen.errno]}: move it away, or point "
+                    f"storage.root, --run-id or RLAIF_CACHE elsewhere")
         if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
             where = seen.filename2 or seen.filename
             fix = ("point it at a writable disk" if seen.errno == errno.EROFS

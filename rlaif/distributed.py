@@ -8,10 +8,16 @@ import time
 import torch
 import torch.distributed as dist
 
+from rlaif.errors import UserError
+
 
 def setup() -> tuple[int, int, torch.device]:
     """(rank, world_size, device). Under torchrun: joins the group (nccl on GPUs, gloo on CPU)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    missing = [name for name in ("RANK", "MASTER_ADDR", "MASTER_PORT") if world > 1 and not os.environ.get(name)]
+    if missing:  # WORLD_SIZE left in the environment by another tool: torch would fail deep in its rendezvous
+        raise UserError(f"WORLD_SIZE={world} is set but {', '.join(missing)} not: run the stage under torchrun "
+                        "(`rlaif launch` does), or unset WORLD_SIZE")
     device = local_device()
     if device.type == "cuda":
         torch.cuda.set_device(device)

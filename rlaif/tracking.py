@@ -153,7 +153,7 @@ class Tracker:
         if rows is not None:
             kept = [json.dumps({"step": step, **row}) for step, row in rows]
         elif storage.exists(stored):
-            kept = [line for line in storage.read_text(stored).splitlines()
+            kept = [line for line in storage.text_lines(storage.read_text(stored))
                     if line.strip() and json.loads(line).get("step", 0) <= resume_step]
         else:
             kept = []

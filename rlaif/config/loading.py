@@ -2,6 +2,7 @@
 errors that name the key (with the nearest real key), the settings reference (`rlaif config`), and cache keys."""
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import os
@@ -32,12 +33,20 @@ def safe_run_id(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")[:128].rstrip("-.") or "run"
 
 
+# YAML 1.1 reads 010 as octal 8, 12:30 as base-60 750 and 0x1f as hex: a --set value that reads as an integer is
+# one only when it is written as plain decimal digits; otherwise it stays the text it was.
+_DECIMAL = re.compile(r"[-+]?(0|[1-9][0-9_]*)")
+
+
 def _parse_value(text: str) -> Any:
     """`--set` values are YAML scalars: 3, 0.5, true, null, "text"."""
     try:
-        return yaml.safe_load(text)
+        value = yaml.safe_load(text)
     except (yaml.YAMLError, RecursionError):
         return text
+    if isinstance(value, int) and not isinstance(value, bool) and not _DECIMAL.fullmatch(text.strip()):
+        return text.strip()
+    return value
 
 
 def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
@@ -47,6 +56,9 @@ def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
         key, value = item.split("=", 1)
         node = raw
         parts = key.strip().split(".")
+        if not all(part.strip() for part in parts):
+            raise UserError(f"--set {item!r}: the key has an empty part: write it as section.key=VALUE, e.g. "
+                            "--set ppo.lr=1e-5")
         for part in parts[:-1]:
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
@@ -86,7 +98,12 @@ def _describe(err: ValidationError) -> str:
     key = ".".join(str(p) for p in first["loc"]) or "(top level)"
     if first["type"] == "extra_forbidden":
         return f"unknown config key '{key}'{_suggest(key)}: remove it or check its spelling (`rlaif config` lists them)"
-    return f"bad value for config key '{key}': {first['msg'].removeprefix('Value error, ')}"
+    if first["type"] in ("model_type", "model_attributes_type", "dict_type"):
+        return f"'{key}' is a section, not a value: set its keys, e.g. {key}.<key>=VALUE (`rlaif config` lists them)"
+    message = f"bad value for config key '{key}': {first['msg'].removeprefix('Value error, ')}"
+    if first["type"] == "string_type" and isinstance(first.get("input"), (bool, int, float, datetime.date)):
+        message += ": put it in quotes to keep it text (YAML reads yes/no/on/off, numbers and dates as such)"
+    return message
 
 
 def load_config(path: str | None, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:

@@ -85,9 +85,12 @@ def _one_line(spec: str, what: str, exc: Exception) -> UserError:
 
 
 def _local_hint(spec: str) -> str:
-    """A hub-shaped name whose first part is a local directory is most likely a mistyped local path."""
-    first = spec.removeprefix("hf://").split("/", 1)[0]
-    return f"no local directory {spec} (./{first}/ exists), and " if Path(first).is_dir() else ""
+    """A hub-shaped name without hf:// may be a mistyped local path (most likely where its first part is a local
+    directory): say it is not one."""
+    if spec.startswith("hf://"):
+        return ""
+    first = spec.split("/", 1)[0]
+    return f"no local directory {spec}{f' (./{first}/ exists)' if Path(first).is_dir() else ''}, and "
 
 
 def snapshot(spec: str, what: str) -> Path:

@@ -75,6 +75,11 @@ class StageLock:
         same_step = bool(self.owner) and held.get("owner") == self.owner
         return time.time() - held["heartbeat"] > (2 * self.heartbeat_s if same_step else self.stale_after_s)
 
+    def live_holder(self) -> dict | None:
+        """The record of a launcher holding this lock now; None when it is free or its holder is gone."""
+        held = self._read()
+        return None if held is None or self.is_stale(held) else held
+
     def acquire(self) -> None:
         self._started = time.time()
         try:

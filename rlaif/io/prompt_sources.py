@@ -117,7 +117,7 @@ def _read_text(data: DataConfig) -> Source:
         raise UserError(f"data.columns is set but {data.prompts} is read as plain text (one prompt per line, no "
                         "columns): name a .jsonl or .parquet file, or set data.format")
     name = f"prompts file {data.prompts}"
-    lines = storage.read_user_file(data.prompts, "prompts file", FIX).splitlines()
+    lines = storage.text_lines(storage.read_user_file(data.prompts, "prompts file", FIX))
     return Source(name, [RawRow(f"{name} line {n}", f"line{n:07d}", {"prompt": line})
                          for n, line in enumerate(lines, 1) if line.strip()])
 

@@ -31,13 +31,14 @@ def _references(record: dict, columns: PromptColumns, where: str) -> dict:
     out = {}
     points = record.get(columns.key_points)
     if points is not None:
-        if not isinstance(points, list) or not points or not all(isinstance(p, str) and p.strip() for p in points):
+        if (not isinstance(points, list) or not points
+                or not all(isinstance(p, str) and not storage.is_blank(p) for p in points)):
             raise UserError(f"{where}: {columns.key_points!r} must be a non-empty list of non-empty strings (leave it "
                             "out where a prompt has none)")
         out["key_points"] = [p.strip() for p in points]
     reference = record.get(columns.reference)
     if reference is not None:
-        if not isinstance(reference, str) or not reference.strip():
+        if not isinstance(reference, str) or storage.is_blank(reference):
             raise UserError(f"{where}: {columns.reference!r} must be a non-empty string (leave it out where a prompt "
                             "has none)")
         out["reference"] = reference
@@ -50,7 +51,7 @@ def _prompt_text(record: object, column: str, where: str) -> str:
                         "the prompt)")
     if not isinstance(record[column], str):
         raise UserError(f"{where}: {column!r} must be a string, not {type(record[column]).__name__}")
-    if not record[column].strip():
+    if storage.is_blank(record[column]):
         raise UserError(f"{where} has an empty prompt: remove it or fill it in")
     return record[column]
 

@@ -164,10 +164,23 @@ def parse_json(text: str, where: str):
         raise UserError(f"{where} is not valid JSON{reason}") from None
 
 
+def text_lines(text: str) -> list[str]:
+    """A file's lines split at line feeds only (a CR before one dropped): str.splitlines also splits at U+2028, form
+    feeds and other Unicode boundaries, which JSON strings and prompts may hold as text."""
+    return [line.removesuffix("\r") for line in text.split("\n")]
+
+
+def is_blank(text: str) -> bool:
+    """Nothing a reader sees: spaces, and format characters such as zero-width spaces, joiners and marks."""
+    import unicodedata
+
+    return all(ch.isspace() or unicodedata.category(ch) in ("Cf", "Cc") for ch in text)
+
+
 def parse_jsonl(text: str, where: str) -> list[tuple[int, object]]:
     """JSON Lines as (line number, value) for the non-blank lines; errors name `where` and the line."""
     return [(number, parse_json(line, f"{where} line {number}"))
-            for number, line in enumerate(text.splitlines(), 1) if line.strip()]
+            for number, line in enumerate(text_lines(text), 1) if line.strip()]
 
 
 def read_user_jsonl(url: str, what: str, fix: str) -> list[tuple[int, object]]:

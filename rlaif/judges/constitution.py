@@ -15,7 +15,7 @@ import torch
 
 from rlaif.config import load_yaml, sha256_json
 from rlaif.errors import UserError
-from rlaif.io.storage import read_user_file
+from rlaif.io.storage import is_blank, read_user_file
 from rlaif.judges.pairwise import debiased
 
 PRINCIPLE_KEYS = ("name", "text", "contrast")
@@ -35,13 +35,22 @@ def load_constitution(path: str) -> list[dict]:
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise UserError(f"{where}: unknown key {unknown[0]!r}{hint}: a principle has {', '.join(PRINCIPLE_KEYS)}")
         if (not isinstance(principle, dict) or not isinstance(principle.get("text"), str)
-                or not principle["text"].strip()):
-            raise UserError(f"{where}: needs a non-empty string 'text'")
+                or is_blank(principle["text"])):
+            raise UserError(f"{where}: needs a non-empty string 'text' (YAML reads yes/no/on/off and numbers as "
+                            "others: put such a text in quotes)")
         for key in ("contrast", "name"):
             value = principle.get(key)
-            if key in principle and (not isinstance(value, str) or not value.strip()):
+            if key in principle and (not isinstance(value, str) or is_blank(value)):
                 raise UserError(f"{where}: {key!r} must be a non-empty string")
+        if principle.get("contrast", "").strip() == principle["text"].strip():
+            raise UserError(f"{where}: its 'contrast' repeats its 'text': describe the response it disfavours, or "
+                            "leave 'contrast' out")
         principle.setdefault("name", principle["text"][:40])
+    names = [principle["name"] for principle in principles]
+    if len(set(names)) < len(names):
+        twice = next(name for name in names if names.count(name) > 1)
+        raise UserError(f"constitution {path}: two principles are named {twice!r} (results are reported per "
+                        "principle name): give each its own name")
     return principles
 
 

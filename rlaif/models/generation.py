@@ -20,11 +20,26 @@ def format_prompts(tokenizer, policy, prompts: list[str]) -> list[str]:
                 else bool(getattr(tokenizer, "chat_template", None)))
     if use_chat:
         if not getattr(tokenizer, "chat_template", None):
-            raise UserError("policy.chat_template is true but the policy's tokenizer has no chat template")
-        return [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                              add_generation_prompt=True)
-                for p in prompts]
+            raise UserError("policy.chat_template is true but the policy's tokenizer has no chat template: set "
+                            "policy.chat_template=false to use policy.prompt_template")
+        return [_chat_turn(tokenizer, p) for p in prompts]
     return [policy.prompt_template.format(prompt=p) for p in prompts]
+
+
+def _chat_turn(tokenizer, prompt: str) -> str:
+    """One user turn through the policy's chat template, refused in one line where the template fails or drops the
+    prompt (every prompt would then reach the policy as the same text)."""
+    from jinja2 import TemplateError
+
+    fix = "fix the chat_template in its tokenizer_config.json, or set policy.chat_template=false"
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                             add_generation_prompt=True)
+    except TemplateError as exc:
+        raise UserError(f"the policy's chat template fails ({type(exc).__name__}: {str(exc)[:160]}): {fix}") from None
+    if prompt.strip() and prompt.strip() not in text:
+        raise UserError(f"the policy's chat template leaves the prompt out of its text: {fix}")
+    return text
 
 
 def encode_prompts(tokenizer, texts: list[str], device) -> dict:

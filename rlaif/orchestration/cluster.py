@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, field, fields
 
 from rlaif.graph import STAGE_BY_NAME
@@ -96,6 +97,7 @@ class ClusterSpec:
     """Per-stage pod sizes, e.g. {"ppo": {"cpu": 16, "memory_gib": 64, "gpus": 8}, "label": {"gpus": 0}}."""
 
     def __post_init__(self):
+        _check_types(self)
         if self.multinode_api not in ("trainjob", "pytorchjob"):
             raise ValueError(f"multinode_api must be 'trainjob' or 'pytorchjob', not {self.multinode_api!r}")
         unknown = sorted(set(self.stages) - set(STAGE_BY_NAME))
@@ -104,6 +106,45 @@ class ClusterSpec:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
+
+
+K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # a DNS-1123 label: namespaces, secrets, accounts
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+SECRET_WORDS = {"SECRET", "TOKEN", "PASSWORD", "PASSWD", "CREDENTIALS"}  # whole words of a variable's name
+SECRET_PAIRS = ("API_KEY", "ACCESS_KEY")
+
+
+def _looks_secret(name: str) -> bool:
+    upper = name.upper()
+    return bool(SECRET_WORDS & set(upper.split("_"))) or any(pair in upper for pair in SECRET_PAIRS)
+
+
+def _check_types(spec: ClusterSpec) -> None:
+    """Values Kubernetes takes as strings must be strings here (YAML reads `true` and `1` as others, which the
+    manifests would carry unquoted and the API refuse); names must be names; secrets stay out of plain `env`."""
+    for item in fields(spec):
+        value = getattr(spec, item.name)
+        if item.type == "str" and not isinstance(value, str):
+            raise ValueError(f"{item.name} must be text, not {value!r}: put it in quotes")
+        if item.type == "dict[str, str]" and not (isinstance(value, dict) and all(
+                isinstance(k, str) and isinstance(v, str) for k, v in value.items())):
+            raise ValueError(f"{item.name} must map text to text, got {value!r}: put values such as true or 1 in "
+                             "quotes")
+    if not spec.image or not spec.gpu_image:
+        raise ValueError("image and gpu_image must name container images")
+    for what, name in [("namespace", spec.namespace), ("service_account", spec.service_account),
+                       *[("secret", secret.name) for secret in spec.secrets]]:
+        if name and not (len(name) <= 63 and K8S_NAME.fullmatch(name)):
+            raise ValueError(f"{what} {name!r} is not a Kubernetes name (lowercase letters, digits and '-')")
+    for secret in spec.secrets:
+        if not all(isinstance(k, str) and ENV_NAME.fullmatch(k) and isinstance(v, str) for k, v in secret.env.items()):
+            raise ValueError(f"secret {secret.name}: env must map variable names to the secret's keys (text)")
+    for name in spec.env:
+        if not ENV_NAME.fullmatch(name):
+            raise ValueError(f"env: {name!r} is not an environment variable name")
+        if _looks_secret(name):
+            raise ValueError(f"env: {name} looks like a credential, which `env` would write into the pipeline in "
+                             "plain text: put it in a Kubernetes secret and map it under `secrets`")
 
 
 def from_dict(raw: dict) -> ClusterSpec:

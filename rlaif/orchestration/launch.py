@@ -73,9 +73,22 @@ def prepare(cfg: PipelineConfig, pipeline: bool = False, launched: str | None = 
         common.start_context(cfg, launched)
     config_url = storage.join(root, cfg.run_id, "config.yaml")
     text = dump_config(cfg).encode()
-    if not storage.exists(config_url) or storage.read_bytes(config_url) != text:
+    written = storage.exists(config_url)
+    if not written or storage.read_bytes(config_url) != text:
+        if written:  # a run without its config.yaml has not started
+            refuse_while_running(cfg)
         storage.write_bytes_atomic(config_url, text)
     return config_url
+
+
+def refuse_while_running(cfg: PipelineConfig) -> None:
+    """A run's config.yaml is read by each of its stages as it starts: rewritten while another launcher runs the
+    run, that run's later stages would take these settings. Refused while any stage of the run is held."""
+    for stage in STAGE_BY_NAME.values():
+        holder = StageLock(common.stage_url(cfg, stage.name), "").live_holder()
+        if holder is not None:
+            raise UserError(f"run '{cfg.run_id}' is running with other settings (stage '{stage.name}', pid "
+                            f"{holder['pid']} on {holder['host']}): wait for it to finish, or use another --run-id")
 
 
 def _has_gpus() -> bool:

@@ -67,7 +67,7 @@ def read_json(url: str, lines: bool = False):
     """A run file the report is built from; a corrupt one is a one-line error, not a traceback."""
     try:
         body = storage.read_text(url)
-        return [json.loads(line) for line in body.splitlines() if line.strip()] if lines else json.loads(body)
+        return [json.loads(line) for line in storage.text_lines(body) if line.strip()] if lines else json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise UserError(f"{url} is corrupt (not UTF-8 JSON): {storage.rerun_hint(url)}") from None
 

@@ -75,7 +75,9 @@ def test_unreachable_hub(cli, tmp_path, root, monkeypatch):
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # connection refused, at once
     cli("run", "--config", TINY, *root, "--set", "policy.model=acme/tiny",
-        needle="policy model acme/tiny: the hub could not be reached")
+        needle="policy model acme/tiny: no local directory acme/tiny, and the hub could not be reached")
+    cli("run", "--config", TINY, *root, "--set", "policy.model=hf://acme/tiny",  # explicitly the hub's
+        needle="policy model hf://acme/tiny: the hub could not be reached")
     # A mistyped relative path has the shape of a hub id: said so, since ./configs exists here.
     cli("run", "--config", TINY, *root, "--set", "train_rm.backbone=configs/missing",
         needle="no local directory configs/missing (./configs/ exists), and the hub could not be reached")

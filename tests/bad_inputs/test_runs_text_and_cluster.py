@@ -1,0 +1,180 @@
+"""Classes a fifth probe found: a second launch rewriting the settings of a run in progress, a closed output pipe
+ending a run with exit 0, paths of the wrong kind (a file where the run tree holds a directory), chat templates that
+fail or drop the prompt, line splits at Unicode boundaries inside prompts and JSON strings, YAML 1.1 readings of
+`--set` values (octal, base 60) and of text fields, and cluster settings Kubernetes would refuse or that would put a
+credential in plain text. Each: exit 2 and one line, or the value read as written."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from rlaif.config import PolicyConfig, load_config
+from rlaif.errors import UserError
+from rlaif.io import storage
+from rlaif.io.lock import StageLock
+from rlaif.io.prompts import load_prompts
+from rlaif.orchestration import cluster, launch
+from rlaif.stages.common import stage_url
+
+TINY = "configs/tiny.yaml"
+
+
+def test_a_run_in_progress_keeps_its_settings(tmp_path):
+    cfg = load_config(TINY, [f"storage.root=file://{tmp_path}", "run_id=busy"])
+    launch.prepare(cfg)
+    config_url = storage.join(f"file://{tmp_path}", "busy", "config.yaml")
+    written = storage.read_bytes(config_url)
+    with StageLock(stage_url(cfg, "train_rm"), "stage 'train_rm' of run 'busy'"):  # this process runs the run
+        launch.prepare(cfg)  # the same settings: another launcher of the same run may start its stages
+        other = load_config(TINY, [f"storage.root=file://{tmp_path}", "run_id=busy", "ppo.lr=2e-5"])
+        with pytest.raises(UserError, match="run 'busy' is running with other settings \\(stage 'train_rm', pid"):
+            launch.prepare(other)
+    assert storage.read_bytes(config_url) == written
+    launch.prepare(other)  # once nothing runs, the run takes the new settings (and its stages re-run where changed)
+    assert storage.read_bytes(config_url) != written
+
+
+@pytest.mark.parametrize("command, code", [(["run", "--config", TINY, "--storage-root"], 2), (["config"], 0)])
+def test_a_closed_output_pipe(tmp_path, command, code):
+    where = [f"file://{tmp_path}"] if command[0] == "run" else []
+    proc = subprocess.Popen([sys.executable, "-m", "rlaif", *command, *where], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader left (`| head` done) before the first line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == code, err
+    assert "Traceback" not in err
+    if code:
+        assert err.strip().splitlines()[-1].startswith("error: `rlaif run` stopped: the program reading its output")
+        assert not list(tmp_path.rglob("manifest.json"))
+
+
+def test_paths_of_the_wrong_kind(cli, tmp_path):
+    root = tmp_path / "root"
+    (root / "r1").mkdir(parents=True)
+    (root / "r1/generate").write_text("x")
+    cli("run", "--config", TINY, "--storage-root", str(root), "--run-id", "r1",
+        needle="r1/generate/manifest.json: part of this path is a file where a directory is expected")
+    (root / "r2/config.yaml").mkdir(parents=True)
+    cli("run", "--config", TINY, "--storage-root", str(root), "--run-id", "r2",
+        needle="r2/config.yaml: this is a directory where a file is expected: move it away")
+    (root / "r3").write_text("x")
+    cli("run", "--config", TINY, "--storage-root", str(root), "--run-id", "r3",
+        needle="r3: this exists and is not the directory expected here")
+
+
+@pytest.fixture
+def tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = Tokenizer(models.WordLevel({"[UNK]": 0, "hello": 1}, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=words, unk_token="[UNK]")
+
+
+@pytest.mark.parametrize("template, needle", [
+    ("{% for m in messages %}{{ m.content }", "the policy's chat template fails (TemplateSyntaxError"),
+    ("{{ raise_exception('no system turns') }}", "the policy's chat template fails (TemplateError: no system turns"),
+    ("Question: hello\nAnswer:", "the policy's chat template leaves the prompt out of its text"),
+])
+def test_chat_templates_that_fail_or_drop_the_prompt(tokenizer, template, needle):
+    from rlaif.models.generation import format_prompts
+
+    tokenizer.chat_template = template
+    with pytest.raises(UserError, match="set policy.chat_template=false") as refused:
+        format_prompts(tokenizer, PolicyConfig(), ["How do I fix a bike?"])
+    assert needle in str(refused.value)
+    tokenizer.chat_template = "{% for m in messages %}<|user|>{{ m['content'] | trim }}{% endfor %}<|assistant|>"
+    assert format_prompts(tokenizer, PolicyConfig(), [" How do I fix a bike? "]) == [
+        "<|user|>How do I fix a bike?<|assistant|>"]
+
+
+def test_lines_split_at_line_feeds_only(tmp_path):
+    rows = [{"id": f"p{k}", "prompt": f"How do I do task {k}?"} for k in range(40)]
+    rows[7]["prompt"] = "line\u2028separator inside"
+    jsonl = tmp_path / "prompts.jsonl"
+    jsonl.write_text("".join(json.dumps(r, ensure_ascii=False) + "\r\n" for r in rows), encoding="utf-8")
+    loaded = load_prompts(load_config(TINY, [f"data.prompts={jsonl}"]).data)
+    assert len(loaded) == 40 and loaded[7]["prompt"] == "line\u2028separator inside"
+    text = tmp_path / "prompts.txt"
+    text.write_text("".join(f"{r['prompt']}\n" for r in rows[:38]) + "How do I\x0cfix a bike?\nWhat is\u2028this\n",
+                    encoding="utf-8")
+    loaded = load_prompts(load_config(TINY, [f"data.prompts={text}"]).data)
+    assert [row["prompt"] for row in loaded[-2:]] == ["How do I\x0cfix a bike?", "What is\u2028this"]
+    assert len(loaded) == 40
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("seed=12:30", "'seed': Input should be a valid integer"),  # YAML 1.1 base 60 would be 750
+    ("seed=0x10", "'seed': Input should be a valid integer"),
+    ("=3", "--set '=3': the key has an empty part"),
+    (".ppo=3", "the key has an empty part"),
+    ("run_id=2026-01-01", "'run_id': Input should be a valid string: put it in quotes to keep it text"),
+    ("run_id=off", "put it in quotes to keep it text"),
+])
+def test_set_values_read_as_written(cli, tmp_path, override, needle):
+    cli("run", "--config", TINY, "--storage-root", str(tmp_path), "--set", override, needle=needle)
+    assert not list(tmp_path.iterdir())
+
+
+def test_set_numbers_written_in_decimal():
+    assert load_config(TINY, ["seed=010"]).seed == 10  # not octal 8
+    assert load_config(TINY, ["seed=1_000", "ppo.lr=1e-3"]).seed == 1000
+    assert load_config(TINY, ['run_id="2026-01-01"']).run_id == "2026-01-01"
+
+
+@pytest.mark.parametrize("settings, needle", [
+    ({"env": {"HF_HUB_OFFLINE": 1}}, "env must map text to text, got {'HF_HUB_OFFLINE': 1}: put values"),
+    ({"node_selector": {"spot": True}}, "node_selector must map text to text"),
+    ({"env": {"AWS_SECRET_ACCESS_KEY": "hunter2"}}, "env: AWS_SECRET_ACCESS_KEY looks like a credential"),
+    ({"env": {"1 BAD=": "x"}}, "is not an environment variable name"),
+    ({"namespace": "Bad_NS!"}, "namespace 'Bad_NS!' is not a Kubernetes name"),
+    ({"secrets": [{"name": "bad name", "env": {"X": "y"}}]}, "secret 'bad name' is not a Kubernetes name"),
+    ({"image": ""}, "image and gpu_image must name container images"),
+    ({"namespace": 5}, "namespace must be text, not 5"),
+])
+def test_cluster_settings_kubernetes_would_refuse(settings, needle):
+    with pytest.raises(ValueError) as refused:
+        cluster.from_dict(settings)
+    assert needle in str(refused.value)
+
+
+def test_cluster_settings_that_stay_valid():
+    spec = cluster.from_dict({"env": {"TOKENIZERS_PARALLELISM": "false", "AWS_ENDPOINT_URL": "http://minio:9000"},
+                              "namespace": "ml-team", "node_selector": {"spot": "true"}})
+    assert spec.env["TOKENIZERS_PARALLELISM"] == "false" and spec.namespace == "ml-team"
+
+
+@pytest.mark.parametrize("principles, needle", [
+    ("- {name: a, text: \"\\u200b\"}\n", "needs a non-empty string 'text'"),
+    ("- {name: a, text: Yes}\n", "put such a text in quotes"),
+    ("- {name: a, text: be kind, contrast: be kind}\n", "its 'contrast' repeats its 'text'"),
+    ("- {name: a, text: be kind}\n- {name: a, text: be brief}\n", "two principles are named 'a'"),
+])
+def test_constitutions_without_a_signal(cli, tmp_path, principles, needle):
+    constitution = tmp_path / "constitution.yaml"
+    constitution.write_text(principles, encoding="utf-8")
+    cli("run", "--config", TINY, "--storage-root", str(tmp_path / "root"), "--set",
+        f"label.constitution={constitution}", needle=needle)
+    assert not (tmp_path / "root").exists() or not list((tmp_path / "root").rglob("manifest.json"))
+
+
+def test_a_prompt_of_invisible_characters_is_empty(cli, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    rows = [{"prompt": f"How do I do task {k}?"} for k in range(40)] + [{"prompt": "\u200b\u200d\ufeff"}]
+    prompts.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    cli("run", "--config", TINY, "--storage-root", str(tmp_path / "root"), "--set", f"data.prompts={prompts}",
+        needle="line 41 has an empty prompt")
+
+
+def test_variables_left_in_the_environment(cli, tmp_path, monkeypatch):
+    monkeypatch.setenv("RLAIF_ERROR_FILE", str(tmp_path / "no-such-dir/errors"))  # not a launcher's: still one line
+    cli("run", "--config", TINY, "--set", "ppo=3", needle="'ppo' is a section, not a value: set its keys")
+    monkeypatch.delenv("RLAIF_ERROR_FILE")
+    for name in ("RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    cli("stage", "generate", "--config", TINY, "--set", f"storage.root=file://{tmp_path}/root",
+        needle="WORLD_SIZE=2 is set but RANK, MASTER_ADDR, MASTER_PORT not: run the stage under torchrun")
+    assert not list((tmp_path / "root").rglob("*.tar"))
