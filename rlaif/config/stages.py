@@ -367,8 +367,9 @@ class TrackingConfig(Strict):
 
 
 class PipelineConfig(Strict):
-    run_id: str = "demo"
-    """Name of the run; outputs go to <storage.root>/<run_id>/. Re-running the same run_id resumes it."""
+    run_id: str = "default"
+    """Name of the run; outputs go to <storage.root>/<run_id>/. Re-running the same run_id resumes it. The built-in
+    defaults run as `default`, apart from the demo config's `demo`."""
     seed: int = Field(0, ge=0, le=2**63 - 1)
     """Seed of every random choice in every stage."""
     storage: StorageConfig = StorageConfig()

@@ -178,3 +178,10 @@ def test_variables_left_in_the_environment(cli, tmp_path, monkeypatch):
     cli("stage", "generate", "--config", TINY, "--set", f"storage.root=file://{tmp_path}/root",
         needle="WORLD_SIZE=2 is set but RANK, MASTER_ADDR, MASTER_PORT not: run the stage under torchrun")
     assert not list((tmp_path / "root").rglob("*.tar"))
+
+
+def test_the_built_in_defaults_do_not_run_in_the_demos_run_directory():
+    # `rlaif run` with no --config runs the defaults: under the demo's run id it would replace the demo's outputs
+    from rlaif.config import PipelineConfig
+
+    assert PipelineConfig().run_id == "default" != load_config("configs/demo.yaml").run_id
