@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import threading
+from pathlib import Path
 
 from rlaif import __version__
 from rlaif.config import safe_run_id
@@ -288,8 +289,8 @@ def _dispatch(args) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         if args.command in PRINTS_ONLY:
             return 0
-        return _user_error(f"`rlaif {args.command}` stopped: the program reading its output (a pipe) exited; "
-                           "run it without the pipe, or send its output to a file")
+        return _user_error(f"`rlaif {args.command}` stopped: a pipe it wrote to was closed (the program reading its "
+                           "output exited?): run it without the pipe, or send its output to a file")
     except StageFailed as exc:
         print(f"error: {redact(str(exc))}", file=sys.stderr)
         return 2 if exc.code == 2 else 1
@@ -308,11 +309,14 @@ def _user_error(message: str) -> int:
             return 2
         except OSError:  # not a launcher's file (a variable left set): the message goes where a user sees it
             pass
-    print(f"error: {redact(message)}", file=sys.stderr)
+    try:
+        print(f"error: {redact(message)}", file=sys.stderr)
+    except BrokenPipeError:  # stderr went to the same closed pipe (`2>&1 | head`)
+        pass
     return 2
 
 
-PRINTS_ONLY = ("graph", "config", "report")  # commands whose output is all they do: a reader may stop early
+PRINTS_ONLY = ("graph", "config")  # commands whose output is all they do: a reader may stop early
 DISK_FULL = ("No space left on device", "Disk quota exceeded", "StorageFull")
 READ_ONLY = ("Read-only file system", "ReadOnlyFilesystem")
 ELSEWHERE = "storage.root, TMPDIR or RLAIF_CACHE"
@@ -323,15 +327,29 @@ WRONG_KIND = {errno.ENOTDIR: "part of this path is a file where a directory is e
               errno.EEXIST: "this exists and is not the directory expected here"}
 
 
+def _wrong_kind_on_disk(error: OSError) -> str | None:
+    """The error's path (a rename's destination first) where it is what its errno says: not a race, such as two
+    ranks creating one directory."""
+    for name in (error.filename2, error.filename):
+        if not isinstance(name, str):
+            continue
+        path = Path(name)
+        if ((error.errno == errno.ENOTDIR and any(part.is_file() for part in (path, *path.parents)))
+                or (error.errno == errno.EISDIR and path.is_dir())
+                or (error.errno == errno.EEXIST and path.exists() and not path.is_dir())):
+            return name
+    return None
+
+
 def disk_problem(exc: BaseException) -> str | None:
     """A full or read-only disk, or a path of the wrong kind (a file where the storage tree or cache holds a
     directory, or the reverse), behind an exception (an OSError, or a library's error wrapping one: safetensors,
     torch.save), as a one-line user error; None for anything else."""
     seen = exc
     while seen is not None:
-        if isinstance(seen, OSError) and seen.errno in WRONG_KIND and (seen.filename2 or seen.filename):
-            return (f"{seen.filename2 or seen.filename}: {WRONG_KIND[seen.errno]}: move it away, or point "
-                    f"storage.root, --run-id or RLAIF_CACHE elsewhere")
+        if isinstance(seen, OSError) and seen.errno in WRONG_KIND and (where := _wrong_kind_on_disk(seen)):
+            return (f"{where}: {WRONG_KIND[seen.errno]}: move it away, or point storage.root, --run-id or "
+                    "RLAIF_CACHE elsewhere")
         if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
             where = seen.filename2 or seen.filename
             fix = ("point it at a writable disk" if seen.errno == errno.EROFS

@@ -98,7 +98,10 @@ def _describe(err: ValidationError) -> str:
     key = ".".join(str(p) for p in first["loc"]) or "(top level)"
     if first["type"] == "extra_forbidden":
         return f"unknown config key '{key}'{_suggest(key)}: remove it or check its spelling (`rlaif config` lists them)"
-    if first["type"] in ("model_type", "model_attributes_type", "dict_type"):
+    section = first["type"] in ("model_type", "model_attributes_type", "dict_type")
+    if section and first.get("input") is None:
+        return f"section '{key}' is empty: give it keys, or remove the line (`rlaif config` lists them)"
+    if section and not any(isinstance(part, int) for part in first["loc"]):
         return f"'{key}' is a section, not a value: set its keys, e.g. {key}.<key>=VALUE (`rlaif config` lists them)"
     message = f"bad value for config key '{key}': {first['msg'].removeprefix('Value error, ')}"
     if first["type"] == "string_type" and isinstance(first.get("input"), (bool, int, float, datetime.date)):

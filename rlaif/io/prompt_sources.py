@@ -119,7 +119,7 @@ def _read_text(data: DataConfig) -> Source:
     name = f"prompts file {data.prompts}"
     lines = storage.text_lines(storage.read_user_file(data.prompts, "prompts file", FIX))
     return Source(name, [RawRow(f"{name} line {n}", f"line{n:07d}", {"prompt": line})
-                         for n, line in enumerate(lines, 1) if line.strip()])
+                         for n, line in enumerate(lines, 1) if not storage.is_blank(line)])
 
 
 def _read_jsonl(url: str) -> Source:

@@ -165,9 +165,9 @@ def parse_json(text: str, where: str):
 
 
 def text_lines(text: str) -> list[str]:
-    """A file's lines split at line feeds only (a CR before one dropped): str.splitlines also splits at U+2028, form
-    feeds and other Unicode boundaries, which JSON strings and prompts may hold as text."""
-    return [line.removesuffix("\r") for line in text.split("\n")]
+    """A file's lines, split at line ends only (LF, CRLF, or a lone CR as old Mac editors write): str.splitlines also
+    splits at U+2028, form feeds and other Unicode boundaries, which JSON strings and prompts may hold as text."""
+    return re.split(r"\r\n|\r|\n", text)
 
 
 def is_blank(text: str) -> bool:

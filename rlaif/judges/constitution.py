@@ -45,12 +45,16 @@ def load_constitution(path: str) -> list[dict]:
         if principle.get("contrast", "").strip() == principle["text"].strip():
             raise UserError(f"{where}: its 'contrast' repeats its 'text': describe the response it disfavours, or "
                             "leave 'contrast' out")
-        principle.setdefault("name", principle["text"][:40])
-    names = [principle["name"] for principle in principles]
-    if len(set(names)) < len(names):
-        twice = next(name for name in names if names.count(name) > 1)
+    given = [principle["name"] for principle in principles if "name" in principle]
+    if len(set(given)) < len(given):
+        twice = next(name for name in given if given.count(name) > 1)
         raise UserError(f"constitution {path}: two principles are named {twice!r} (results are reported per "
                         "principle name): give each its own name")
+    for i, principle in enumerate(principles):  # unnamed: its text's start, numbered where two would read alike
+        default = principle["text"][:40]
+        if "name" not in principle:
+            principle["name"] = default if default not in given else f"{default} ({i + 1})"
+            given.append(principle["name"])
     return principles
 
 

@@ -22,24 +22,26 @@ def format_prompts(tokenizer, policy, prompts: list[str]) -> list[str]:
         if not getattr(tokenizer, "chat_template", None):
             raise UserError("policy.chat_template is true but the policy's tokenizer has no chat template: set "
                             "policy.chat_template=false to use policy.prompt_template")
+        if PROBE not in _chat_turn(tokenizer, PROBE):  # a template may reshape a prompt, not drop it
+            raise UserError(f"the policy's chat template leaves the prompt out of its text: {TEMPLATE_FIX}")
         return [_chat_turn(tokenizer, p) for p in prompts]
     return [policy.prompt_template.format(prompt=p) for p in prompts]
 
 
+PROBE = "Which prime follows seven?"
+TEMPLATE_FIX = "fix the chat_template in its tokenizer_config.json, or set policy.chat_template=false"
+
+
 def _chat_turn(tokenizer, prompt: str) -> str:
-    """One user turn through the policy's chat template, refused in one line where the template fails or drops the
-    prompt (every prompt would then reach the policy as the same text)."""
+    """One user turn through the policy's chat template; a template that raises is one line."""
     from jinja2 import TemplateError
 
-    fix = "fix the chat_template in its tokenizer_config.json, or set policy.chat_template=false"
     try:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+        return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                              add_generation_prompt=True)
     except TemplateError as exc:
-        raise UserError(f"the policy's chat template fails ({type(exc).__name__}: {str(exc)[:160]}): {fix}") from None
-    if prompt.strip() and prompt.strip() not in text:
-        raise UserError(f"the policy's chat template leaves the prompt out of its text: {fix}")
-    return text
+        raise UserError(f"the policy's chat template fails ({type(exc).__name__}: {str(exc)[:160]}): "
+                        f"{TEMPLATE_FIX}") from None
 
 
 def encode_prompts(tokenizer, texts: list[str], device) -> dict:

@@ -108,14 +108,20 @@ class ClusterSpec:
         return json.dumps(asdict(self), sort_keys=True)
 
 
-K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # a DNS-1123 label: namespaces, secrets, accounts
+K8S_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # DNS-1123 label (63 at most): namespaces
+K8S_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")  # 253: secrets, accounts
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-SECRET_WORDS = {"SECRET", "TOKEN", "PASSWORD", "PASSWD", "CREDENTIALS"}  # whole words of a variable's name
+SECRET_WORDS = {"SECRET", "TOKEN", "PASSWORD", "PASSWD"}  # whole words of a variable's name
 SECRET_PAIRS = ("API_KEY", "ACCESS_KEY")
+
+
+NOT_SECRET = ("_FILE", "_PATH", "_URI", "_URL", "_DIR")  # where a credential is, not the credential
 
 
 def _looks_secret(name: str) -> bool:
     upper = name.upper()
+    if upper.endswith(NOT_SECRET) or "DISABLE" in upper:  # HF_TOKEN_PATH, HF_HUB_DISABLE_IMPLICIT_TOKEN
+        return False
     return bool(SECRET_WORDS & set(upper.split("_"))) or any(pair in upper for pair in SECRET_PAIRS)
 
 
@@ -126,16 +132,23 @@ def _check_types(spec: ClusterSpec) -> None:
         value = getattr(spec, item.name)
         if item.type == "str" and not isinstance(value, str):
             raise ValueError(f"{item.name} must be text, not {value!r}: put it in quotes")
+        if item.type == "bool" and not isinstance(value, bool):
+            raise ValueError(f"{item.name} must be true or false, not {value!r}")
+        if item.type in ("int", "int | None") and (isinstance(value, bool) or not isinstance(value, (int, type(None)))
+                                                   or (item.type == "int" and value is None)):
+            raise ValueError(f"{item.name} must be a whole number, not {value!r}")
         if item.type == "dict[str, str]" and not (isinstance(value, dict) and all(
                 isinstance(k, str) and isinstance(v, str) for k, v in value.items())):
             raise ValueError(f"{item.name} must map text to text, got {value!r}: put values such as true or 1 in "
                              "quotes")
     if not spec.image or not spec.gpu_image:
         raise ValueError("image and gpu_image must name container images")
-    for what, name in [("namespace", spec.namespace), ("service_account", spec.service_account),
-                       *[("secret", secret.name) for secret in spec.secrets]]:
-        if name and not (len(name) <= 63 and K8S_NAME.fullmatch(name)):
-            raise ValueError(f"{what} {name!r} is not a Kubernetes name (lowercase letters, digits and '-')")
+    if spec.namespace and not (len(spec.namespace) <= 63 and K8S_LABEL.fullmatch(spec.namespace)):
+        raise ValueError(f"namespace {spec.namespace!r} is not a Kubernetes namespace name (lowercase letters, "
+                         "digits and '-', 63 at most)")
+    for what, name in [("service_account", spec.service_account), *[("secret", s.name) for s in spec.secrets]]:
+        if name and not (len(name) <= 253 and K8S_SUBDOMAIN.fullmatch(name)):
+            raise ValueError(f"{what} {name!r} is not a Kubernetes name (lowercase letters, digits, '-' and '.')")
     for secret in spec.secrets:
         if not all(isinstance(k, str) and ENV_NAME.fullmatch(k) and isinstance(v, str) for k, v in secret.env.items()):
             raise ValueError(f"secret {secret.name}: env must map variable names to the secret's keys (text)")

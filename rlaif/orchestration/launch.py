@@ -15,6 +15,7 @@ from pathlib import Path
 from rlaif import tracking
 from rlaif.config import (
     PipelineConfig,
+    cache_key_dump,
     check_switches,
     dump_config,
     load_config,
@@ -73,12 +74,22 @@ def prepare(cfg: PipelineConfig, pipeline: bool = False, launched: str | None = 
         common.start_context(cfg, launched)
     config_url = storage.join(root, cfg.run_id, "config.yaml")
     text = dump_config(cfg).encode()
-    written = storage.exists(config_url)
-    if not written or storage.read_bytes(config_url) != text:
-        if written:  # a run without its config.yaml has not started
+    written = storage.read_bytes(config_url) if storage.exists(config_url) else None
+    if written != text:
+        if written is not None and other_outputs(written, cfg):  # a run without its config.yaml has not started
             refuse_while_running(cfg)
         storage.write_bytes_atomic(config_url, text)
     return config_url
+
+
+def other_outputs(written: bytes, cfg: PipelineConfig) -> bool:
+    """The run's config.yaml names settings that make other outputs than `cfg`'s (runtime settings such as
+    label.streaming, which one launcher of a streaming pipeline sets for its stage alone, do not count)."""
+    try:
+        before = parse_config(written.decode(), "the run's config.yaml")
+    except (UserError, UnicodeDecodeError):
+        return True
+    return cache_key_dump(before) != cache_key_dump(cfg)
 
 
 def refuse_while_running(cfg: PipelineConfig) -> None:

@@ -27,6 +27,9 @@ def test_a_run_in_progress_keeps_its_settings(tmp_path):
     written = storage.read_bytes(config_url)
     with StageLock(stage_url(cfg, "train_rm"), "stage 'train_rm' of run 'busy'"):  # this process runs the run
         launch.prepare(cfg)  # the same settings: another launcher of the same run may start its stages
+        # a streaming pipeline's label task adds label.streaming, a runtime setting, for itself alone
+        launch.prepare(load_config(TINY, [f"storage.root=file://{tmp_path}", "run_id=busy", "label.streaming=true"]))
+        written = storage.read_bytes(config_url)
         other = load_config(TINY, [f"storage.root=file://{tmp_path}", "run_id=busy", "ppo.lr=2e-5"])
         with pytest.raises(UserError, match="run 'busy' is running with other settings \\(stage 'train_rm', pid"):
             launch.prepare(other)
@@ -45,7 +48,7 @@ def test_a_closed_output_pipe(tmp_path, command, code):
     assert proc.wait(timeout=300) == code, err
     assert "Traceback" not in err
     if code:
-        assert err.strip().splitlines()[-1].startswith("error: `rlaif run` stopped: the program reading its output")
+        assert err.strip().splitlines()[-1].startswith("error: `rlaif run` stopped: a pipe it wrote to was closed")
         assert not list(tmp_path.rglob("manifest.json"))
 
 
@@ -88,6 +91,8 @@ def test_chat_templates_that_fail_or_drop_the_prompt(tokenizer, template, needle
     tokenizer.chat_template = "{% for m in messages %}<|user|>{{ m['content'] | trim }}{% endfor %}<|assistant|>"
     assert format_prompts(tokenizer, PolicyConfig(), [" How do I fix a bike? "]) == [
         "<|user|>How do I fix a bike?<|assistant|>"]
+    tokenizer.chat_template = "{% for m in messages %}<u>{{ m['content'].replace('  ', ' ') }}{% endfor %}<a>"
+    assert format_prompts(tokenizer, PolicyConfig(), ["How  do I fix a bike?"]) == ["<u>How do I fix a bike?<a>"]
 
 
 def test_lines_split_at_line_feeds_only(tmp_path):
@@ -103,6 +108,9 @@ def test_lines_split_at_line_feeds_only(tmp_path):
     loaded = load_prompts(load_config(TINY, [f"data.prompts={text}"]).data)
     assert [row["prompt"] for row in loaded[-2:]] == ["How do I\x0cfix a bike?", "What is\u2028this"]
     assert len(loaded) == 40
+    text.write_text("".join(f"{r['prompt']}\r" for r in rows) + "\u200b\r", encoding="utf-8")  # old Mac line ends
+    assert [row["prompt"] for row in load_prompts(load_config(TINY, [f"data.prompts={text}"]).data)] == [
+        r["prompt"] for r in rows]  # the invisible last line is a blank line
 
 
 @pytest.mark.parametrize("override, needle", [
@@ -112,6 +120,7 @@ def test_lines_split_at_line_feeds_only(tmp_path):
     (".ppo=3", "the key has an empty part"),
     ("run_id=2026-01-01", "'run_id': Input should be a valid string: put it in quotes to keep it text"),
     ("run_id=off", "put it in quotes to keep it text"),
+    ("ppo=null", "section 'ppo' is empty: give it keys, or remove the line"),
 ])
 def test_set_values_read_as_written(cli, tmp_path, override, needle):
     cli("run", "--config", TINY, "--storage-root", str(tmp_path), "--set", override, needle=needle)
@@ -141,9 +150,35 @@ def test_cluster_settings_kubernetes_would_refuse(settings, needle):
 
 
 def test_cluster_settings_that_stay_valid():
-    spec = cluster.from_dict({"env": {"TOKENIZERS_PARALLELISM": "false", "AWS_ENDPOINT_URL": "http://minio:9000"},
-                              "namespace": "ml-team", "node_selector": {"spot": "true"}})
-    assert spec.env["TOKENIZERS_PARALLELISM"] == "false" and spec.namespace == "ml-team"
+    plain = {"TOKENIZERS_PARALLELISM": "false", "AWS_ENDPOINT_URL": "http://minio:9000", "HF_TOKEN_PATH": "/t",
+             "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1", "GOOGLE_APPLICATION_CREDENTIALS": "/var/run/key.json",
+             "AWS_WEB_IDENTITY_TOKEN_FILE": "/var/run/token"}  # switches and paths, not credentials
+    spec = cluster.from_dict({"env": plain, "namespace": "ml-team", "node_selector": {"spot": "true"},
+                              "service_account": "pipeline-runner.sa",
+                              "secrets": [{"name": "rlaif.judge", "env": {"RLAIF_JUDGE_API_KEY": "api_key"}}]})
+    assert spec.env == plain and spec.namespace == "ml-team" and spec.secrets[0].name == "rlaif.judge"
+    with pytest.raises(ValueError, match="use_gpus must be true or false, not 'false'"):
+        cluster.from_dict({"use_gpus": "false"})
+
+
+def test_a_directory_two_ranks_create_is_no_wrong_kind(tmp_path):
+    from rlaif.cli import disk_problem
+
+    (tmp_path / "made").mkdir()
+    with pytest.raises(FileExistsError) as race:
+        (tmp_path / "made").mkdir()
+    assert disk_problem(race.value) is None  # the directory is one: a race or a bug, not the user's path
+
+
+def test_unnamed_principles_that_start_alike_keep_apart(tmp_path):
+    from rlaif.judges.constitution import load_constitution
+
+    start = "Please choose the assistant response that is as "
+    constitution = tmp_path / "constitution.yaml"
+    constitution.write_text(f"- text: {start}harmless as possible\n- text: {start}ethical as possible\n"
+                            f"- {{name: brief, text: be brief}}\n")
+    names = [principle["name"] for principle in load_constitution(str(constitution))]
+    assert names == [start[:40], f"{start[:40]} (2)", "brief"]
 
 
 @pytest.mark.parametrize("principles, needle", [
