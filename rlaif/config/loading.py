@@ -33,20 +33,12 @@ def safe_run_id(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")[:128].rstrip("-.") or "run"
 
 
-# YAML 1.1 reads 010 as octal 8, 12:30 as base-60 750 and 0x1f as hex: a --set value that reads as an integer is
-# one only when it is written as plain decimal digits; otherwise it stays the text it was.
-_DECIMAL = re.compile(r"[-+]?(0|[1-9][0-9_]*)")
-
-
 def _parse_value(text: str) -> Any:
-    """`--set` values are YAML scalars: 3, 0.5, true, null, "text"."""
+    """`--set` values are YAML scalars: 3, 0.5, true, null, "text" (integers in decimal only, as in config files)."""
     try:
-        value = yaml.safe_load(text)
+        return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except (yaml.YAMLError, RecursionError):
         return text
-    if isinstance(value, int) and not isinstance(value, bool) and not _DECIMAL.fullmatch(text.strip()):
-        return text.strip()
-    return value
 
 
 def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:

@@ -11,6 +11,8 @@ from pathlib import Path
 from rlaif.errors import UserError
 
 HUB_ID = re.compile(r"(?:hf://)?([A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96})(?:@([\w./-]{1,128}))?")
+# hf:// also takes the hub's legacy one-part ids (gpt2, distilgpt2); written bare, such a name is a local directory.
+HF_URL = re.compile(r"hf://([A-Za-z0-9][\w.-]{0,95}(?:/[\w.-]{1,96})?)(?:@([\w./-]{1,128}))?")
 # Only what loading needs: configs, safetensors weights, tokenizer files, and model code (which runs only with
 # trust_remote_code); never pickled weights.
 ALLOW = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jinja", "*.py"]
@@ -23,9 +25,9 @@ def offline() -> bool:
 def parse(spec: str) -> tuple[str, str | None] | None:
     """(repo id, revision or None) when `spec` names a hub model rather than a local directory or another URL."""
     if spec.startswith("hf://"):
-        match = HUB_ID.fullmatch(spec)
+        match = HF_URL.fullmatch(spec)
         if not match:
-            raise UserError(f"model {spec}: a hub model is hf://org/name or hf://org/name@revision")
+            raise UserError(f"model {spec}: a hub model is hf://org/name, hf://name or hf://org/name@revision")
         return match.group(1), match.group(2)
     if "://" in spec or spec.startswith(("builtin:", "/", ".", "~")) or Path(spec).expanduser().exists():
         return None

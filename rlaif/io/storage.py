@@ -13,6 +13,7 @@ import re
 import shutil
 import stat
 import tempfile
+import unicodedata
 import uuid
 from pathlib import Path
 
@@ -172,8 +173,6 @@ def text_lines(text: str) -> list[str]:
 
 def is_blank(text: str) -> bool:
     """Nothing a reader sees: spaces, and format characters such as zero-width spaces, joiners and marks."""
-    import unicodedata
-
     return all(ch.isspace() or unicodedata.category(ch) in ("Cf", "Cc") for ch in text)
 
 

@@ -1,8 +1,15 @@
-"""A YAML loader that refuses a mapping with one key twice (PyYAML keeps the last silently): configs, constitutions
-and the cluster settings, which the Airflow DAGs read too (PyYAML only, no other rlaif dependency)."""
+"""A YAML loader that refuses a mapping with one key twice (PyYAML keeps the last silently) and reads integers only
+when written in decimal: configs, `--set` values, constitutions and the cluster settings, which the Airflow DAGs read
+too (PyYAML only, no other rlaif dependency)."""
 from __future__ import annotations
 
+import re
+
 import yaml
+
+# YAML 1.1 reads 010 as octal 8, 12:30 as base-60 750 and 0x1f as hex: a value is an integer only when written as
+# plain decimal digits; otherwise it stays the text it was (an integer setting then says it wants a number).
+DECIMAL = re.compile(r"[-+]?(0|[1-9][0-9_]*)")
 
 
 class UniqueKeyLoader(yaml.SafeLoader):
@@ -22,3 +29,10 @@ class UniqueKeyLoader(yaml.SafeLoader):
                 raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+    def construct_yaml_int(self, node):
+        text = self.construct_scalar(node)
+        return super().construct_yaml_int(node) if DECIMAL.fullmatch(text.strip()) else text
+
+
+UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", UniqueKeyLoader.construct_yaml_int)

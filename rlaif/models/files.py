@@ -10,7 +10,8 @@ from rlaif.errors import UserError
 
 def check_model_dir(path: Path, what: str) -> Path:
     if not path.is_dir():
-        raise UserError(f"{what} directory not found: {path} (give a Hugging Face model directory)")
+        raise UserError(f"{what} directory not found: {path} (give a Hugging Face model directory, or a hub model as "
+                        f"org/name or hf://{path.name or 'name'})")
     if not (path / "config.json").exists():
         raise UserError(f"{what} directory {path} has no config.json: it is not a Hugging Face model directory")
     if not any(path.glob("*.safetensors")):

@@ -22,13 +22,17 @@ def format_prompts(tokenizer, policy, prompts: list[str]) -> list[str]:
         if not getattr(tokenizer, "chat_template", None):
             raise UserError("policy.chat_template is true but the policy's tokenizer has no chat template: set "
                             "policy.chat_template=false to use policy.prompt_template")
-        if PROBE not in _chat_turn(tokenizer, PROBE):  # a template may reshape a prompt, not drop it
-            raise UserError(f"the policy's chat template leaves the prompt out of its text: {TEMPLATE_FIX}")
+        template = str(tokenizer.chat_template)
+        if template not in _KEEPS_THE_PROMPT:  # a template may reshape a prompt, not drop it; checked once
+            if PROBE not in _chat_turn(tokenizer, PROBE):
+                raise UserError(f"the policy's chat template leaves the prompt out of its text: {TEMPLATE_FIX}")
+            _KEEPS_THE_PROMPT.add(template)
         return [_chat_turn(tokenizer, p) for p in prompts]
     return [policy.prompt_template.format(prompt=p) for p in prompts]
 
 
 PROBE = "Which prime follows seven?"
+_KEEPS_THE_PROMPT: set[str] = set()  # chat templates whose probe showed the prompt
 TEMPLATE_FIX = "fix the chat_template in its tokenizer_config.json, or set policy.chat_template=false"
 
 

@@ -78,6 +78,12 @@ def test_unreachable_hub(cli, tmp_path, root, monkeypatch):
         needle="policy model acme/tiny: no local directory acme/tiny, and the hub could not be reached")
     cli("run", "--config", TINY, *root, "--set", "policy.model=hf://acme/tiny",  # explicitly the hub's
         needle="policy model hf://acme/tiny: the hub could not be reached")
+    # The hub's legacy one-part ids: through hf://, and a bare one-part name is a local directory that says so.
+    cli("run", "--config", TINY, *root, "--set", "policy.model=hf://gpt2",
+        needle="policy model hf://gpt2: the hub could not be reached")
+    cli("run", "--config", TINY, *root, "--set", "policy.model=gpt2",
+        needle="policy model directory not found: gpt2 (give a Hugging Face model directory, or a hub model as "
+               "org/name or hf://gpt2)")
     # A mistyped relative path has the shape of a hub id: said so, since ./configs exists here.
     cli("run", "--config", TINY, *root, "--set", "train_rm.backbone=configs/missing",
         needle="no local directory configs/missing (./configs/ exists), and the hub could not be reached")

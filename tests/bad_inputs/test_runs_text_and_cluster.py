@@ -133,6 +133,17 @@ def test_set_numbers_written_in_decimal():
     assert load_config(TINY, ['run_id="2026-01-01"']).run_id == "2026-01-01"
 
 
+def test_config_file_numbers_written_in_decimal(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("seed: 010\nrun_id: 0755\nppo:\n  rollout_batch_size: 1_024\n")
+    loaded = load_config(str(config))
+    assert (loaded.seed, loaded.run_id, loaded.ppo.rollout_batch_size) == (10, "0755", 1024)  # not octal 8, 493
+    for written in ("12:30", "0x1f", "0o17"):  # base 60 (750), hex, octal: refused, not read as another number
+        config.write_text(f"seed: {written}\n")
+        with pytest.raises(UserError, match="'seed': Input should be a valid integer"):
+            load_config(str(config))
+
+
 @pytest.mark.parametrize("settings, needle", [
     ({"env": {"HF_HUB_OFFLINE": 1}}, "env must map text to text, got {'HF_HUB_OFFLINE': 1}: put values"),
     ({"node_selector": {"spot": True}}, "node_selector must map text to text"),
