@@ -6,6 +6,7 @@ the content fields, not timestamps) is what downstream stages key their caches o
 from __future__ import annotations
 
 import json
+import re
 import time
 
 from rlaif import __version__
@@ -17,10 +18,17 @@ from rlaif.io.digest import code_digest
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
 _DIGEST_FIELDS = ("schema_version", "stage", "config_hash", "inputs", "shards", "files", "num_samples")
+# Files that record how a run went rather than what it made: per-step logs with throughput, TensorBoard event files
+# (wall times in their names and records) and model cards (which name the run). Listed and size-checked like any
+# file, but outside the digest: an unchanged re-run keeps its digest, so the stages below it stay cached.
+RECORDS = re.compile(r"(?:^|/)(?:README\.md|metrics\.jsonl)$|^tensorboard/")
 
 
 def digest(manifest: dict) -> str:
-    return sha256_json({k: manifest.get(k) for k in _DIGEST_FIELDS})
+    fields = {k: manifest.get(k) for k in _DIGEST_FIELDS}
+    fields["files"] = [entry for entry in fields["files"] or []
+                       if not (isinstance(entry, dict) and RECORDS.search(str(entry.get("path"))))]
+    return sha256_json(fields)
 
 
 def read(stage_url: str) -> dict | None:

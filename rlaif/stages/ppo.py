@@ -401,6 +401,9 @@ def export(ctx: StageContext, policy: PolicyWithValue, tokenizer, rows: list[dic
             # The base model as the user named it (a hub model by repo id and revision), not this machine's cache.
             adapter = lm.peft_config["default"]
             adapter.base_model_name_or_path, adapter.revision = card.base_model_id(ctx.cfg.policy.model)
+            # peft keeps the layer names as a set, saved in hash order: sorted, the file is the same on every run
+            if isinstance(adapter.target_modules, set):
+                adapter.target_modules = sorted(adapter.target_modules)
             lm.save_pretrained(out / "adapter", safe_serialization=True)
             card.write(out / "adapter", card.policy_card(ctx, rows, adapter=True))
             lm = lm.merge_and_unload()

@@ -107,17 +107,19 @@ def test_second_runner_refuses_and_a_killed_runner_resumes_from_the_ppo_checkpoi
 
 
 def test_rerunning_a_stage_gives_the_same_digest(tmp_path):
-    root = f"file://{tmp_path}"
+    # Digests cover what a stage made, not its records: train_rm and ppo also write per-step throughput, TensorBoard
+    # event files and model cards naming the run, which differ on every re-run.
+    root, stages = f"file://{tmp_path}", ("generate", "label", "train_rm", "ppo")
+    settings = ["--set", "label.judge=rules", "--set", "ppo.iterations=1", "--set", "tracking.report_to=[tensorboard]"]
     digests = []
     for _ in range(2):
-        for stage in ("generate", "label"):
-            proc = rlaif("launch", stage, "--config", "configs/tiny.yaml", "--storage-root", root, "--set",
-                         "label.judge=rules")
+        for stage in stages:
+            proc = rlaif("launch", stage, "--config", "configs/tiny.yaml", "--storage-root", root, *settings)
             assert proc.returncode == 0, proc.stderr[-2000:]
-        digests.append([json.loads((tmp_path / f"tiny/{s}/manifest.json").read_text())["digest"]
-                        for s in ("generate", "label")])
-        for stage in ("generate", "label"):  # force real re-runs, not cache hits
+        digests.append([json.loads((tmp_path / f"tiny/{s}/manifest.json").read_text())["digest"] for s in stages])
+        for stage in stages:  # force real re-runs, not cache hits
             (tmp_path / f"tiny/{stage}/manifest.json").unlink()
+    assert list((tmp_path / "tiny/train_rm").glob("tensorboard/*"))  # the records were written, and differ
     assert digests[0] == digests[1]
 
 
