@@ -169,6 +169,10 @@ def _serve(args) -> int:
     from rlaif.serving.engine import check_bindable, check_served_model
 
     cfg = load_config(args.config, args.overrides)
+    if args.cluster and not args.manifest:
+        raise UserError("--cluster is read by --manifest only: add --manifest rayservice|deployment, or drop it")
+    if args.address and (args.no_ray or args.manifest):
+        raise UserError("--address joins a Ray cluster to serve on: drop it with --no-ray or --manifest")
     check_served_model(cfg, cfg.serve.model)
     if args.manifest:
         from rlaif.orchestration.cluster import load
@@ -183,7 +187,7 @@ def _serve(args) -> int:
         from rlaif.serving.engine import make_engine
 
         check_bindable(cfg.serve.host, cfg.serve.port)
-        app = plain_app(make_engine(cfg, cfg.serve.model), cfg.serve.service_name)
+        app = plain_app(make_engine(cfg, cfg.serve.model), cfg.serve.service_name, cfg.serve.route_prefix)
         print(f"serving the {cfg.serve.model} at {cfg.serve.base_url} (one replica, no Ray)", flush=True)
         uvicorn.run(app, host=cfg.serve.host, port=cfg.serve.port, log_level="warning")
         return 0

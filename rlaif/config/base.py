@@ -24,6 +24,20 @@ def _non_blank(text: str) -> str:
 NonEmptyString = Annotated[str, AfterValidator(_non_empty)]
 Phrase = Annotated[str, AfterValidator(_non_blank)]
 
+# Sampling divides logits by the temperature: far below this they overflow (NaN log-probs at 1e-40), and near it
+# every token but the top one is already all but impossible. 0, where a setting allows it, is greedy decoding.
+MIN_TEMPERATURE = 0.01
+
+
+def _samplable(temperature: float) -> float:
+    if 0 < temperature < MIN_TEMPERATURE:
+        raise ValueError(f"{temperature:g} is too small to sample with (logits / temperature overflow): use at least "
+                         f"{MIN_TEMPERATURE}, or 0 for greedy decoding where the setting allows it")
+    return temperature
+
+
+Temperature = Annotated[float, AfterValidator(_samplable)]
+
 RUNTIME = {"cache_key": False}  # json_schema_extra of a field that says how or where work runs, not what it computes
 
 

@@ -5,7 +5,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from rlaif.config.base import Strict, runtime_field
+from rlaif.config.base import Strict, Temperature, runtime_field
 
 
 class PPOConfig(Strict):
@@ -71,7 +71,7 @@ class PPOConfig(Strict):
     (GPUs), where they differ more and keeping the hidden states would cost the decoder its CUDA graph (measured in
     BENCHMARKS.md). Models
     whose logits are not a plain head over the last hidden state always recompute."""
-    temperature: float = Field(0.7, gt=0, le=100)
+    temperature: Temperature = Field(0.7, gt=0, le=100)
     """Rollout sampling temperature; log-probs are taken at the same temperature (TRL's default, 0.7, and the
     evaluation's). At 1.0 a small policy's long answers come out garbled often enough that PPO settles on a short,
     reliable reply instead (measured in BENCHMARKS.md)."""

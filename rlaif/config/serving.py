@@ -69,8 +69,9 @@ class ServeConfig(Strict):
     port: int = Field(8000, ge=1, le=65535)
     """HTTP port of the service."""
     route_prefix: str = Field("/", pattern=r"^/([A-Za-z0-9_-]+)?$")
-    """Ray Serve path of this service (`/`, or `/policy` to host several services on one Ray cluster and port); the
-    API root is then http://HOST:PORT<route_prefix>/v1."""
+    """Path of this service (`/`, or `/policy` to host several services on one Ray cluster and port; `--no-ray`
+    serves under it too); the API root is then http://HOST:PORT<route_prefix>/v1. The Kubernetes manifests serve at
+    `/` (each service has its own name)."""
     name: str = Field("", max_length=40, pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)?$")
     """Kubernetes name of the service; empty: rlaif-<model>."""
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from rlaif.config.base import Strict
+from rlaif.config.base import Strict, Temperature
 
 
 class StudentConfig(Strict):
@@ -29,7 +29,7 @@ class StudentConfig(Strict):
     responses only."""
     max_prompts: int | None = Field(2048, ge=1)
     """PPO training prompts to sample for (None: all)."""
-    temperature: float = Field(0.7, gt=0, le=100)
+    temperature: Temperature = Field(0.7, gt=0, le=100)
     """Sampling temperature of those responses (PPO's rollout default)."""
     max_new_tokens: int = Field(40, ge=1, le=32768)
     """Longest sampled response (PPO's rollout default)."""

@@ -2,8 +2,8 @@
 
 A byte-level BPE tokenizer is trained on the shipped demonstrations, the model is initialised from a LlamaConfig, and
 a short supervised pass on the demonstrations (mixed quality on purpose, so RL has something to improve) warm-starts
-it. The result is cached under $RLAIF_CACHE/models/, keyed by the config and the data, and built once under a file
-lock so concurrent processes (torchrun ranks, parallel stages) share one build.
+it. The result is cached under $RLAIF_CACHE/models/, keyed by the config, the data and this file's source, and built
+once under a file lock so concurrent processes (torchrun ranks, parallel stages) share one build.
 """
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from pathlib import Path
 
 import torch
 
-from rlaif import __version__
 from rlaif.config import PolicyConfig, sha256_json
 from rlaif.errors import UserError
 from rlaif.io.prompts import read_demonstrations
@@ -109,7 +108,7 @@ def tiny_policy_dir(cfg: PolicyConfig) -> Path:
     read_demonstrations(cfg.tiny.demonstrations)
     key = sha256_json(
         {"tiny": cfg.tiny.model_dump(exclude={"demonstrations"}), "template": cfg.prompt_template,
-         "data": sha256_file(Path(cfg.tiny.demonstrations)), "code": __version__}
+         "data": sha256_file(Path(cfg.tiny.demonstrations)), "code": sha256_file(Path(__file__))}  # this build's code
     )[:16]
     return cache_dir() / "models" / f"tiny-llama-{key}"
 

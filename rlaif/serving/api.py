@@ -12,7 +12,7 @@ import uuid
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from rlaif.config.base import yes_no_for_a_number
+from rlaif.config.base import Temperature, yes_no_for_a_number
 from rlaif.io.prompts import encodable
 from rlaif.serving.engine import BadRequest, Choice, Request
 
@@ -22,10 +22,10 @@ REPLICA_HEADER = "x-rlaif-replica"  # the answering replica's process id: which 
 class CompletionBody(BaseModel):
     """Unknown OpenAI fields (user, frequency_penalty at 0, ...) are ignored, as OpenAI-compatible servers do."""
 
-    model_config = ConfigDict(extra="ignore", strict=True)  # "4" is not a number of tokens
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)  # "4" is not a number of tokens
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int = Field(16, ge=1, le=32768)
-    temperature: float = Field(1.0, ge=0, le=100)
+    temperature: Temperature = Field(1.0, ge=0, le=100)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(-1, ge=-1)
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
@@ -72,6 +72,8 @@ def parse_request(body: dict) -> Request:
     stop = [parsed.stop] if isinstance(parsed.stop, str) else list(parsed.stop or [])
     if "" in stop:
         raise BadRequest("stop holds an empty string, which would end every completion at once: remove it")
+    if not all(map(encodable, stop)):
+        raise BadRequest("stop holds a lone surrogate (an unpaired \\ud800-\\udfff escape)")
     seed = parsed.seed if parsed.seed is not None else random.randrange(2**63)
     return Request(prompts=list(prompts), max_tokens=parsed.max_tokens, temperature=parsed.temperature,
                    top_p=parsed.top_p, top_k=max(parsed.top_k, 0), seed=seed, stop=stop, logprobs=parsed.logprobs,
@@ -92,6 +94,15 @@ def _logprobs(engine, choice: Choice) -> dict | None:
             "top_token_ids": [[[tid, lp] for tid, lp in step] for step in tops]}  # exact ids: strings may collide
 
 
+def _unique_keys(pairs: list) -> dict:
+    """A JSON object that names a key twice is refused: which of its values would be meant is a guess."""
+    keys = [key for key, _ in pairs]
+    if len(set(keys)) != len(keys):
+        duplicate = next(key for key in keys if keys.count(key) > 1)
+        raise BadRequest(f"the body names {duplicate!r} twice: send each parameter once")
+    return dict(pairs)
+
+
 async def completion_response(engine, name: str, raw: bytes):
     """The HTTP response to a completions request's raw body, in both apps: the completion, or a 400 in OpenAI's
     error format for a body that is not a JSON object (FastAPI's own check would answer 422 in its own format) or a
@@ -100,8 +111,10 @@ async def completion_response(engine, name: str, raw: bytes):
 
     try:
         try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError):
+            body = json.loads(raw, object_pairs_hook=_unique_keys)
+        except BadRequest:
+            raise
+        except (ValueError, RecursionError):  # not JSON or UTF-8, a number past Python's digit limit, deep nesting
             raise BadRequest("the body is not JSON: send a JSON object of completion parameters") from None
         if not isinstance(body, dict):
             raise BadRequest("the body is not a JSON object of completion parameters")
@@ -131,8 +144,9 @@ def replica_headers() -> dict:
     return {REPLICA_HEADER: str(os.getpid())}
 
 
-def plain_app(engine, name: str):
-    """One replica in this process, without Ray (the Kubernetes Deployment's pods, behind a Service and an HPA)."""
+def plain_app(engine, name: str, route_prefix: str = "/"):
+    """One replica in this process, without Ray (the Kubernetes Deployment's pods, behind a Service and an HPA); its
+    API at <route_prefix>/v1, as Ray Serve mounts it."""
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse
     from starlette.requests import Request as StarletteRequest
@@ -143,7 +157,9 @@ def plain_app(engine, name: str):
     async def healthz():
         return {"ok": True}
 
-    @app.get("/v1/models")
+    api_root = route_prefix.rstrip("/") + "/v1"
+
+    @app.get(f"{api_root}/models")
     async def list_models():
         return JSONResponse(models(engine, name), headers=replica_headers())
 
@@ -153,6 +169,6 @@ def plain_app(engine, name: str):
     # The raw request, not a `dict` body FastAPI would check (and answer 422 in its own format); the annotation is
     # set here, where fastapi is imported, not as a string FastAPI would resolve in this module's globals.
     completions.__annotations__ = {"request": StarletteRequest}
-    app.post("/v1/completions")(completions)
+    app.post(f"{api_root}/completions")(completions)
 
     return app

@@ -60,7 +60,7 @@ def deployment(cfg: PipelineConfig, cluster: ClusterSpec) -> list[dict]:
     meta = {"name": s.service_name, "namespace": cluster.namespace}
     labels = {"app.kubernetes.io/name": s.service_name, "app.kubernetes.io/part-of": "rlaif"}
     pod = plan.pod_spec("server", ["rlaif", "serve", "--no-ray", "--config", f"{CONFIG_DIR}/config.yaml",
-                                   "--set", "serve.host=0.0.0.0"])
+                                   "--set", "serve.host=0.0.0.0", "--set", "serve.route_prefix=/"])  # as Ray's
     container = pod["containers"][0]
     container["ports"] = [{"containerPort": s.port, "name": "http"}]
     container["volumeMounts"].append({"name": "config", "mountPath": CONFIG_DIR, "readOnly": True})

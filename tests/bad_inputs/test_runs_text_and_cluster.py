@@ -231,3 +231,19 @@ def test_the_built_in_defaults_do_not_run_in_the_demos_run_directory():
     from rlaif.config import PipelineConfig
 
     assert PipelineConfig().run_id == "default" != load_config("configs/demo.yaml").run_id
+
+
+def test_serve_flags_that_would_be_ignored(cli):
+    cli("serve", "--config", TINY, "--no-ray", "--cluster", "/nowhere/cluster.yaml",
+        needle="--cluster is read by --manifest only")
+    cli("serve", "--config", TINY, "--no-ray", "--address", "bogus:1", needle="--address joins a Ray cluster")
+    cli("serve", "--config", TINY, "--manifest", "deployment", "--address", "auto",
+        needle="--address joins a Ray cluster")
+
+
+def test_sampling_temperatures_too_small_to_sample_with():
+    for key in ("generate", "ppo", "evaluate", "train_rm.student"):
+        with pytest.raises(UserError, match=f"'{key}.temperature': 1e-40 is too small to sample with"):
+            load_config(TINY, [f"{key}.temperature=1e-40"])
+    assert load_config(TINY, ["generate.temperature=0"]).generate.temperature == 0  # greedy, where allowed
+    assert load_config(TINY, ["ppo.temperature=0.01"]).ppo.temperature == 0.01

@@ -201,6 +201,17 @@ def test_plain_service_answers_and_scores_like_the_in_process_judge(judge_model_
     refused = client.post("/v1/completions", json={"prompt": "x", "n": 3})
     assert refused.status_code == 400 and "n" in refused.json()["error"]["message"]
     for raw, problem in ((b"{not json", "not JSON"), (b"[1, 2]", "not a JSON object"), (b"\xff", "not JSON"),
-                         (b'{"prompt": "x", "max_tokens": "4"}', "max_tokens")):  # OpenAI's error format, not 422
+                         (b'{"prompt": "x", "max_tokens": "4"}', "max_tokens"),  # OpenAI's error format, not 422
+                         # a 500 with a traceback before: nesting past the recursion limit, an integer past Python's
+                         # 4,300 digits, a lone surrogate in a stop string
+                         (b'{"prompt": "x", "a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "not JSON"),
+                         (b'{"prompt": "x", "max_tokens": 1' + b"0" * 5000 + b"}", "not JSON"),
+                         (b'{"prompt": "x", "stop": "\\ud800"}', "stop holds a lone surrogate"),
+                         (b'{"prompt": "x", "max_tokens": 2, "max_tokens": 9}', "names 'max_tokens' twice"),
+                         (b'{"prompt": "x", "temperature": NaN}', "finite number"),
+                         (b'{"prompt": "x", "temperature": 1e-45}', "too small to sample with")):
         refused = client.post("/v1/completions", content=raw, headers={"content-type": "application/json"})
         assert refused.status_code == 400 and problem in refused.json()["error"]["message"], refused.text
+    # --no-ray serves under serve.route_prefix, as Ray Serve does (it served /v1 and printed /judge/v1 before)
+    prefixed = TestClient(plain_app(engine, "rlaif-judge", "/judge"))
+    assert prefixed.get("/judge/v1/models").status_code == 200 and prefixed.get("/v1/models").status_code == 404

@@ -153,3 +153,17 @@ def test_an_upstream_reached_by_two_paths_is_hashed_once(tmp_path, monkeypatch):
                    inputs={}, shards=[])
     with pytest.raises(UserError, match="stage 'train_rm' reads 'label', whose output in run 'paths' was made"):
         common.context(cfg, "evaluate")
+
+
+def test_the_tiny_policy_is_built_again_when_its_build_code_changes(tmp_path, monkeypatch):
+    # keyed by the package version before: an edit of the build reran generate (its key covers the code) on the old
+    # cached policy
+    import rlaif.models.tiny as tiny
+    from rlaif.config import load_config
+
+    policy = load_config("configs/tiny.yaml").policy
+    before = tiny.tiny_policy_dir(policy)
+    edited = tmp_path / "tiny.py"
+    edited.write_text(open(tiny.__file__).read() + "\n# a change to the build\n")
+    monkeypatch.setattr(tiny, "__file__", str(edited))
+    assert tiny.tiny_policy_dir(policy) != before
