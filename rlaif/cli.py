@@ -172,7 +172,10 @@ def _serve(args) -> int:
     if args.cluster and not args.manifest:
         raise UserError("--cluster is read by --manifest only: add --manifest rayservice|deployment, or drop it")
     if args.address and (args.no_ray or args.manifest):
-        raise UserError("--address joins a Ray cluster to serve on: drop it with --no-ray or --manifest")
+        raise UserError("--address is for serving on Ray here: --no-ray and --manifest do not use it, drop it")
+    if args.no_ray and args.manifest:
+        raise UserError("--manifest renders the service's Kubernetes manifests (--manifest deployment: pods without "
+                        "Ray): drop --no-ray")
     check_served_model(cfg, cfg.serve.model)
     if args.manifest:
         from rlaif.orchestration.cluster import load

@@ -24,19 +24,27 @@ def _non_blank(text: str) -> str:
 NonEmptyString = Annotated[str, AfterValidator(_non_empty)]
 Phrase = Annotated[str, AfterValidator(_non_blank)]
 
-# Sampling divides logits by the temperature: far below this they overflow (NaN log-probs at 1e-40), and near it
-# every token but the top one is already all but impossible. 0, where a setting allows it, is greedy decoding.
-MIN_TEMPERATURE = 0.01
+# Sampling divides logits by the temperature: far below this they overflow (NaN log-probs at 1e-40). vLLM samples
+# greedily below it; the served API does the same, and stage settings refuse it.
+MIN_TEMPERATURE = 1e-5
 
 
 def _samplable(temperature: float) -> float:
-    if 0 < temperature < MIN_TEMPERATURE:
+    if temperature < MIN_TEMPERATURE:
         raise ValueError(f"{temperature:g} is too small to sample with (logits / temperature overflow): use at least "
-                         f"{MIN_TEMPERATURE}, or 0 for greedy decoding where the setting allows it")
+                         f"{MIN_TEMPERATURE:g}")
     return temperature
 
 
-Temperature = Annotated[float, AfterValidator(_samplable)]
+def _samplable_or_greedy(temperature: float) -> float:
+    if 0 < temperature < MIN_TEMPERATURE:
+        raise ValueError(f"{temperature:g} is too small to sample with (logits / temperature overflow): use at least "
+                         f"{MIN_TEMPERATURE:g}, or 0 for greedy decoding")
+    return temperature
+
+
+Temperature = Annotated[float, AfterValidator(_samplable)]  # a sampling temperature
+TemperatureOrGreedy = Annotated[float, AfterValidator(_samplable_or_greedy)]  # 0: greedy decoding
 
 RUNTIME = {"cache_key": False}  # json_schema_extra of a field that says how or where work runs, not what it computes
 

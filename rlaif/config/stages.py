@@ -7,7 +7,14 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from rlaif.config.base import NonEmptyString, Strict, Temperature, no_credentials, runtime_field
+from rlaif.config.base import (
+    NonEmptyString,
+    Strict,
+    Temperature,
+    TemperatureOrGreedy,
+    no_credentials,
+    runtime_field,
+)
 from rlaif.config.judges import JudgeSettings, JudgeSpec
 from rlaif.config.ppo import PPOConfig
 from rlaif.config.serving import ServeConfig, ServiceEndpoint
@@ -158,7 +165,7 @@ class GenerateConfig(Strict):
     """Use at most this many training prompts (None: all)."""
     max_new_tokens: int = Field(40, ge=1, le=32768)
     """Longest response in tokens."""
-    temperature: Temperature = Field(1.0, ge=0, le=100)
+    temperature: TemperatureOrGreedy = Field(1.0, ge=0, le=100)
     """Sampling temperature; 0 is greedy decoding (then every sample of a prompt is the same: see identical_pairs)."""
     top_p: float = Field(1.0, gt=0, le=1)
     """Nucleus sampling mass."""

@@ -27,7 +27,8 @@ def parse(spec: str) -> tuple[str, str | None] | None:
     if spec.startswith("hf://"):
         match = HF_URL.fullmatch(spec)
         if not match:
-            raise UserError(f"model {spec}: a hub model is hf://org/name, hf://name or hf://org/name@revision")
+            raise UserError(f"model {spec}: a hub model is hf://org/name or hf://name, each with an optional "
+                            "@revision")
         return match.group(1), match.group(2)
     if "://" in spec or spec.startswith(("builtin:", "/", ".", "~")) or Path(spec).expanduser().exists():
         return None

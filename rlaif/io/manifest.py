@@ -19,9 +19,10 @@ SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
 _DIGEST_FIELDS = ("schema_version", "stage", "config_hash", "inputs", "shards", "files", "num_samples")
 # Files that record how a run went rather than what it made: per-step logs with throughput, TensorBoard event files
-# (wall times in their names and records) and model cards (which name the run). Listed and size-checked like any
-# file, but outside the digest: an unchanged re-run keeps its digest, so the stages below it stay cached.
-RECORDS = re.compile(r"(?:^|/)(?:README\.md|metrics\.jsonl)$|^tensorboard/")
+# (wall times in their names and records), the trackers' run ids and model cards (which name the run). Listed and
+# size-checked like any file, but outside the digest: an unchanged re-run keeps its digest, so the stages below it
+# stay cached.
+RECORDS = re.compile(r"(?:^|/)(?:README\.md|metrics\.jsonl)$|^tensorboard/|^tracking\.json$")
 
 
 def digest(manifest: dict) -> str:

@@ -7,8 +7,9 @@ import re
 
 import yaml
 
-# YAML 1.1 reads 010 as octal 8, 12:30 as base-60 750 and 0x1f as hex: a value is an integer only when written as
-# plain decimal digits; otherwise it stays the text it was (an integer setting then says it wants a number).
+# YAML 1.1 reads 010 as octal 8, 12:30 as base-60 750 (1:30.5 as 90.5) and 0x1f as hex: a value is an integer only
+# when written as plain decimal digits, a float never in base 60; otherwise it stays the text it was (a number
+# setting then says it wants a number).
 DECIMAL = re.compile(r"[-+]?(0|[1-9][0-9_]*)")
 
 
@@ -34,5 +35,10 @@ class UniqueKeyLoader(yaml.SafeLoader):
         text = self.construct_scalar(node)
         return super().construct_yaml_int(node) if DECIMAL.fullmatch(text.strip()) else text
 
+    def construct_yaml_float(self, node):
+        text = self.construct_scalar(node)
+        return text if ":" in text else super().construct_yaml_float(node)  # base 60: 1:30.5 is not 90.5
+
 
 UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", UniqueKeyLoader.construct_yaml_int)
+UniqueKeyLoader.add_constructor("tag:yaml.org,2002:float", UniqueKeyLoader.construct_yaml_float)

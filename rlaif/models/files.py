@@ -10,8 +10,9 @@ from rlaif.errors import UserError
 
 def check_model_dir(path: Path, what: str) -> Path:
     if not path.is_dir():
+        hub = f"org/name or hf://{path}" if len(path.parts) == 1 and not path.is_absolute() else "org/name"
         raise UserError(f"{what} directory not found: {path} (give a Hugging Face model directory, or a hub model as "
-                        f"org/name or hf://{path.name or 'name'})")
+                        f"{hub})")
     if not (path / "config.json").exists():
         raise UserError(f"{what} directory {path} has no config.json: it is not a Hugging Face model directory")
     if not any(path.glob("*.safetensors")):

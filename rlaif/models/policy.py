@@ -55,7 +55,8 @@ def build_policy(cfg, device):
         names = [name for name, _ in lm.named_modules()]
         # Llama-family layer names where the model has them all (the set peers configure); else, for other
         # architectures (GPT-2's c_attn, GPT-NeoX's query_key_value), every linear layer but the output layer.
-        targets = (LORA_TARGETS if all(any(n.endswith(t) for n in names) for t in LORA_TARGETS) else "all-linear")
+        targets = (LORA_TARGETS if all(any(n == t or n.endswith("." + t) for n in names) for t in LORA_TARGETS)
+                   else "all-linear")
         lm = get_peft_model(lm, LoraConfig(r=settings.lora_rank, lora_alpha=settings.lora_alpha, lora_dropout=0.0,
                                            target_modules=targets))
 

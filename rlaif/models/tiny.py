@@ -2,7 +2,7 @@
 
 A byte-level BPE tokenizer is trained on the shipped demonstrations, the model is initialised from a LlamaConfig, and
 a short supervised pass on the demonstrations (mixed quality on purpose, so RL has something to improve) warm-starts
-it. The result is cached under $RLAIF_CACHE/models/, keyed by the config, the data and this file's source, and built
+it. The result is cached under $RLAIF_CACHE/models/, keyed by the config, the data and the build's code, and built
 once under a file lock so concurrent processes (torchrun ranks, parallel stages) share one build.
 """
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from rlaif import __version__
 from rlaif.config import PolicyConfig, sha256_json
 from rlaif.errors import UserError
 from rlaif.io.prompts import read_demonstrations
@@ -103,12 +104,20 @@ def _build(cfg: PolicyConfig, out: Path) -> None:
         json.dumps({"sft_final_loss": loss.item(), "config": tiny.model_dump()}, indent=2))
 
 
+def build_code_digest() -> str:
+    """The code a build runs: this file, the demonstrations' reader, and the release (an edit re-builds)."""
+    from rlaif.io import prompts
+
+    return sha256_json([__version__, *(sha256_file(Path(module.__file__)) for module in (sys.modules[__name__],
+                                                                                           prompts))])
+
+
 def tiny_policy_dir(cfg: PolicyConfig) -> Path:
     """Where the tiny policy of this config is cached (built or not)."""
     read_demonstrations(cfg.tiny.demonstrations)
     key = sha256_json(
         {"tiny": cfg.tiny.model_dump(exclude={"demonstrations"}), "template": cfg.prompt_template,
-         "data": sha256_file(Path(cfg.tiny.demonstrations)), "code": sha256_file(Path(__file__))}  # this build's code
+         "data": sha256_file(Path(cfg.tiny.demonstrations)), "code": build_code_digest()}
     )[:16]
     return cache_dir() / "models" / f"tiny-llama-{key}"
 

@@ -12,7 +12,7 @@ import uuid
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from rlaif.config.base import Temperature, yes_no_for_a_number
+from rlaif.config.base import MIN_TEMPERATURE, yes_no_for_a_number
 from rlaif.io.prompts import encodable
 from rlaif.serving.engine import BadRequest, Choice, Request
 
@@ -25,7 +25,8 @@ class CompletionBody(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)  # "4" is not a number of tokens
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int = Field(16, ge=1, le=32768)
-    temperature: Temperature = Field(1.0, ge=0, le=100)
+    temperature: float = Field(1.0, ge=0, le=100)
+    """Below 1e-5, greedy (as vLLM serves it): dividing logits by it would overflow."""
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(-1, ge=-1)
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
@@ -67,7 +68,8 @@ def parse_request(body: dict) -> Request:
 
         if isinstance(prompt, str) and not encodable(prompt):
             raise BadRequest(f"prompt {number} holds a lone surrogate (an unpaired \\ud800-\\udfff escape)")
-    if parsed.logprobs is not None and not (parsed.max_tokens == 1 and parsed.temperature == 0):
+    temperature = parsed.temperature if parsed.temperature >= MIN_TEMPERATURE else 0.0
+    if parsed.logprobs is not None and not (parsed.max_tokens == 1 and temperature == 0):
         raise BadRequest("logprobs are served for next-token scoring only: max_tokens 1 at temperature 0")
     stop = [parsed.stop] if isinstance(parsed.stop, str) else list(parsed.stop or [])
     if "" in stop:
@@ -75,7 +77,7 @@ def parse_request(body: dict) -> Request:
     if not all(map(encodable, stop)):
         raise BadRequest("stop holds a lone surrogate (an unpaired \\ud800-\\udfff escape)")
     seed = parsed.seed if parsed.seed is not None else random.randrange(2**63)
-    return Request(prompts=list(prompts), max_tokens=parsed.max_tokens, temperature=parsed.temperature,
+    return Request(prompts=list(prompts), max_tokens=parsed.max_tokens, temperature=temperature,
                    top_p=parsed.top_p, top_k=max(parsed.top_k, 0), seed=seed, stop=stop, logprobs=parsed.logprobs,
                    pad_to=parsed.pad_to_tokens)
 
@@ -96,10 +98,11 @@ def _logprobs(engine, choice: Choice) -> dict | None:
 
 def _unique_keys(pairs: list) -> dict:
     """A JSON object that names a key twice is refused: which of its values would be meant is a guess."""
-    keys = [key for key, _ in pairs]
-    if len(set(keys)) != len(keys):
-        duplicate = next(key for key in keys if keys.count(key) > 1)
-        raise BadRequest(f"the body names {duplicate!r} twice: send each parameter once")
+    seen = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise BadRequest(f"the body gives the key {key!r} twice in one object: send it once")
+        seen.add(key)
     return dict(pairs)
 
 
@@ -146,7 +149,7 @@ def replica_headers() -> dict:
 
 def plain_app(engine, name: str, route_prefix: str = "/"):
     """One replica in this process, without Ray (the Kubernetes Deployment's pods, behind a Service and an HPA); its
-    API at <route_prefix>/v1, as Ray Serve mounts it."""
+    API at <route_prefix>/v1, as Ray Serve mounts it, and /healthz at the root for the pods' probes."""
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse
     from starlette.requests import Request as StarletteRequest

@@ -142,6 +142,9 @@ def test_config_file_numbers_written_in_decimal(tmp_path):
         config.write_text(f"seed: {written}\n")
         with pytest.raises(UserError, match="'seed': Input should be a valid integer"):
             load_config(str(config))
+    config.write_text("ppo:\n  lr: 1:30.5\n")  # a base-60 float, 90.5
+    with pytest.raises(UserError, match="'ppo.lr': Input should be a valid number"):
+        load_config(str(config))
 
 
 @pytest.mark.parametrize("settings, needle", [
@@ -236,9 +239,10 @@ def test_the_built_in_defaults_do_not_run_in_the_demos_run_directory():
 def test_serve_flags_that_would_be_ignored(cli):
     cli("serve", "--config", TINY, "--no-ray", "--cluster", "/nowhere/cluster.yaml",
         needle="--cluster is read by --manifest only")
-    cli("serve", "--config", TINY, "--no-ray", "--address", "bogus:1", needle="--address joins a Ray cluster")
+    cli("serve", "--config", TINY, "--no-ray", "--address", "bogus:1", needle="--address is for serving on Ray here")
     cli("serve", "--config", TINY, "--manifest", "deployment", "--address", "auto",
-        needle="--address joins a Ray cluster")
+        needle="--address is for serving on Ray here")
+    cli("serve", "--config", TINY, "--manifest", "deployment", "--no-ray", needle="drop --no-ray")
 
 
 def test_sampling_temperatures_too_small_to_sample_with():
@@ -246,4 +250,6 @@ def test_sampling_temperatures_too_small_to_sample_with():
         with pytest.raises(UserError, match=f"'{key}.temperature': 1e-40 is too small to sample with"):
             load_config(TINY, [f"{key}.temperature=1e-40"])
     assert load_config(TINY, ["generate.temperature=0"]).generate.temperature == 0  # greedy, where allowed
-    assert load_config(TINY, ["ppo.temperature=0.01"]).ppo.temperature == 0.01
+    assert load_config(TINY, ["ppo.temperature=0.001"]).ppo.temperature == 0.001
+    with pytest.raises(UserError, match="'generate.temperature': 1e-06 is too small to sample with .* or 0 for greedy"):
+        load_config(TINY, ["generate.temperature=1e-6"])
