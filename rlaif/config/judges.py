@@ -33,6 +33,8 @@ class OpenAIJudgeConfig(Strict):
     @field_validator("base_url")
     @classmethod
     def _url(cls, v: str) -> str:
+        if v and not v.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL, e.g. http://vllm:8000/v1")
         return no_credentials(v)
     model: str = ""
     """Model name sent with each request."""
@@ -42,16 +44,17 @@ class OpenAIJudgeConfig(Strict):
     """Name of the environment variable holding the API key (never the key itself: keys do not go in configs); the
     cluster's `rlaif-judge` secret fills RLAIF_JUDGE_API_KEY. A launch refuses when it is set and the variable is
     not; empty: send no key (a server without authentication, e.g. your own vLLM)."""
-    concurrency: int = Field(16, ge=1)
+    concurrency: int = Field(16, ge=1, le=4096)
     """Requests in flight at once."""
-    timeout_s: float = Field(60.0, gt=0)
+    timeout_s: float = Field(60.0, gt=0, le=86400)
     """Seconds before a request is abandoned and retried."""
-    max_retries: int = Field(5, ge=0)
+    max_retries: int = Field(5, ge=0, le=100)
     """Retries of a request after a timeout, a connection error, 429 or 5xx (exponential backoff, Retry-After)."""
-    backoff_s: float = Field(1.0, ge=0)
-    """First retry delay; doubles per retry, with jitter."""
-    top_logprobs: int = Field(5, ge=1, le=20)
-    """Log-probs asked for per token; the answer's probabilities come from these when the server returns them."""
+    backoff_s: float = Field(1.0, ge=0, le=600)
+    """First retry delay; doubles per retry (at most 10 minutes), with jitter."""
+    top_logprobs: int = Field(5, ge=2, le=20)
+    """Log-probs asked for per token (at least 2: both answers' odds); the answer's probabilities come from these
+    when the server returns them."""
 
 
 class RulesJudgeConfig(Strict):
@@ -110,7 +113,7 @@ class JudgeSettings(Strict):
     principles: Literal["sample", "all"] = "sample"
     """`sample`: one principle per comparison, seeded by the pair (Constitutional AI). `all`: every principle judges
     every comparison and the preferences are averaged (an ensemble: k times the judge calls, less label noise)."""
-    temperature: float = Field(0.05, gt=0)
+    temperature: float = Field(0.05, ge=1e-4, le=100)
     """Soft-label temperature of the score-based judges (embedding, rules):
     p(a) = sigmoid((s_a - s_b) / temperature)."""
     relevance_weight: float = Field(0.5, ge=0, le=10)

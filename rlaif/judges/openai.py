@@ -36,7 +36,13 @@ class OpenAIJudge:
         s = self.settings
         texts = [prompting.pairwise_prompt(s.preamble, pr, self.examples, p, a, b, s.chain_of_thought)
                  for p, a, b, pr in zip(prompts, first, second, principles)]
-        return torch.tensor(self.client.map(self._judge_one, texts), dtype=torch.float32)
+        labels = torch.tensor(self.client.map(self._judge_one, texts), dtype=torch.float32)
+        answered = sum(self.stats[k] for k in ("answers_from_logprobs", "answers_parsed", "answers_unreadable"))
+        if answered >= UNREADABLE_CHECKED_AFTER and self.stats["answers_unreadable"] == answered:
+            raise UserError(f"judge endpoint {self.url} answered none of its first {answered} comparisons with 1 or 2 "
+                            f"(every label would be 0.5): check label.openai.model and label.openai.api (chat models "
+                            f"need `chat`)")
+        return labels
 
     async def _judge_one(self, session, text: str) -> float:
         if self.settings.chain_of_thought:
@@ -50,9 +56,9 @@ class OpenAIJudge:
             lp = {a: [v for tok, v in top.items() if tok.strip() == a] for a in ("1", "2")}
             if lp["1"] or lp["2"]:
                 floor = min(top.values())  # an answer outside the top-k is at most as likely as the least likely shown
-                l1, l2 = (math.log(sum(math.exp(v) for v in lp[a])) if lp[a] else floor for a in ("1", "2"))
+                l1, l2 = (_log_sum_exp(lp[a]) if lp[a] else floor for a in ("1", "2"))
                 self.stats["answers_from_logprobs"] += 1
-                return 1.0 / (1.0 + math.exp(l2 - l1))
+                return _sigmoid(l1 - l2)
         answer = answer.strip()
         if answer[:1] in ("1", "2"):
             self.stats["answers_parsed"] += 1
@@ -80,12 +86,44 @@ class OpenAIJudge:
             logprobs = choice.get("logprobs") or {}
             if self.cfg.api == "completions":
                 tops = logprobs.get("top_logprobs") or []
-                return choice["text"], (tops[0] if tops else None)
-            content = logprobs.get("content") or []
-            top = {t["token"]: t["logprob"] for t in content[0].get("top_logprobs", [])} if content else None
-            return choice["message"]["content"] or "", top
-        except (KeyError, IndexError, TypeError, AttributeError):
-            raise UserError(f"judge endpoint {self.url} returned an unexpected response: {str(data)[:200]}") from None
+                text, top = choice["text"], (tops[0] if tops else None)
+            else:
+                content = logprobs.get("content") or []
+                top = {t["token"]: t["logprob"] for t in content[0].get("top_logprobs", [])} if content else None
+                text = choice["message"]["content"] or ""
+            return _checked(text, top)
+        except (KeyError, IndexError, TypeError, AttributeError, ValueError):
+            raise UserError(f"judge endpoint {self.url} returned an unexpected response (an OpenAI-compatible "
+                            f"completion with numeric log-probs expected): {str(data)[:200]}") from None
 
     async def _request(self, session, text: str, max_tokens: int, want_logprobs: bool) -> tuple[str, dict | None]:
         return self._parse(await self.client.post(session, self.path, self._body(text, max_tokens, want_logprobs)))
+
+
+UNREADABLE_CHECKED_AFTER = 8  # answers: a judge that reads none of them as 1 or 2 is not judging
+LOWEST_LOGPROB = -1e4  # servers write an impossible token's log-prob as -9999 (vLLM) or -inf: the same to a label
+
+
+def _checked(text, top) -> tuple[str, dict[str, float] | None]:
+    """The answer text and its top log-probs, as types a label can be computed from (ValueError, TypeError else)."""
+    if not isinstance(text, str):
+        raise TypeError("the answer is not text")
+    if top is None:
+        return text, None
+    if not isinstance(top, dict) or not all(isinstance(token, str) for token in top):
+        raise TypeError("top log-probs are not a token -> log-prob object")
+    numbers = {}
+    for token, value in top.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value) or value > 1e-6:
+            raise ValueError(f"log-prob {value!r} of {token!r} is not a log-probability")
+        numbers[token] = max(float(value), LOWEST_LOGPROB)
+    return text, numbers
+
+
+def _log_sum_exp(values: list[float]) -> float:
+    top = max(values)
+    return top + math.log(sum(math.exp(v - top) for v in values))
+
+
+def _sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))

@@ -13,6 +13,8 @@ import urllib.request
 from rlaif.errors import UserError
 
 RETRYABLE = {429, 500, 502, 503, 504}
+MAX_RESPONSE_BYTES = 64 * 2**20  # far above any completion; a server streaming more is not answering the request
+MAX_BACKOFF_S = 600.0
 
 
 class ServiceClient:
@@ -74,13 +76,14 @@ class ServiceClient:
             try:
                 async with session.post(url, json=body) as resp:
                     if resp.status == 200:
-                        return await resp.json(content_type=None)
+                        return self._json(url, await resp.content.read(MAX_RESPONSE_BYTES + 1))
                     if resp.status not in RETRYABLE:
+                        key = (f" and the API key in ${self.settings.api_key_env}" if self.settings.api_key_env
+                               else "")
                         raise UserError(f"{url} refused the request with HTTP {resp.status}: "
-                                        f"{(await resp.text())[:200]!r} (check {self.section} and the API key in "
-                                        f"${self.settings.api_key_env or '(none)'})")
+                                        f"{(await resp.text())[:200]!r} (check {self.section}{key})")
                     error, retry_after = f"HTTP {resp.status}", resp.headers.get("Retry-After")
-            except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError) as exc:
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:  # ValueError: not JSON, UTF-8
                 error = type(exc).__name__
             if attempt == self.settings.max_retries:
                 raise UserError(f"{url} failed {attempt + 1} times (last: {error}): check that the service is up "
@@ -89,10 +92,17 @@ class ServiceClient:
             await asyncio.sleep(self._delay(attempt, retry_after))
         raise AssertionError("the loop returns or raises")
 
+    @staticmethod
+    def _json(url: str, data: bytes):
+        if len(data) > MAX_RESPONSE_BYTES:
+            raise UserError(f"{url} answered with more than {MAX_RESPONSE_BYTES >> 20} MiB: is it an OpenAI-compatible "
+                            "service?")
+        return json.loads(data)
+
     def _delay(self, attempt: int, retry_after: str | None) -> float:
         try:
             if retry_after:
                 return min(float(retry_after), 60.0)
         except ValueError:
             pass
-        return self.settings.backoff_s * 2**attempt * (0.5 + random.random())
+        return min(self.settings.backoff_s * 2**attempt, MAX_BACKOFF_S) * (0.5 + random.random())

@@ -13,6 +13,7 @@ committed output, and once generate commits, the same cache key and manifest dig
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
@@ -68,7 +69,8 @@ class Tally:
             self.reference_graded += 1
             if abs(p_reference - 0.5) >= CLEAR_MARGIN:
                 self.reference_clear += 1
-                self.reference_agree += (label["p_a"] > 0.5) == (p_reference > 0.5)
+                # a labeler without a preference (0.5) does not agree with a clear reference
+                self.reference_agree += label["p_a"] != 0.5 and (label["p_a"] > 0.5) == (p_reference > 0.5)
 
     def metrics(self) -> dict:
         graded = self.reference_graded > 0
@@ -107,6 +109,9 @@ def run(ctx: StageContext) -> dict:
             labels = label_batch(cfg, judge, principles, batch)
             p_reference = grader.prefer_first_where_graded(*([s[f] for s in batch] for f in REQUIRED)) if grader else {}
             for k, (sample, label) in enumerate(zip(batch, labels)):
+                if not math.isfinite(label["p_a"]):  # never written as a label, nor counted
+                    raise UserError(f"judge '{judge.name}' gave pair {sample['__key__']} a label that is not a number "
+                                    f"({label['p_a']}): check its settings (label.*) and its answers")
                 kept = abs(label["p_a"] - 0.5) >= settings.min_confidence
                 tally.add(label, kept, p_reference.get(k))
                 if kept:

@@ -58,14 +58,14 @@ def settings(**fields) -> LabelConfig:
 class JudgeServer:
     """/v1/completions and /v1/chat/completions answering one token with its top log-probs from the tiny judge.
     `faults` maps a request number (1-based) to '429', '500', 'timeout' (sleeps past the client's timeout) or
-    '401'. Every request is recorded."""
+    '401'. Every request is recorded. `answer`: a fixed answer text in place of the model's top token."""
 
-    def __init__(self, model_dir, faults=None, sleep_s=2.0, logprobs=True):
+    def __init__(self, model_dir, faults=None, sleep_s=2.0, logprobs=True, answer=None):
         from rlaif.models.loading import load_causal_lm, load_tokenizer
 
         self.tokenizer = load_tokenizer(model_dir)
         self.model = load_causal_lm(model_dir).eval()
-        self.faults, self.sleep_s, self.logprobs = faults or {}, sleep_s, logprobs
+        self.faults, self.sleep_s, self.logprobs, self.answer = faults or {}, sleep_s, logprobs, answer
         self.requests, self.lock = [], threading.Lock()
         server = self
 
@@ -108,7 +108,7 @@ class JudgeServer:
         k = body.get("top_logprobs") or body.get("logprobs") or 1
         top = torch.topk(logp, k if isinstance(k, int) else 1)
         tokens = [self.tokenizer.decode([int(i)]) for i in top.indices]
-        answer = tokens[0]
+        answer = tokens[0] if self.answer is None else self.answer
         if path.endswith("/chat/completions"):
             lp = {"content": [{"token": answer, "logprob": top.values[0].item(),
                                "top_logprobs": [{"token": t, "logprob": v.item()}

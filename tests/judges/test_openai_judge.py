@@ -121,3 +121,40 @@ def test_chain_of_thought_asks_for_the_rationale_then_the_answer(clean_server):
     assert len(rationale_asks) == len(answer_asks) == 2 and p.shape == (2,)
     assert all(b["prompt"].endswith("Rationale:") and "logprobs" not in b for b in rationale_asks)
     assert all("\nRationale: " in b["prompt"] and b["prompt"].endswith("Preferred response:") for b in answer_asks)
+
+
+def test_replies_a_label_cannot_be_computed_from_are_one_clear_error():
+    # a traceback (math domain error, int(nan), AttributeError) or a silent NaN label before
+    from rlaif.judges.openai import OpenAIJudge
+
+    judge = OpenAIJudge(settings(judge="openai", openai={"base_url": "http://127.0.0.1:9/v1", "model": "m"}))
+    # vLLM writes an impossible token's log-prob as -9999: a clear preference, not log(0)
+    assert judge._p_first(*judge._parse({"choices": [{"text": "1", "logprobs": {
+        "top_logprobs": [{"1": 0.0, "2": -9999.0}]}}]})) == pytest.approx(1.0)
+    assert judge._p_first("2", {"1": -1000.0, "2": -800.0}) == pytest.approx(1.0 / (1.0 + 2.718281828**200))
+    for reply in ({"choices": [{"text": 1}]}, {"choices": [{"text": None}]},
+                  {"choices": [{"text": "1", "logprobs": {"top_logprobs": [{"1": float("nan"), "2": -1.0}]}}]},
+                  {"choices": [{"text": "1", "logprobs": {"top_logprobs": [{"1": "-0.1"}]}}]},
+                  {"choices": [{"text": "1", "logprobs": {"top_logprobs": [[["1", -0.1]]]}}]},
+                  {"choices": [{"text": "1", "logprobs": {"top_logprobs": [{"1": 3.0}]}}]}):
+        with pytest.raises(UserError, match="returned an unexpected response"):
+            judge._parse(reply)
+    chat = OpenAIJudge(settings(judge="openai", openai={"base_url": "http://127.0.0.1:9/v1", "model": "m",
+                                                        "api": "chat"}))
+    with pytest.raises(UserError, match="returned an unexpected response"):
+        chat._parse({"choices": [{"message": {"content": [{"type": "text", "text": "1"}]}}]})
+    for bad, needle in (({"top_logprobs": 1}, "greater than or equal to 2"),  # one log-prob: every label 0.5
+                        ({"base_url": "localhost:8000/v1"}, "must be an http:// or https:// URL"),
+                        ({"max_retries": 1000}, "less than or equal to 100")):
+        with pytest.raises(UserError, match=needle):
+            load_config("configs/tiny.yaml", [f"label.openai.{k}={v}" for k, v in bad.items()])
+
+
+def test_a_judge_that_answers_neither_1_nor_2_is_refused(judge_model_dir):
+    server = JudgeServer(judge_model_dir, logprobs=False, answer="I think both are fine")
+    try:
+        judge = make_judge(endpoint_settings(server, api="chat"), 8)
+        with pytest.raises(UserError, match="answered none of its first 8 comparisons with 1 or 2"):
+            judge.prefer_first(PROMPTS[:8], FIRST[:8], SECOND[:8], PRINCIPLES[:8])
+    finally:
+        server.close()
