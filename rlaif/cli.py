@@ -16,8 +16,8 @@ from rlaif.errors import StageFailed, Terminated, UserError, redact
 from rlaif.graph import STAGE_BY_NAME
 
 
-def _count(least: int):
-    """An argparse type: a whole number >= least (argparse then prints usage and exits 2 on anything else)."""
+def _count(least: int, most: int | None = None):
+    """An argparse type: a whole number in [least, most] (argparse then prints usage and exits 2 on anything else)."""
     def parse(text: str) -> int:
         try:
             number = int(text)
@@ -25,6 +25,8 @@ def _count(least: int):
             raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
         if number < least:
             raise argparse.ArgumentTypeError(f"{number} is below {least}")
+        if most is not None and number > most:
+            raise argparse.ArgumentTypeError(f"{number} is above {most}")
         return number
     return parse
 
@@ -89,7 +91,7 @@ def _parser() -> argparse.ArgumentParser:
     config_args(stage)
     stage.add_argument("--shard-index", type=_count(0), default=0,
                        help="generate: this pod's part of the prompts (0-based)")
-    stage.add_argument("--num-shards", type=_count(1), default=1,
+    stage.add_argument("--num-shards", type=_count(1, 10_000), default=1,
                        help="generate: parts the prompts are split into across pods; the last part to finish commits")
 
     comp = sub.add_parser("compile", help="write the Kubeflow pipeline YAML (and the per-stage component YAMLs)")

@@ -143,6 +143,10 @@ def _check_types(spec: ClusterSpec) -> None:
                              "quotes")
     if not spec.image or not spec.gpu_image:
         raise ValueError("image and gpu_image must name container images")
+    for name, value, low, high in (("gpus_per_node", spec.gpus_per_node, 0, 64), ("shm_gib", spec.shm_gib, 1, 4096),
+                                   ("retries", spec.retries, 0, 100), ("run_as_user", spec.run_as_user, 0, 2**31 - 1)):
+        if value is not None and not low <= value <= high:
+            raise ValueError(f"{name} must be between {low} and {high}, not {value}")
     if spec.namespace and not (len(spec.namespace) <= 63 and K8S_LABEL.fullmatch(spec.namespace)):
         raise ValueError(f"namespace {spec.namespace!r} is not a Kubernetes namespace name (lowercase letters, "
                          "digits and '-', 63 at most)")

@@ -151,6 +151,7 @@ def submit(endpoint: str, config: str | None, overrides: list[str], run_id: str,
     import kfp
 
     from rlaif.errors import UserError, redact
+    from rlaif.io import storage
     from rlaif.io.storage import read_user_file
     from rlaif.orchestration.launch import load_config_source
 
@@ -162,6 +163,7 @@ def submit(endpoint: str, config: str | None, overrides: list[str], run_id: str,
         config = read_user_file(config, "config file", "give a YAML config file, e.g. configs/demo.yaml")
     # Refuse a bad config here, not in the first pod; its judge sizes label's pod, its streaming wires label.
     cfg = load_config_source(config, overrides, run_id, storage_root)
+    storage.normalize(cfg.storage.root)  # a malformed root (s3:/bucket) is refused as `rlaif run` refuses it
     pipeline = build_pipeline(load(cluster), cfg.label.pod_judge, cfg.label.streaming)
     try:
         with warnings.catch_warnings():  # kfp.Client warns about server versions on every construction
@@ -178,4 +180,8 @@ def submit(endpoint: str, config: str | None, overrides: list[str], run_id: str,
         reason = " ".join(str(exc).split())[:160]
         raise UserError(f"KFP endpoint {redact(endpoint)} did not accept the run ({type(exc).__name__}: "
                         f"{redact(reason)}): check --endpoint and that the KFP API server is reachable") from None
-    return getattr(run, "run_id", str(run))
+    run_id = getattr(run, "run_id", None)
+    if not isinstance(run_id, str) or not run_id:  # a 200 from a login page or another service, not a KFP API
+        raise UserError(f"KFP endpoint {redact(endpoint)} answered without a run id: is it the KFP API (behind an "
+                        "auth proxy, log in or pass its URL past the proxy)?")
+    return run_id

@@ -62,7 +62,8 @@ def invalidate(ctx: StageContext) -> None:
         return
     storage.remove(part_url(ctx, index, count))
     for url in storage.glob(storage.join(ctx.url, "shard-*.tar")):
-        if int(url.rsplit("shard-", 1)[1][:6]) // PART_SHARD_STRIDE == index:
+        # the whole number: part 10 and up number their shards past six digits (shard-1000000.tar)
+        if int(url.rsplit("shard-", 1)[1].split(".", 1)[0]) // PART_SHARD_STRIDE == index:
             storage.remove(url)
 
 
@@ -214,9 +215,11 @@ def require_pairs(n_pairs: int, g) -> None:
 
 def merge(ctx: StageContext, count: int) -> dict | None:
     """The stage manifest over all parts, once every part has written its part file for this config; else None."""
-    parts = [read_part(ctx, index, count) for index in range(count)]
-    if None in parts:
-        return None
+    parts = []
+    for index in range(count):  # stops at the first part not written yet (one read, not `count`, while parts run)
+        parts.append(read_part(ctx, index, count))
+        if parts[-1] is None:
+            return None
     summary = {k: sum(p["summary"][k] for p in parts) for k in parts[0]["summary"] if k != "seconds"}
     summary["seconds"] = max(p["summary"]["seconds"] for p in parts)
     summary["tokens_per_s"] = summary["tokens"] / max(summary["seconds"], 1e-9)

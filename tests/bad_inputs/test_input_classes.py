@@ -291,6 +291,7 @@ def test_byte_order_marks_are_read_as_windows_editors_mean_them(tmp_path):
     (["--num-shards", "0"], "argument --num-shards: 0 is below 1"),
     (["--shard-index", "-1"], "argument --shard-index: -1 is below 0"),
     (["--num-shards", "two"], "argument --num-shards: 'two' is not a whole number"),
+    (["--num-shards", "1" + "0" * 21], "is above 10000"),  # hung before: the merge read every part file
 ])
 def test_shard_flags_out_of_range(tmp_path, capsys, flags, needle):
     from rlaif.cli import main

@@ -156,6 +156,8 @@ def test_config_file_numbers_written_in_decimal(tmp_path):
     ({"secrets": [{"name": "bad name", "env": {"X": "y"}}]}, "secret 'bad name' is not a Kubernetes name"),
     ({"image": ""}, "image and gpu_image must name container images"),
     ({"namespace": 5}, "namespace must be text, not 5"),
+    ({"gpus_per_node": -1}, "gpus_per_node must be between 0 and 64, not -1"),  # a kfp traceback at compile
+    ({"shm_gib": -5}, "shm_gib must be between 1 and 4096"), ({"retries": -1}, "retries must be between 0 and 100"),
 ])
 def test_cluster_settings_kubernetes_would_refuse(settings, needle):
     with pytest.raises(ValueError) as refused:

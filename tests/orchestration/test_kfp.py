@@ -141,7 +141,16 @@ def test_submit_sends_the_config_inline_and_validates_it_first(tmp_path):
     with pytest.raises(UserError, match="ppo.iterationz"):
         kfp_pipeline.submit("http://kfp.invalid", "configs/tiny.yaml", ["ppo.iterationz=3"], "", "", None, "x",
                             client=client)
+    with pytest.raises(UserError, match="s3:/bucket"):  # refused as `rlaif run` refuses it
+        kfp_pipeline.submit("http://kfp.invalid", "configs/tiny.yaml", [], "", "s3:/bucket", None, "x", client=client)
     assert len(client.calls) == 1
+
+    class LoginPage(FakeClient):  # an auth proxy's 200: kfp returns a run without an id
+        def create_run_from_pipeline_func(self, func, experiment_name, arguments):
+            return type("Run", (), {"run_id": None})()
+
+    with pytest.raises(UserError, match="answered without a run id"):
+        kfp_pipeline.submit("http://kfp.invalid", "configs/tiny.yaml", [], "", "", None, "x", client=LoginPage())
 
 
 @pytest.mark.slow
