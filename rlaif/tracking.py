@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -47,8 +48,10 @@ class MLflowRun:
                 from None
         settings = ctx.cfg.tracking
         uri = mlflow_uri(settings)
-        self.client = mlflow.MlflowClient(tracking_uri=uri)
+        for name, value in MLFLOW_BOUNDS.items():
+            os.environ.setdefault(name, value)
         try:
+            self.client = mlflow.MlflowClient(tracking_uri=uri)
             self.run_id = run_id or self._create(ctx, settings.mlflow_experiment, params)
         except Exception as exc:  # MlflowException or requests' errors, for one cause: the server
             raise UserError(f"MLflow server {uri} did not answer ({type(exc).__name__}): check "
@@ -82,7 +85,15 @@ def mlflow_uri(settings) -> str:
     if not uri:
         raise UserError("tracking.report_to has mlflow but no server: set tracking.mlflow_tracking_uri or "
                         "$MLFLOW_TRACKING_URI")
+    if HOST_PORT.fullmatch(uri.strip()):  # MLflow would read `localhost` as a URI scheme, deep in the stage
+        raise UserError(f"MLflow tracking URI {uri!r} has no scheme: write http://{uri.strip()}")
     return uri
+
+
+HOST_PORT = re.compile(r"[A-Za-z0-9.-]+:\d+(/.*)?")
+# MLflow retries a request 7 times with doubling waits (about 4 minutes) before it says a server is gone, which a
+# stage spends blocked; these bound it unless the environment sets them.
+MLFLOW_BOUNDS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
 
 
 def check_settings(settings) -> None:

@@ -372,6 +372,16 @@ class TrackingConfig(Strict):
     def _uri(cls, v: str | None) -> str | None:
         return no_credentials(v)
 
+    @field_validator("mlflow_experiment", "wandb_project")
+    @classmethod
+    def _name(cls, v: str, info) -> str:
+        if not v.strip():
+            raise ValueError("is blank: name it")
+        if info.field_name == "wandb_project" and (bad := set(v) & set("/\\#?%:")):
+            raise ValueError(f"holds {''.join(sorted(bad))!r}, which W&B project names cannot: use letters, digits, "
+                             "'-', '_' and '.'")
+        return v
+
 
 class PipelineConfig(Strict):
     run_id: str = "default"

@@ -255,3 +255,14 @@ def test_sampling_temperatures_too_small_to_sample_with():
     assert load_config(TINY, ["ppo.temperature=0.001"]).ppo.temperature == 0.001
     with pytest.raises(UserError, match="'generate.temperature': 1e-06 is too small to sample with .* or 0 for greedy"):
         load_config(TINY, ["generate.temperature=1e-6"])
+
+
+def test_tracker_settings_checked_before_work(cli, tmp_path):
+    # each failed only once train_rm started, after generate and label (a 153-line traceback for the URI)
+    root = ["--set", f"storage.root=file://{tmp_path}/root"]
+    cli("run", "--config", TINY, *root, "--set", "tracking.report_to=[mlflow]", "--set",
+        "tracking.mlflow_tracking_uri=localhost:5000", needle="has no scheme: write http://localhost:5000")
+    cli("run", "--config", TINY, *root, "--set", "tracking.wandb_project=team/proj",
+        needle="holds '/', which W&B project names cannot")
+    cli("run", "--config", TINY, *root, "--set", 'tracking.mlflow_experiment=" "', needle="is blank: name it")
+    assert not (tmp_path / "root" / "tiny").exists()  # no run started
