@@ -48,6 +48,9 @@ def read_source(data: DataConfig) -> Source:
     """The raw rows of data.prompts, read as data.format says (auto: see source_format)."""
     with storage.user_read_errors(data.prompts, "prompts", STORAGE_FIX):
         fmt = source_format(data)
+        if fmt != "hf" and data.split != "train":  # a file of one kind has no splits: the setting would be ignored
+            raise UserError(f"data.split {data.split!r} picks a split of a Hugging Face dataset, and {data.prompts} is "
+                            f"read as one {fmt} file with no splits: unset data.split, or give the split's own file")
         if fmt == "text":
             return _read_text(data)
         if fmt == "jsonl":
@@ -303,4 +306,7 @@ def _read_saved(data: DataConfig) -> Source:
             if data.split not in dataset:
                 raise UserError(f"{name} has splits {sorted(dataset)}, not {data.split!r}: set data.split")
             dataset, name = dataset[data.split], f"{name} (split {data.split})"
+        elif data.split != "train":
+            raise UserError(f"data.split {data.split!r} picks a split of a saved DatasetDict, and {name} is a single "
+                            "Dataset with no splits: unset data.split")
         return _dataset_source(name, dataset, data.columns)

@@ -176,6 +176,17 @@ def test_bad_parquet_rows(tmp_path, columns, needle):
     assert "p.parquet" in message
 
 
+def test_a_split_of_a_source_without_splits_is_refused(tmp_path):
+    # data.split was ignored for them: every row was read as the split asked for
+    write_jsonl(tmp_path / "p.jsonl", ROWS)
+    write_parquet(tmp_path / "p.parquet", ROWS)
+    save_dataset(tmp_path / "one", ROWS)
+    for name in ("p.jsonl", "p.parquet"):
+        one_line_error(DataConfig(prompts=str(tmp_path / name), split="validation"), "with no splits: unset data.split")
+    one_line_error(DataConfig(prompts=str(tmp_path / "one"), split="validation"), "a single Dataset with no splits")
+    assert len(load_prompts(DataConfig(prompts=str(tmp_path / "one")))) == len(ROWS)
+
+
 def test_bad_sources(tmp_path):
     (tmp_path / "bad.parquet").write_bytes(b"not parquet at all")
     one_line_error(DataConfig(prompts=str(tmp_path / "bad.parquet")), "is not a parquet file")
