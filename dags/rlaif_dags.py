@@ -29,14 +29,14 @@ from kubernetes.client import models as k8s
 
 from rlaif.graph import topological_order
 from rlaif.orchestration import cluster
-from rlaif.orchestration.pod import SHM_VOLUME, pod_plan
+from rlaif.orchestration.pod import SHM_VOLUME, flag_from_env, judge_from_env, pod_plan
 
 SPEC = cluster.load(os.environ.get("RLAIF_CLUSTER_CONFIG"))
 # Pods are sized when the DAG is parsed; the label judge of the config the runs will use decides whether label's pod
 # gets a GPU (unset: it does). cluster.yaml's `stages` sizes override both.
-JUDGE = os.environ.get("RLAIF_LABEL_JUDGE") or None
+JUDGE = judge_from_env(os.environ.get("RLAIF_LABEL_JUDGE"))
 # The graph's streaming edges (label <- generate) are dropped and the streaming stage launched with streaming on.
-STREAMING = os.environ.get("RLAIF_LABEL_STREAMING", "").lower() in ("1", "true", "yes")
+STREAMING = flag_from_env("RLAIF_LABEL_STREAMING", os.environ.get("RLAIF_LABEL_STREAMING"))
 RUN_ID = "{{ params.run_id or dag_run.run_id }}"  # `rlaif launch` makes it a safe path segment
 LOCK_OWNER = "airflow:{{ dag.dag_id }}:{{ dag_run.run_id }}:{{ task.task_id }}"  # a retry of a task takes its lock back
 

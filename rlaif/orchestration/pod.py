@@ -15,6 +15,27 @@ SHM_VOLUME = "dshm"
 # Judges that run no model inside the pod: rules and reference are programs, openai calls an HTTP endpoint, and
 # `served` is an hf judge whose model runs in an `rlaif serve` service (JudgeSettings.pod_judge).
 JUDGES_WITHOUT_MODEL = ("openai", "rules", "reference", "served")
+POD_JUDGES = ("embedding", "hf", *JUDGES_WITHOUT_MODEL)
+
+
+def judge_from_env(value: str | None) -> str | None:
+    """$RLAIF_LABEL_JUDGE as the DAGs read it: a pod judge, or None (unset: a judge that runs a model). A misspelt one
+    would size label's pod silently wrong (a GPU for a judge that needs none), so it is an import error."""
+    if not value or not value.strip():
+        return None
+    if value.strip() not in POD_JUDGES:
+        raise ValueError(f"RLAIF_LABEL_JUDGE={value!r} is not one of {', '.join(POD_JUDGES)}: fix it or unset it")
+    return value.strip()
+
+
+def flag_from_env(name: str, value: str | None) -> bool:
+    """A yes/no environment variable of the DAGs (unset: no); a value that is neither is an import error, not a no."""
+    text = (value or "").strip().lower()
+    if text in ("", "0", "false", "no", "off"):
+        return False
+    if text in ("1", "true", "yes", "on"):
+        return True
+    raise ValueError(f"{name}={value!r} is not a yes/no value (1/0, true/false, yes/no, on/off)")
 
 
 @dataclass(frozen=True)

@@ -114,6 +114,27 @@ def test_a_streaming_dag_runs_label_beside_generate(monkeypatch):
     assert "--set" not in _rendered(module.rlaif.get_task("generate"))
 
 
+def test_dag_environment_values_are_read_or_refused(monkeypatch):
+    """on/off read as yes/no (`on` was silently no), and a misspelt judge, which would size label's pod wrong, fails
+    the import with one line (Airflow shows it as the DAG file's import error)."""
+    import importlib.util
+
+    def load(**env):
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        spec = importlib.util.spec_from_file_location("rlaif_dags_env", REPO / "dags/rlaif_dags.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    assert load(RLAIF_LABEL_STREAMING="on").STREAMING and not load(RLAIF_LABEL_STREAMING="Off").STREAMING
+    with pytest.raises(ValueError, match="RLAIF_LABEL_STREAMING='maybe' is not a yes/no value"):
+        load(RLAIF_LABEL_STREAMING="maybe")
+    monkeypatch.setenv("RLAIF_LABEL_STREAMING", "0")
+    with pytest.raises(ValueError, match="RLAIF_LABEL_JUDGE='OpenAI' is not one of embedding, hf, openai"):
+        load(RLAIF_LABEL_JUDGE="OpenAI")
+
+
 def test_no_secret_value_in_dags_or_pods(dagbag):
     from airflow.serialization.serialized_objects import DagSerialization
 
