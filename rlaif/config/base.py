@@ -29,22 +29,18 @@ Phrase = Annotated[str, AfterValidator(_non_blank)]
 MIN_TEMPERATURE = 1e-5
 
 
-def _samplable(temperature: float) -> float:
-    if temperature < MIN_TEMPERATURE:
-        raise ValueError(f"{temperature:g} is too small to sample with (logits / temperature overflow): use at least "
-                         f"{MIN_TEMPERATURE:g}")
-    return temperature
+def _samplable(alternative: str):
+    """A temperature check (0 itself is the field's range to allow or refuse); `alternative` ends its message."""
+    def check(temperature: float) -> float:
+        if 0 < temperature < MIN_TEMPERATURE:
+            raise ValueError(f"{temperature:g} is too small to sample with (logits / temperature overflow): use at "
+                             f"least {MIN_TEMPERATURE:g}{alternative}")
+        return temperature
+    return check
 
 
-def _samplable_or_greedy(temperature: float) -> float:
-    if 0 < temperature < MIN_TEMPERATURE:
-        raise ValueError(f"{temperature:g} is too small to sample with (logits / temperature overflow): use at least "
-                         f"{MIN_TEMPERATURE:g}, or 0 for greedy decoding")
-    return temperature
-
-
-Temperature = Annotated[float, AfterValidator(_samplable)]  # a sampling temperature
-TemperatureOrGreedy = Annotated[float, AfterValidator(_samplable_or_greedy)]  # 0: greedy decoding
+Temperature = Annotated[float, AfterValidator(_samplable(""))]  # a sampling temperature (its field: > 0)
+TemperatureOrGreedy = Annotated[float, AfterValidator(_samplable(", or 0 for greedy decoding"))]  # 0: greedy
 
 RUNTIME = {"cache_key": False}  # json_schema_extra of a field that says how or where work runs, not what it computes
 
@@ -96,6 +92,13 @@ class Strict(BaseModel):
         if yes_no_for_a_number(cls.model_fields[info.field_name].annotation, value):
             raise ValueError(f"is {str(value).lower()}, a yes/no value, where a number is expected: give a number")
         return value
+
+
+def service_url(url: str, example: str) -> str:
+    """An OpenAI-compatible API root: http(s), without credentials (empty: none given)."""
+    if url and not url.startswith(("http://", "https://")):
+        raise ValueError(f"must be an http:// or https:// URL, e.g. {example}")
+    return no_credentials(url)
 
 
 def no_credentials(url: str | None) -> str | None:

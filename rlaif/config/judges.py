@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from rlaif.config.base import Phrase, Strict, no_credentials, runtime_field
+from rlaif.config.base import Phrase, Strict, runtime_field, service_url
 from rlaif.config.serving import ServiceEndpoint
 
 DEFAULT_PREAMBLE = ("You compare two responses to a request. A better response follows the principle below more "
@@ -33,9 +33,7 @@ class OpenAIJudgeConfig(Strict):
     @field_validator("base_url")
     @classmethod
     def _url(cls, v: str) -> str:
-        if v and not v.startswith(("http://", "https://")):
-            raise ValueError("must be an http:// or https:// URL, e.g. http://vllm:8000/v1")
-        return no_credentials(v)
+        return service_url(v, "http://vllm:8000/v1")
     model: str = ""
     """Model name sent with each request."""
     api: Literal["completions", "chat"] = "completions"

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from rlaif.config.base import Strict, no_credentials
+from rlaif.config.base import Strict, service_url
 
 
 class ServiceEndpoint(Strict):
@@ -29,9 +29,7 @@ class ServiceEndpoint(Strict):
     @field_validator("base_url")
     @classmethod
     def _url(cls, v: str) -> str:
-        if v and not v.startswith(("http://", "https://")):
-            raise ValueError("must be an http:// or https:// URL, e.g. http://rlaif-policy:8000/v1")
-        return no_credentials(v)
+        return service_url(v, "http://rlaif-policy:8000/v1")
 
 
 class ServeConfig(Strict):

@@ -141,24 +141,26 @@ def read_user_file(url: str, what: str, fix: str) -> str:
         raise UserError(f"{what} {url} is not UTF-8 (byte {exc.start}): re-encode it as UTF-8") from None
 
 
-class _DuplicateKey(ValueError):
-    pass
+class DuplicateKey(ValueError):
+    """A JSON object names this key twice (args[0])."""
 
 
-def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
-    unique = dict(pairs)
-    if len(unique) < len(pairs):
-        keys = [key for key, _ in pairs]
-        raise _DuplicateKey(next(key for key in keys if keys.count(key) > 1))
-    return unique
+def unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """json.loads' object_pairs_hook that refuses a key given twice in one object, in one pass over the keys."""
+    seen = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise DuplicateKey(key)
+        seen.add(key)
+    return dict(pairs)
 
 
 def parse_json(text: str, where: str):
     """JSON, or a one-line UserError naming `where`: invalid, or an object with a key twice (json.loads would keep
     the last one silently, so a row with two "prompt"s would lose the first)."""
     try:
-        return json.loads(text, object_pairs_hook=_unique_keys)
-    except _DuplicateKey as exc:
+        return json.loads(text, object_pairs_hook=unique_keys)
+    except DuplicateKey as exc:
         raise UserError(f"{where} has the key {exc.args[0]!r} twice: keep one") from None
     except (json.JSONDecodeError, RecursionError) as exc:
         reason = f" ({exc.msg}, column {exc.colno})" if isinstance(exc, json.JSONDecodeError) else " (nested too deep)"

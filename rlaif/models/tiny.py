@@ -108,8 +108,7 @@ def build_code_digest() -> str:
     """The code a build runs: this file, the demonstrations' reader, and the release (an edit re-builds)."""
     from rlaif.io import prompts
 
-    return sha256_json([__version__, *(sha256_file(Path(module.__file__)) for module in (sys.modules[__name__],
-                                                                                           prompts))])
+    return sha256_json([__version__, *(sha256_file(Path(source)) for source in (__file__, prompts.__file__))])
 
 
 def tiny_policy_dir(cfg: PolicyConfig) -> Path:

@@ -13,6 +13,7 @@ import uuid
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from rlaif.config.base import MIN_TEMPERATURE, yes_no_for_a_number
+from rlaif.io import storage
 from rlaif.io.prompts import encodable
 from rlaif.serving.engine import BadRequest, Choice, Request
 
@@ -96,16 +97,6 @@ def _logprobs(engine, choice: Choice) -> dict | None:
             "top_token_ids": [[[tid, lp] for tid, lp in step] for step in tops]}  # exact ids: strings may collide
 
 
-def _unique_keys(pairs: list) -> dict:
-    """A JSON object that names a key twice is refused: which of its values would be meant is a guess."""
-    seen = set()
-    for key, _ in pairs:
-        if key in seen:
-            raise BadRequest(f"the body gives the key {key!r} twice in one object: send it once")
-        seen.add(key)
-    return dict(pairs)
-
-
 async def completion_response(engine, name: str, raw: bytes):
     """The HTTP response to a completions request's raw body, in both apps: the completion, or a 400 in OpenAI's
     error format for a body that is not a JSON object (FastAPI's own check would answer 422 in its own format) or a
@@ -114,9 +105,9 @@ async def completion_response(engine, name: str, raw: bytes):
 
     try:
         try:
-            body = json.loads(raw, object_pairs_hook=_unique_keys)
-        except BadRequest:
-            raise
+            body = json.loads(raw, object_pairs_hook=storage.unique_keys)
+        except storage.DuplicateKey as exc:  # which of its values would be meant is a guess
+            raise BadRequest(f"the body gives the key {exc.args[0]!r} twice in one object: send it once") from None
         except (ValueError, RecursionError):  # not JSON or UTF-8, a number past Python's digit limit, deep nesting
             raise BadRequest("the body is not JSON: send a JSON object of completion parameters") from None
         if not isinstance(body, dict):
