@@ -62,6 +62,10 @@ class ServeConfig(Strict):
     """GPUs per replica (fractions share a GPU on Ray Serve; the plain Deployment rounds up)."""
     memory_gib: int = Field(8, ge=1, le=4096)
     """Memory per replica (Kubernetes request and limit)."""
+    max_request_cache_gib: float = Field(4.0, gt=0, le=4096)
+    """Most attention cache (GiB) one request may need: a request is one batch, its prompts padded to the longest
+    plus max_tokens; a bigger one is refused (HTTP 400) instead of taking the replica out of memory. The transformers
+    engine only (vLLM schedules its own cache)."""
     host: str = Field("127.0.0.1", min_length=1, max_length=253)
     """Address the HTTP proxy binds locally (0.0.0.0 to accept other machines)."""
     port: int = Field(8000, ge=1, le=65535)

@@ -58,6 +58,27 @@ def check_against_model(request: Request, token_ids: list[list[int]], vocab_size
         raise BadRequest(str(exc)) from None
 
 
+def cache_bytes_per_token(model) -> int:
+    """Bytes of attention cache one token holds in `model` (keys and values in every layer, in the model's dtype)."""
+    config = model.config.get_text_config()
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    return config.num_hidden_layers * 2 * kv_heads * head_dim * next(model.parameters()).element_size()
+
+
+def check_cache_size(request: Request, token_ids: list[list[int]], bytes_per_token: int, budget_gib: float) -> None:
+    """A request is one batch: its attention cache (every prompt padded to the longest, plus max_tokens) must fit the
+    replica's budget, or one request would take the replica, and every request in flight on it, out of memory."""
+    tokens = len(token_ids) * (max(request.pad_to, *map(len, token_ids)) + request.max_tokens)
+    needed = tokens * bytes_per_token / 2**30
+    if needed > budget_gib:
+        raise BadRequest(f"the request would hold {needed:.2f} GiB of attention cache ({len(token_ids)} prompts of "
+                         f"{tokens // len(token_ids)} tokens with max_tokens), more than the {budget_gib:g} GiB a "
+                         "request may (serve.max_request_cache_gib): send fewer prompts or fewer max_tokens per "
+                         "request")
+
+
 @dataclass
 class Choice:
     text: str
@@ -92,42 +113,44 @@ class TransformersEngine:
             self.model = load_causal_lm(path, cfg.label.hf.trust_remote_code).eval()
         self.device = local_device()
         self.model.to(self.device)
+        self.cache_budget_gib, self.bytes_per_token = cfg.serve.max_request_cache_gib, cache_bytes_per_token(self.model)
         self.lock = threading.Lock()  # one request at a time per replica: replicas, not threads, add throughput
 
     def complete(self, request: Request) -> list[Choice]:
         from rlaif.models.generation import position_limit
 
-        check_against_model(request, self._token_ids(request), self.model.get_input_embeddings().num_embeddings,
+        token_ids = self._token_ids(request)
+        check_against_model(request, token_ids, self.model.get_input_embeddings().num_embeddings,
                             position_limit(self.model))
+        check_cache_size(request, token_ids, self.bytes_per_token, self.cache_budget_gib)
         with self.lock, torch.no_grad():
             if request.logprobs is not None and request.max_tokens == 1 and request.temperature == 0:
-                return self._next_token(request)
-            return self._sample(request)
+                return self._next_token(request, token_ids)
+            return self._sample(request, token_ids)
 
     def _token_ids(self, request: Request) -> list[list[int]]:
         return [self.tokenizer(p, add_special_tokens=False).input_ids if isinstance(p, str) else p
                 for p in request.prompts]
 
-    def _batch(self, request: Request) -> dict:
+    def _batch(self, request: Request, ids: list[list[int]]) -> dict:
         """Left-padded input_ids and attention_mask: a row padded as in the caller's batch computes what it computes
         there (padding changes float rounding; the other rows of a batch do not)."""
-        ids = self._token_ids(request)
         width = max(request.pad_to, *map(len, ids))
         enc = self.tokenizer.pad({"input_ids": ids}, padding="max_length", max_length=width, return_tensors="pt")
         return {k: enc[k].to(self.device) for k in ("input_ids", "attention_mask")}
 
-    def _next_token(self, request: Request) -> list[Choice]:
-        logprobs = torch.log_softmax(self.model(**self._batch(request)).logits[:, -1].float(), dim=-1).cpu()
+    def _next_token(self, request: Request, ids: list[list[int]]) -> list[Choice]:
+        logprobs = torch.log_softmax(self.model(**self._batch(request, ids)).logits[:, -1].float(), dim=-1).cpu()
         top = torch.topk(logprobs, min(request.logprobs or 1, logprobs.shape[-1]), dim=-1)
         return [Choice(self.tokenizer.decode([int(ids[0])]), 1, "length",
                        [dict(zip(ids.tolist(), values.tolist()))])
                 for ids, values in zip(top.indices, top.values)]
 
-    def _sample(self, request: Request) -> list[Choice]:
+    def _sample(self, request: Request, ids: list[list[int]]) -> list[Choice]:
         from rlaif.models.generation import sample_encoded
 
         seeds = [request.seed] * len(request.prompts)
-        results = sample_encoded(self.model, self.tokenizer, self._batch(request), seeds, request)
+        results = sample_encoded(self.model, self.tokenizer, self._batch(request, ids), seeds, request)
         return [Choice(text, n, "length" if n >= request.max_tokens else "stop") for text, n in results]
 
 

@@ -215,6 +215,15 @@ def test_plain_service_answers_and_scores_like_the_in_process_judge(judge_model_
     texts = [client.post("/v1/completions", json={"prompt": "q1", "max_tokens": 4, "temperature": t, "seed": s}
                          ).json()["choices"][0]["text"] for t, s in ((1e-45, 1), (0, 2))]
     assert texts[0] == texts[1]
+    # one request is one batch: a cache past serve.max_request_cache_gib is refused (it took the replica out of memory)
+    small = make_engine(load_config("configs/tiny.yaml", ["label.judge=hf", f"label.hf.model={judge_model_dir}",
+                                                         "serve.model=judge", "serve.max_request_cache_gib=0.0001"]),
+                        "judge")
+    fits = int(0.0001 * 2**30 / (9 * small.bytes_per_token))  # prompts of one token, plus 8 new ones each
+    budgeted = TestClient(plain_app(small, "rlaif-judge"))
+    assert budgeted.post("/v1/completions", json={"prompt": [[5]] * fits, "max_tokens": 8}).status_code == 200
+    huge = budgeted.post("/v1/completions", json={"prompt": [[5]] * (fits + 1), "max_tokens": 8})
+    assert huge.status_code == 400 and "serve.max_request_cache_gib" in huge.json()["error"]["message"], huge.text
     # --no-ray serves under serve.route_prefix, as Ray Serve does (it served /v1 and printed /judge/v1 before)
     prefixed = TestClient(plain_app(engine, "rlaif-judge", "/judge"))
     assert prefixed.get("/judge/v1/models").status_code == 200 and prefixed.get("/v1/models").status_code == 404

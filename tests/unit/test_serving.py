@@ -46,6 +46,26 @@ def test_requests_checked_against_the_models_vocabulary_and_positions():
             check_against_model(request, ids, 100, 30)
 
 
+def test_a_request_whose_attention_cache_exceeds_the_budget_is_refused():
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rlaif.serving.engine import BadRequest, Request, cache_bytes_per_token, check_cache_size
+
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2)
+    model = LlamaForCausalLM(config)
+    assert cache_bytes_per_token(model) == 3 * 2 * 2 * 8 * 4  # layers x (keys, values) x kv heads x head dim x fp32
+    assert cache_bytes_per_token(model.to(torch.bfloat16)) == 3 * 2 * 2 * 8 * 2
+    per_token = 384
+    ids = [[1] * 10, [2] * 30]
+    check_cache_size(Request(ids, max_tokens=34), ids, per_token, 2 * 64 * per_token / 2**30)  # 2 rows x 64 tokens
+    for request, problem in ((Request(ids, max_tokens=35), r"2 prompts of 65 tokens"),
+                             (Request(ids, max_tokens=1, pad_to=100), r"2 prompts of 101 tokens")):
+        with pytest.raises(BadRequest, match=problem + ".*serve.max_request_cache_gib"):
+            check_cache_size(request, ids, per_token, 2 * 64 * per_token / 2**30)
+
+
 def keys(overrides):
     cfg = load_config("configs/tiny.yaml", overrides)
     return {stage: stage_config_hash(cfg, sections, {}) for stage, sections in
