@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from rlaif.distributed import local_device
-from rlaif.models.loading import resolve
+from rlaif.models.loading import float32_weights, resolve
 
 
 class EmbeddingJudge:
@@ -30,7 +30,8 @@ class EmbeddingJudge:
         path = resolve(backbone, "embedding judge backbone")
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
         self.device = local_device()
-        self.model = AutoModel.from_pretrained(str(path), use_safetensors=True).eval().to(self.device)
+        self.model = AutoModel.from_pretrained(str(path), use_safetensors=True, **float32_weights()).eval()
+        self.model.to(self.device)
         self.temperature = temperature
         self.relevance_weight = relevance_weight
         self.batch_size = batch_size

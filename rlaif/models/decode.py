@@ -102,11 +102,20 @@ def supports_static_decode(model) -> bool:
     as compilable in full graphs: Llama, Qwen2, Mistral, Gemma and most decoder-only families), unless DeepSpeed
     ZeRO-3 partitions their weights (its forward hooks gather them with collectives, which a graph cannot hold) or a
     layer attends through a sliding window (its cache layer keeps only the window's keys, which the decoder's mask
-    over every slot does not describe): generate() samples those."""
+    over every slot does not describe), or attention is biased by ALiBi (built from a 2D padding mask, not the
+    prepared 4D one): generate() samples those."""
     if (not getattr(model, "_can_compile_fullgraph", False) or not hasattr(model, "config") or not STATIC_CACHE_API
-            or windowed_attention(model.config)):
+            or windowed_attention(model.config) or alibi_attention(model.config)):
         return False
     return not any(hasattr(weight, "ds_id") for weight in model.parameters())
+
+
+def alibi_attention(config) -> bool:
+    """Position information as ALiBi attention biases (Falcon with alibi, BLOOM, MPT) instead of rotary or learned
+    embeddings."""
+    attention = getattr(config, "attn_config", None)
+    return bool(getattr(config, "alibi", False) or config.model_type == "bloom"
+                or getattr(attention, "alibi", None) or (isinstance(attention, dict) and attention.get("alibi")))
 
 
 def forward_takes(model, name: str) -> bool:

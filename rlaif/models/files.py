@@ -14,6 +14,10 @@ def check_model_dir(path: Path, what: str) -> Path:
         raise UserError(f"{what} directory not found: {path} (give a Hugging Face model directory, or a hub model as "
                         f"{hub})")
     if not (path / "config.json").exists():
+        if (path / "adapter_config.json").exists():
+            raise UserError(f"{what} directory {path} holds a PEFT adapter, not a whole model: merge it into its base "
+                            "model (PeftModel.from_pretrained(base, dir).merge_and_unload()) and save_pretrained the "
+                            "result with its tokenizer")
         raise UserError(f"{what} directory {path} has no config.json: it is not a Hugging Face model directory")
     if not any(path.glob("*.safetensors")):
         raise UserError(f"{what} directory {path} has no .safetensors weights: "

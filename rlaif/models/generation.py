@@ -38,12 +38,10 @@ TEMPLATE_FIX = "fix the chat_template in its tokenizer_config.json, or set polic
 
 def _chat_turn(tokenizer, prompt: str) -> str:
     """One user turn through the policy's chat template; a template that raises is one line."""
-    from jinja2 import TemplateError
-
     try:
         return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                              add_generation_prompt=True)
-    except TemplateError as exc:
+    except Exception as exc:  # jinja's TemplateError, or whatever a template's own expressions raise (int + str)
         raise UserError(f"the policy's chat template fails ({type(exc).__name__}: {str(exc)[:160]}): "
                         f"{TEMPLATE_FIX}") from None
 
@@ -61,8 +59,8 @@ def static_decoder_applies(model, enc: dict, decoder: str, stop=()) -> bool:
     if decoder == "auto":
         decoder = switch("RLAIF_DECODER")
     if decoder == "static" and not supports_static_decode(model):
-        raise UserError("the static decoder cannot run this model (sliding-window attention, DeepSpeed ZeRO-3 shards "
-                        "or no full-graph support in transformers): set RLAIF_DECODER=auto or generate")
+        raise UserError("the static decoder cannot run this model (sliding-window or ALiBi attention, DeepSpeed ZeRO-3 "
+                        "shards or no full-graph support in transformers): set RLAIF_DECODER=auto or generate")
     if decoder != "auto":
         return decoder == "static"
     return not stop and supports_static_decode(model)

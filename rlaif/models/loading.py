@@ -91,21 +91,36 @@ def resolve(spec: str, what: str) -> Path:
     return check_model_dir(Path(spec[len("file://"):] if spec.startswith("file://") else spec).expanduser(), what)
 
 
-def load_tokenizer(path: Path, trust_remote_code: bool = False, padding_side: str = "left"):
+def load_tokenizer(path: Path, trust_remote_code: bool = False, padding_side: str | None = "left"):
+    """The directory's tokenizer, padding on `padding_side` (None: its own), its EOS as padding where it has none."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
-    tok.padding_side = padding_side
+    if padding_side is not None:
+        tok.padding_side = padding_side
     if tok.pad_token is None:
+        if tok.eos_token is None:
+            raise UserError(f"the tokenizer in {path} has no pad token and no EOS token (batches are padded with the "
+                            "EOS where there is no pad token): save it with its eos_token, and a pad_token if it has "
+                            "one")
         tok.pad_token = tok.eos_token
     return tok
+
+
+def float32_weights() -> dict:
+    """from_pretrained's setting for every model: float32 whatever dtype the checkpoint was saved in (transformers
+    5 keeps a bf16 or fp16 checkpoint's dtype, which CPUs run ~100x slower and beside our fp32 heads cannot run at
+    all; on GPUs bf16 autocast runs the matmuls in bf16 over these fp32 master weights)."""
+    import torch
+
+    return {"dtype": torch.float32}
 
 
 def load_causal_lm(path: Path, trust_remote_code: bool = False):
     from transformers import AutoModelForCausalLM
 
     try:
-        return AutoModelForCausalLM.from_pretrained(str(path), use_safetensors=True,
+        return AutoModelForCausalLM.from_pretrained(str(path), use_safetensors=True, **float32_weights(),
                                                     trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:
         raise UserError(f"cannot load causal LM from {path}: {str(exc).splitlines()[0]}") from None
@@ -135,12 +150,30 @@ def local_policy_dir(policy) -> Path | None:
     return Path(policy.model.removeprefix("file://")).expanduser()
 
 
-def check_match(tokenizer, model, path: Path) -> None:
-    """A tokenizer with ids past the model's embedding table would index out of range mid-run: refuse it now."""
-    rows = model.get_input_embeddings().num_embeddings
+def check_match(tokenizer, model, path: Path, rows: int | None = None) -> None:
+    """A tokenizer with ids past the model's embedding table (`rows`, or the loaded model's) would index out of range
+    mid-run: refuse it now."""
+    rows = rows if rows is not None else model.get_input_embeddings().num_embeddings
     if len(tokenizer) > rows:
         raise UserError(f"the tokenizer in {path} has {len(tokenizer)} tokens but the model has {rows} embeddings: "
                         "they do not belong together (save the tokenizer that the model was trained with)")
+
+
+def check_tokenizer_files(path: Path, what: str, trust_remote_code: bool) -> None:
+    """Before any work, for a local model directory: its tokenizer loads, fits the embedding table config.json
+    declares, and, for the policy, has an EOS token (the checks its stage makes once it has loaded the weights)."""
+    from transformers import AutoConfig
+
+    tokenizer = load_tokenizer(path, trust_remote_code, padding_side=None)
+    if what == "policy model":
+        require_eos(tokenizer, path)
+    try:
+        rows = getattr(AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code).get_text_config(),
+                       "vocab_size", None)
+    except (OSError, ValueError):
+        return  # what the stage's loader refuses with its own message
+    if isinstance(rows, int):
+        check_match(tokenizer, None, path, rows)
 
 
 def load_policy(policy):
@@ -154,7 +187,10 @@ def load_policy(policy):
 def policy_tokenizer(path: Path, policy):
     """The policy's tokenizer, which must have an EOS token: without one no response could end (every sampler,
     in-process, vLLM or an endpoint, stops on it)."""
-    tokenizer = load_tokenizer(path, policy.trust_remote_code)
+    return require_eos(load_tokenizer(path, policy.trust_remote_code), path)
+
+
+def require_eos(tokenizer, path: Path):
     if tokenizer.eos_token_id is None:
         raise UserError(f"the policy's tokenizer in {path} has no EOS token, so no response could end: save the "
                         "tokenizer with its eos_token (the one the model was trained to stop with)")

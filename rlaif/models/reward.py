@@ -8,14 +8,19 @@ from pathlib import Path
 import torch
 
 from rlaif.errors import UserError
+from rlaif.models.loading import check_match, float32_weights, load_tokenizer
 from rlaif.models.packing import enable_packing, packed_scores
 
 
 def load_reward_model(path: Path, lora_rank: int = 0, lora_alpha: int = 32):
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    """(tokenizer, sequence classifier with one score) from a backbone or an exported reward model. A classifier
+    saved with another number of labels gets a fresh one-score head, as an encoder or a causal LM does."""
+    from transformers import AutoModelForSequenceClassification
 
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
-    model = AutoModelForSequenceClassification.from_pretrained(str(path), num_labels=1, use_safetensors=True)
+    tokenizer = load_tokenizer(path, padding_side=None)
+    model = AutoModelForSequenceClassification.from_pretrained(str(path), use_safetensors=True, **float32_weights(),
+                                                               num_labels=1, ignore_mismatched_sizes=True)
+    check_match(tokenizer, model, path)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     if lora_rank > 0:
@@ -83,7 +88,8 @@ class NormalisedScorer:
         drops them) in the reward model's own pair template, truncated as its tokenizer truncates text pairs."""
         special = torch.tensor(self.tokenizer.all_special_ids, dtype=responses.dtype)
         responses, mask = responses.cpu(), mask.cpu()
-        keep = mask.bool() & ~torch.isin(responses, special)
+        # Ids past the tokenizer (a policy's embedding rows padded beyond its vocabulary) decode to nothing too.
+        keep = mask.bool() & ~torch.isin(responses, special) & (responses < len(self.tokenizer))
         rows = [row[k].tolist() for row, k in zip(responses, keep)]
         out = []
         for i in range(0, len(rows), batch_size):

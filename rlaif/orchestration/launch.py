@@ -153,11 +153,19 @@ def check_models(cfg: PipelineConfig) -> None:
     from rlaif.io import hub
     from rlaif.io.storage import cache_dir
     from rlaif.models.files import check_model_files
-    from rlaif.models.loading import CAUSAL_LM_ROLES, TINY_LLAMA, check_builtin, check_causal_lm
+    from rlaif.models.loading import (
+        CAUSAL_LM_ROLES,
+        TINY_LLAMA,
+        check_builtin,
+        check_causal_lm,
+        check_tokenizer_files,
+    )
 
-    named = [("policy model", cfg.policy.model), ("reward-model backbone", cfg.train_rm.backbone),
-             *(("judge model", j.hf.model) for j in (cfg.label, *cfg.evaluate.judges) if j.judge == "hf")]
-    for what, spec in named:
+    named = [("policy model", cfg.policy.model, cfg.policy.trust_remote_code),
+             ("reward-model backbone", cfg.train_rm.backbone, False),
+             *(("judge model", j.hf.model, j.hf.trust_remote_code) for j in (cfg.label, *cfg.evaluate.judges)
+               if j.judge == "hf")]
+    for what, spec, trust_remote_code in named:
         check_builtin(spec, what)
         if hub.parse(spec):
             hub.commit(spec, what)
@@ -165,9 +173,10 @@ def check_models(cfg: PipelineConfig) -> None:
             path = check_model_files(Path(spec.removeprefix("file://")).expanduser(), what)
             if what in CAUSAL_LM_ROLES:
                 check_causal_lm(path, what)
+            check_tokenizer_files(path, what, trust_remote_code)
     if cfg.policy.model == TINY_LLAMA:
         read_demonstrations(cfg.policy.tiny.demonstrations)
-    if not any(spec == "builtin:tiny-llama" or spec.startswith("s3://") for _, spec in named):
+    if not any(spec == "builtin:tiny-llama" or spec.startswith("s3://") for _, spec, _ in named):
         return  # nothing will be built or downloaded into the cache
     try:
         (cache_dir() / "models").mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,153 @@
+"""Users' own models, beyond the tiny Llama: checkpoints saved in half precision, ALiBi decoders, reward-model
+backbones with another head, no pad token or a padded vocabulary, tokenizers that do not fit their model, chat
+templates that raise, adapter directories. Each failed with a traceback before, most after stages had run."""
+import json
+import shutil
+
+import pytest
+import torch
+
+from rlaif.config import load_config
+from rlaif.errors import UserError
+from rlaif.models.loading import check_tokenizer_files, load_causal_lm
+from rlaif.models.policy import build_policy
+from rlaif.models.reward import NormalisedScorer, load_reward_model
+
+
+@pytest.fixture(scope="module")
+def llama_dir():
+    from rlaif.models.loading import resolve_policy
+
+    return resolve_policy(load_config("configs/tiny.yaml").policy)
+
+
+def save_model(model, out, tokenizer_from, tokenizer_edit=None):
+    model.save_pretrained(out, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tokenizer_from / name, out / name)
+    if tokenizer_edit:
+        config = json.loads((out / "tokenizer_config.json").read_text())
+        tokenizer_edit(config)
+        (out / "tokenizer_config.json").write_text(json.dumps(config))
+    return out
+
+
+def llama_config(llama_dir, **fields):
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(llama_dir))
+    for key, value in fields.items():
+        setattr(config, key, value)
+    return config
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_precision_checkpoint_is_trained_in_float32(llama_dir, tmp_path, dtype):
+    """transformers 5 keeps a checkpoint's dtype: the fp32 value head then failed on bf16 hidden states in ppo."""
+    from transformers import LlamaForCausalLM, LlamaForSequenceClassification
+
+    policy_dir = save_model(LlamaForCausalLM(llama_config(llama_dir)).to(dtype), tmp_path / "policy", llama_dir)
+    assert load_causal_lm(policy_dir).dtype == torch.float32
+    cfg = load_config("configs/tiny.yaml", [f"policy.model={policy_dir}", "ppo.lora_rank=0"])
+    _, policy, _ = build_policy(cfg, torch.device("cpu"))
+    prompts, responses = torch.tensor([[5, 6, 7]]), torch.tensor([[8, 9]])
+    hidden = policy.lm.model(torch.cat([prompts, responses], 1)).last_hidden_state[:, 2:4]
+    logprobs, values = policy.from_hidden(hidden, responses)  # the sampler's path, where the dtypes met
+    assert logprobs.dtype == values.dtype == torch.float32
+    classifier = LlamaForSequenceClassification(llama_config(llama_dir, num_labels=1)).to(dtype)
+    rm_dir = save_model(classifier, tmp_path / "rm", llama_dir)
+    assert load_reward_model(rm_dir)[1].dtype == torch.float32
+
+
+def test_an_alibi_decoder_samples_through_generate(llama_dir, tmp_path):
+    """The static decoder passes a prepared 4D mask, from which ALiBi models cannot build their biases."""
+    from transformers import FalconConfig, FalconForCausalLM
+
+    from rlaif.models.decode import supports_static_decode
+    from rlaif.models.generation import encode_prompts, sample
+    from rlaif.models.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(llama_dir)
+    config = FalconConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                          alibi=True, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    model = FalconForCausalLM(config).eval()
+    assert not supports_static_decode(model)
+    assert supports_static_decode(FalconForCausalLM(FalconConfig(**{**config.to_dict(), "alibi": False})))
+    enc = encode_prompts(tokenizer, ["Question: hi\nAnswer:", "Question: a longer one\nAnswer:"], "cpu")
+    out = sample(model, tokenizer, enc, max_new_tokens=4, temperature=1.0, seed=0, min_new_tokens=4)
+    assert out.shape == (2, 4)
+
+
+def test_reward_backbones_with_another_head_or_no_pad_token_load(llama_dir, tmp_path):
+    from transformers import LlamaForSequenceClassification
+
+    two_labels = save_model(LlamaForSequenceClassification(llama_config(llama_dir, num_labels=2)),
+                            tmp_path / "two", llama_dir)
+    tokenizer, model = load_reward_model(two_labels)
+    assert model.score.out_features == 1  # a fresh one-score head, as an encoder gets
+    no_pad = save_model(LlamaForSequenceClassification(llama_config(llama_dir, num_labels=1, pad_token_id=None)),
+                        tmp_path / "no-pad", llama_dir, lambda config: config.pop("pad_token", None))
+    tokenizer, model = load_reward_model(no_pad)
+    assert tokenizer.pad_token_id == tokenizer.eos_token_id
+    enc = tokenizer(["a", "a longer prompt"], ["x", "y"], padding=True, return_tensors="pt")
+    assert model(**enc).logits.shape == (2, 1)
+
+
+def test_tokenizers_that_do_not_fit_their_model_are_refused_before_any_work(llama_dir, tmp_path):
+    from transformers import LlamaForCausalLM, LlamaForSequenceClassification
+
+    from rlaif.models.loading import load_tokenizer
+
+    tokens = len(load_tokenizer(llama_dir))
+    small = save_model(LlamaForSequenceClassification(llama_config(llama_dir, vocab_size=tokens - 12, num_labels=1)),
+                       tmp_path / "small", llama_dir)
+    with pytest.raises(UserError, match=f"has {tokens} tokens but the model has {tokens - 12} embeddings"):
+        check_tokenizer_files(small, "reward-model backbone", False)
+    with pytest.raises(UserError, match=f"has {tokens} tokens but the model has {tokens - 12} embeddings"):
+        load_reward_model(small)
+    no_eos = save_model(LlamaForCausalLM(llama_config(llama_dir)), tmp_path / "no-eos", llama_dir,
+                        lambda config: config.update(eos_token=None))
+    with pytest.raises(UserError, match="no EOS token"):
+        check_tokenizer_files(no_eos, "policy model", False)
+    check_tokenizer_files(llama_dir, "policy model", False)
+
+
+def test_token_ids_past_the_reward_tokenizer_score_as_their_text_does(llama_dir, tmp_path):
+    """A policy whose embedding table is padded past its tokenizer can sample ids no token has; decoded to text they
+    are nothing, and the token-id path indexed the reward model's smaller table with them."""
+    from transformers import LlamaForSequenceClassification
+
+    from rlaif.models.generation import decode
+    from rlaif.models.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(llama_dir)
+    torch.manual_seed(0)
+    rm_dir = save_model(LlamaForSequenceClassification(llama_config(llama_dir, num_labels=1)), tmp_path / "rm",
+                        llama_dir)
+    (rm_dir / "reward_stats.json").write_text(json.dumps({"mean": 0.0, "std": 1.0, "max_length": 64}))
+    scorer = NormalisedScorer(rm_dir, torch.device("cpu"))
+    past = len(tokenizer) + 5
+    responses = torch.tensor([[40, past, 41, 42], [past, 43, 44, past]])
+    mask = torch.ones_like(responses)
+    texts = decode(tokenizer, responses, mask)
+    prompts = ["Question: one\nAnswer:", "Question: two\nAnswer:"]
+    assert torch.allclose(scorer.score_tokens(prompts, responses, mask), scorer(prompts, texts), atol=1e-5)
+
+
+def test_a_chat_template_that_raises_any_error_is_one_line(llama_dir, tmp_path):
+    from rlaif.models.generation import format_prompts
+    from rlaif.models.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(llama_dir)
+    tokenizer.chat_template = "{{ messages[0]['content'] | int + 'x' }}"  # a TypeError inside the template
+    with pytest.raises(UserError, match="chat template fails .*TypeError"):
+        format_prompts(tokenizer, load_config("configs/tiny.yaml").policy, ["hi"])
+
+
+def test_an_adapter_directory_given_as_a_model_says_to_merge_it(tmp_path):
+    from rlaif.models.files import check_model_dir
+
+    (tmp_path / "adapter_config.json").write_text("{}")
+    (tmp_path / "adapter_model.safetensors").write_bytes(b"")
+    with pytest.raises(UserError, match="holds a PEFT adapter.*merge_and_unload"):
+        check_model_dir(tmp_path, "policy model")
