@@ -304,7 +304,9 @@ def _dispatch(args) -> int:
         print(f"error: {redact(str(exc))}", file=sys.stderr)
         return 2 if exc.code == 2 else 1
     except Exception as exc:
-        if (problem := disk_problem(exc)) is None:
+        from rlaif.io import storage
+
+        if (problem := disk_problem(exc) or storage.failure_message(exc)) is None:
             raise
         return _user_error(problem)
 

@@ -27,13 +27,40 @@ MALFORMED_SCHEME = re.compile(r"(?i)(s3|s3a|s3n|file|gs|gcs|az|abfs|hf|https?):(
 
 
 def configure(endpoint_url: str | None) -> None:
-    """Set the S3 endpoint for this process (config wins over AWS_ENDPOINT_URL)."""
+    """Set the S3 endpoint for this process (config wins over AWS_ENDPOINT_URL) and how long a call may take."""
     endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL")
     _s3_options.clear()
+    _s3_options["config_kwargs"] = s3_call_limits()
     if endpoint:
         _s3_options["client_kwargs"] = {"endpoint_url": endpoint}
         os.environ["AWS_ENDPOINT_URL"] = endpoint  # child processes (torchrun ranks) inherit it
     _register_webdataset_s3()
+
+
+def s3_call_limits() -> dict:
+    """botocore's timeouts and retries for every S3 call. s3fs retries each call 5 times itself, around botocore's
+    own legacy 5 attempts of 15 s reads: an endpoint that accepts connections and never answers held a run silent
+    for over 6 minutes. Here 2 standard-mode attempts (AWS_MAX_ATTEMPTS and AWS_RETRY_MODE override them, as for
+    any AWS client), so such an endpoint fails in about 2.5 minutes, while throttling (SlowDown) is still retried
+    with backoff by both."""
+    return {"connect_timeout": 5, "read_timeout": 15,
+            "retries": {"max_attempts": int(os.environ.get("AWS_MAX_ATTEMPTS") or 2),
+                        "mode": os.environ.get("AWS_RETRY_MODE") or "standard"}}
+
+
+def failure_message(exc: BaseException) -> str | None:
+    """An object-storage failure behind an exception (botocore's: endpoint unreachable or timing out, credentials,
+    a refusal) as one line; None for anything else. A stage that meets one mid-run is not half-committed: the run
+    resumes once storage answers again."""
+    errors = _botocore_errors()
+    seen = exc
+    while seen is not None:
+        if errors and isinstance(seen, errors):
+            reason = str(seen).splitlines()[0][:200] if str(seen) else type(seen).__name__
+            return (f"object storage failed ({reason}): check storage.endpoint_url (or AWS_ENDPOINT_URL), the "
+                    "credentials and the service, then run again (finished stages are kept)")
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def normalize(url: str) -> str:

@@ -75,3 +75,15 @@ def safetensors_intact(weights: Path) -> bool:
     if not all(isinstance(pair, list) and len(pair) == 2 and all(type(end) is int for end in pair) for pair in offsets):
         return False
     return 8 + length + max((end for _, end in offsets), default=0) == size
+
+
+def save_tokenizer(tokenizer, out) -> None:
+    """save_pretrained without the truncation and padding its last call left in the fast backend: tokenizer.json
+    would hold the last batch's settings, so a run resumed after its last step (no batch since loading) wrote another
+    file than the run that was not interrupted, and its digest sent the stages after it to run again. Every call
+    passes its own padding and truncation, so none reads these."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        backend.no_truncation()
+        backend.no_padding()
+    tokenizer.save_pretrained(out)

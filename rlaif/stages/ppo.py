@@ -32,6 +32,7 @@ from rlaif.io.prompts import split
 from rlaif.judges import judge_scorer
 from rlaif.models import card
 from rlaif.models.adapters import adapter_folded, adapter_fused
+from rlaif.models.files import save_tokenizer
 from rlaif.models.generation import (
     backbone_and_head,
     decode,
@@ -408,7 +409,7 @@ def export(ctx: StageContext, policy: PolicyWithValue, tokenizer, rows: list[dic
             card.write(out / "adapter", card.policy_card(ctx, rows, adapter=True))
             lm = lm.merge_and_unload()
         lm.save_pretrained(out / "policy", safe_serialization=True)
-        tokenizer.save_pretrained(out / "policy")
+        save_tokenizer(tokenizer, out / "policy")
         card.write(out / "policy", card.policy_card(ctx, rows, adapter=False))
         files = storage.upload_dir(out, ctx.url) + metrics.publish((out / "policy" / "README.md",))
         first, last = rows[0], rows[-1]

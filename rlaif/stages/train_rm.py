@@ -36,6 +36,7 @@ from rlaif.judges.reference import CLEAR_MARGIN as CLEAR
 from rlaif.judges.reference import grader as reference_grader
 from rlaif.models import card
 from rlaif.models.distill import distill_student, save_student
+from rlaif.models.files import save_tokenizer
 from rlaif.models.loading import resolve
 from rlaif.models.reward import batched_rewards, load_reward_model, reward
 from rlaif.progress import progress
@@ -131,7 +132,7 @@ def run(ctx: StageContext) -> dict:
                     accum_steps=settings.grad_accum_steps, micro_batch=micro_local,
                     warmup_steps=int(settings.warmup_fraction * total_steps), total_steps=total_steps, device=device)
     checkpoints = Checkpoints(ctx.url, ctx.config_hash, keep=settings.keep_checkpoints)
-    position = checkpoints.restore(engine) or {"epoch": 0, "step_in_epoch": 0, "step": 0, "seconds": 0.0}
+    position = checkpoints.restore(engine) or {"epoch": 0, "step_in_epoch": 0, "step": 0, "seconds": 0.0, "rows": []}
 
     metrics, step, seconds = train(ctx, engine, tokenizer, checkpoints, position, micro_local, total_steps)
     replica_spread = engine.replica_spread()
@@ -170,7 +171,10 @@ def train(ctx: StageContext, engine, tokenizer, checkpoints: Checkpoints, positi
     """The training loop from `position` (a fresh start or a checkpoint); returns (metrics, steps, seconds)."""
     settings = ctx.cfg.train_rm
     rank, world, device = dist.rank(), dist.world_size(), engine.device
-    metrics = Tracker(ctx, enabled=rank == 0, resume_step=position["step"])
+    rows = position.get("rows")  # the metrics up to the checkpoint (a checkpoint from before they were kept: None)
+    metrics = Tracker(ctx, enabled=rank == 0, resume_step=position["step"],
+                      restored_rows=None if rows is None else [(row["step"], row) for row in rows])
+    rows = rows or []
     use_amp = device.type == "cuda" and settings.strategy == "ddp"  # DeepSpeed runs bf16 itself on GPUs
     bar = progress(total=total_steps, initial=position["step"], desc="train_rm", unit="step", disable=rank != 0)
     step, start = position["step"], time.time() - position["seconds"]
@@ -184,13 +188,14 @@ def train(ctx: StageContext, engine, tokenizer, checkpoints: Checkpoints, positi
             stats = dist.all_reduce_mean({"loss": loss_sum, "accuracy": correct})
             pairs_per_s = (step - position["step"]) * settings.batch_size / max(time.time() - start
                                                                                  - position["seconds"], 1e-9)
-            metrics.log(step, {**stats, "epoch": epoch, "lr": engine.lr(), "grad_norm": grad_norm,
-                               "samples_per_s": pairs_per_s})
+            row = {**stats, "epoch": epoch, "lr": engine.lr(), "grad_norm": grad_norm, "samples_per_s": pairs_per_s}
+            metrics.log(step, row)
+            rows.append({"step": step, **row})
             bar.set_postfix(loss=f"{stats['loss']:.3f}", acc=f"{stats['accuracy']:.2f}")
             bar.update()
             if settings.checkpoint_every and step % settings.checkpoint_every == 0:
                 checkpoints.save(engine, step, {"epoch": epoch, "step_in_epoch": step_in_epoch, "step": step,
-                                                "seconds": time.time() - start})
+                                                "seconds": time.time() - start, "rows": rows})
                 faults.maybe_kill("train_rm", step, rank)
     bar.close()
     return metrics, step, time.time() - start
@@ -244,7 +249,7 @@ def export(ctx: StageContext, engine, model, tokenizer, export_dir: Path, rank: 
         plain = model.merge_and_unload() if settings.lora_rank > 0 else model
         if rank == 0:
             plain.save_pretrained(export_dir, safe_serialization=True)
-            tokenizer.save_pretrained(export_dir)
+            save_tokenizer(tokenizer, export_dir)
             if settings.strategy == "deepspeed":  # the other ranks read the export back from storage
                 storage.upload_dir(export_dir, storage.join(ctx.url, "model"))
     dist.barrier()

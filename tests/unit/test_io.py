@@ -175,3 +175,30 @@ def test_identical_samples_give_identical_digests(tmp_path):
     a = _write(storage.normalize(str(tmp_path / "a")), 9, 4)
     b = _write(storage.normalize(str(tmp_path / "b")), 9, 4)
     assert [s["sha256"] for s in a["shards"]] == [s["sha256"] for s in b["shards"]] and a["digest"] == b["digest"]
+
+
+def test_s3_calls_are_bounded_and_their_failures_are_one_line(monkeypatch):
+    """An endpoint that accepts connections and never answers held a run silent for over 6 minutes (s3fs's 5 tries
+    of botocore's 5 legacy attempts); a botocore error mid-stage was a traceback."""
+    from botocore.exceptions import EndpointConnectionError
+
+    monkeypatch.delenv("AWS_MAX_ATTEMPTS", raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "")  # configure exports the endpoint: restored after the test
+    storage.configure("http://127.0.0.1:9")
+    fs = storage.filesystem("s3://bucket/key")
+    assert fs.config_kwargs["retries"] == {"max_attempts": 2, "mode": "standard"}
+    assert (fs.config_kwargs["connect_timeout"], fs.config_kwargs["read_timeout"]) == (5, 15)
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "7")
+    storage.configure("http://127.0.0.1:9")
+    assert storage.filesystem("s3://bucket/key").config_kwargs["retries"]["max_attempts"] == 7
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    storage.configure(None)
+    try:
+        try:
+            raise EndpointConnectionError(endpoint_url="http://127.0.0.1:9/bucket/key")
+        except EndpointConnectionError as exc:
+            raise RuntimeError("a shard could not be read") from exc
+    except RuntimeError as wrapped:
+        message = storage.failure_message(wrapped)
+    assert message.startswith("object storage failed (Could not connect to the endpoint URL") and "\n" not in message
+    assert storage.failure_message(ValueError("not storage")) is None
