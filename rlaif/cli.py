@@ -246,6 +246,9 @@ def _run(args) -> int:
     from rlaif.orchestration.launch import load_config_source
     from rlaif.runner import run
 
+    for flag, value in (("--run-id", args.run_id), ("--storage-root", args.storage_root)):
+        if value is not None and not value.strip():  # an unset shell variable: the config's value would be used
+            raise UserError(f"{flag} is empty: give a value, or leave the flag out to use the config's")
     run(load_config_source(args.config, args.overrides, args.run_id or "", args.storage_root or ""), set(args.rerun))
     return 0
 

@@ -40,7 +40,12 @@ def run(cfg: PipelineConfig, rerun: set[str] = frozenset()) -> dict:
         if name != "training":
             print(f"evaluation, judge '{name}': win rate {j['win_rate']:.3f} "
                   f"[95% CI {j['win_rate_ci95'][0]:.3f}, {j['win_rate_ci95'][1]:.3f}]")
-    print(f"report: {storage.join(run_url, 'evaluate', 'report.html')}")
+    report_url = storage.join(run_url, "evaluate", "report.html")
+    if not storage.exists(report_url):  # a view of evaluate's files, not one of them: rebuilt when it was removed
+        from rlaif import report
+
+        report_url = report.write(run_url)
+    print(f"report: {storage.browsable(report_url)}")
     return {"run_dir": run_url, "evaluation": result}
 
 

@@ -81,6 +81,11 @@ def normalize(url: str) -> str:
     return url.rstrip("/")
 
 
+def browsable(url: str) -> str:
+    """A URL to paste into a browser: a file:// one percent-encoded (a space, '#' or '?' in the path cut it short)."""
+    return Path(url[len("file://"):]).as_uri() if url.startswith("file://") else url
+
+
 def join(url: str, *parts: str) -> str:
     return "/".join([url.rstrip("/"), *[p.strip("/") for p in parts]])
 

@@ -102,10 +102,15 @@ def test_file_storage_run_then_cache_hits(tmp_path):
     assert (tmp_path / "runs/tiny/ppo/policy/model.safetensors").exists()
     check_model_cards(tmp_path / "runs/tiny", cfg)
 
+    report = tmp_path / "runs/tiny/evaluate/report.html"
+    report.unlink()  # a view of evaluate's files, not in its manifest: a cache hit printed a path to nothing
     second = rlaif("run", "--config", "configs/tiny.yaml", "--storage-root", root, timeout=300)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "running" not in second.stdout
     assert second.stdout.count("cache hit") == len(STAGES)
+    assert f"report: {report.as_uri()}" in second.stdout and report.read_text().startswith("<!doctype html>")
+    empty = rlaif("run", "--config", "configs/tiny.yaml", "--storage-root", root, "--run-id", "", timeout=60)
+    assert empty.returncode == 2 and "error: --run-id is empty" in empty.stderr  # it ran the config's run id
 
     # A damaged output is made again, not a cache hit; --rerun runs a stage past its cache.
     shard = sorted((tmp_path / "runs/tiny/generate").glob("shard-*.tar"))[0]
