@@ -4,10 +4,11 @@ the original pod, an Airflow backfill) would interleave writes; the second refus
 `<run>/<stage>/.lock` names its holder (host, pid, token, owner) and carries a heartbeat that a thread refreshes.
 It is created with the store's atomic create-if-absent (a hard link on file://, If-None-Match on S3), so of launchers
 started at the same moment exactly one gets it. A lock is taken over when its holder's process is gone (same host),
-its heartbeat is older than `stale_after_s` (a killed pod; on the same host, a pid reused after a restart), or, for an earlier attempt of the same
-orchestrator step (`RLAIF_LOCK_OWNER`, set by the KFP component and the Airflow tasks), older than two heartbeats: a
-retry takes its own lock back instead of refusing itself. A takeover is itself exclusive (a marker per stale token,
-created atomically), and a launcher that died inside its takeover leaves a marker that goes stale like a lock.
+its heartbeat is older than `stale_after_s` (a killed pod; on the same host, a pid reused after a restart), or, for
+an earlier attempt of the same orchestrator step (`RLAIF_LOCK_OWNER`, set by the KFP component and the Airflow
+tasks), older than two heartbeats: a retry takes its own lock back instead of refusing itself. A takeover is itself
+exclusive (a marker per stale token, created atomically), and a launcher that died inside its takeover leaves a
+marker that goes stale like a lock.
 """
 from __future__ import annotations
 
