@@ -15,9 +15,7 @@ from rlaif.models.packing import packs, response_states
 
 def format_prompts(tokenizer, policy, prompts: list[str]) -> list[str]:
     """Prompts as the policy sees them: its tokenizer's chat template (one user turn) when it has one and the config
-    allows it, else policy.prompt_template after the BOS token where the tokenizer begins every text with one (base
-    Llama, Mistral, Gemma models were trained so). The text is tokenized without adding special tokens: a chat
-    template writes its own."""
+    allows it, else policy.prompt_template."""
     use_chat = (policy.chat_template if policy.chat_template is not None
                 else bool(getattr(tokenizer, "chat_template", None)))
     if use_chat:
@@ -30,15 +28,7 @@ def format_prompts(tokenizer, policy, prompts: list[str]) -> list[str]:
                 raise UserError(f"the policy's chat template leaves the prompt out of its text: {TEMPLATE_FIX}")
             _KEEPS_THE_PROMPT.add(template)
         return [_chat_turn(tokenizer, p) for p in prompts]
-    return [leading_bos(tokenizer) + policy.prompt_template.format(prompt=p) for p in prompts]
-
-
-def leading_bos(tokenizer) -> str:
-    """The BOS token's text where the tokenizer's own template starts a text with it, else ''."""
-    bos = tokenizer.bos_token_id
-    if bos is None or tokenizer("a", add_special_tokens=False).input_ids[:1] == [bos]:
-        return ""
-    return tokenizer.bos_token if tokenizer("a").input_ids[:1] == [bos] else ""
+    return [policy.prompt_template.format(prompt=p) for p in prompts]
 
 
 PROBE = "Which prime follows seven?"

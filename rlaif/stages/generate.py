@@ -113,9 +113,7 @@ class VLLMBackend(Backend):
         g = self.g
         params = [self.SamplingParams(n=1, seed=s, temperature=g.temperature, top_p=g.top_p, top_k=g.top_k or -1,
                                       max_tokens=g.max_new_tokens, stop=g.stop or None) for s in seeds]
-        # Token ids, tokenized as the other backends tokenize: vLLM would add a BOS before the one a prompt has.
-        prompts = [{"prompt_token_ids": ids} for ids in self.tokenizer(texts, add_special_tokens=False).input_ids]
-        outs = self.llm.generate(prompts, params, use_tqdm=False)
+        outs = self.llm.generate(texts, params, use_tqdm=False)
         return [(o.outputs[0].text.strip(), len(o.outputs[0].token_ids)) for o in outs]
 
 

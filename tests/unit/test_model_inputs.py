@@ -151,26 +151,3 @@ def test_an_adapter_directory_given_as_a_model_says_to_merge_it(tmp_path):
     (tmp_path / "adapter_model.safetensors").write_bytes(b"")
     with pytest.raises(UserError, match="holds a PEFT adapter.*merge_and_unload"):
         check_model_dir(tmp_path, "policy model")
-
-
-def test_plain_template_prompts_begin_with_the_bos_the_tokenizer_adds(llama_dir):
-    """Prompts are tokenized without special tokens (a chat template writes its own): a base model whose tokenizer
-    begins every text with BOS sampled without it under policy.prompt_template."""
-    from tokenizers.processors import TemplateProcessing
-
-    from rlaif.models.generation import encode_prompts, format_prompts
-    from rlaif.models.loading import load_tokenizer
-
-    policy = load_config("configs/tiny.yaml").policy
-    tokenizer = load_tokenizer(llama_dir)
-    plain = format_prompts(tokenizer, policy, ["hi there"])
-    assert plain == [policy.prompt_template.format(prompt="hi there")]  # the tiny tokenizer adds no BOS
-    bos = tokenizer.bos_token
-    tokenizer.backend_tokenizer.post_processor = TemplateProcessing(
-        single=f"{bos} $A", pair=f"{bos} $A $B", special_tokens=[(bos, tokenizer.bos_token_id)])
-    texts = format_prompts(tokenizer, policy, ["hi there", "a second prompt"])
-    assert texts == [tokenizer.bos_token + text for text in format_prompts(load_tokenizer(llama_dir), policy,
-                                                                            ["hi there", "a second prompt"])]
-    enc = encode_prompts(tokenizer, texts, "cpu")
-    for row, mask, prompt in zip(enc["input_ids"], enc["attention_mask"], ["hi there", "a second prompt"]):
-        assert row[mask.bool()].tolist() == tokenizer(policy.prompt_template.format(prompt=prompt)).input_ids
