@@ -3,12 +3,12 @@ the original pod, an Airflow backfill) would interleave writes; the second refus
 
 `<run>/<stage>/.lock` names its holder (host, pid, token, owner) and carries a heartbeat that a thread refreshes.
 It is created with the store's atomic create-if-absent (a hard link on file://, If-None-Match on S3), so of launchers
-started at the same moment exactly one gets it. A lock is taken over when its holder's process is gone (same host),
-its heartbeat is older than `stale_after_s` (a killed pod; on the same host, a pid reused after a restart), or, for
-an earlier attempt of the same orchestrator step (`RLAIF_LOCK_OWNER`, set by the KFP component and the Airflow
-tasks), older than two heartbeats: a retry takes its own lock back instead of refusing itself. A takeover is itself
-exclusive (a marker per stale token, created atomically), and a launcher that died inside its takeover leaves a
-marker that goes stale like a lock.
+started at the same moment exactly one gets it. A lock is taken over when its holder's process is gone (same host;
+also when its pid names another process now, after a container restart), its heartbeat is older than
+`stale_after_s` (another host: a killed pod), or, for an earlier attempt of the same orchestrator step
+(`RLAIF_LOCK_OWNER`, set by the KFP component and the Airflow tasks), older than two heartbeats: a retry takes its
+own lock back instead of refusing itself. A takeover is itself exclusive (a marker per stale token, created
+atomically), and a launcher that died inside its takeover leaves a marker that goes stale like a lock.
 """
 from __future__ import annotations
 
@@ -18,11 +18,21 @@ import socket
 import threading
 import time
 import uuid
+from pathlib import Path
 
 from rlaif.errors import UserError
 from rlaif.io import storage
 
 LOCK = ".lock"
+
+
+def _process_start(pid: int) -> str | None:
+    """When the process with this pid started (clock ticks since boot, from /proc), or None where that cannot be read:
+    with the pid it names one process, not whichever one has the pid after a container restart."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
 
 
 def _pid_alive(pid: int) -> bool:
@@ -61,19 +71,21 @@ class StageLock:
         return held
 
     def _record(self, started: float) -> bytes:
-        return json.dumps({"token": self.token, "host": self.host, "pid": os.getpid(), "owner": self.owner,
-                           "started": started, "heartbeat": time.time()}).encode()
+        return json.dumps({"token": self.token, "host": self.host, "pid": os.getpid(),
+                           "pid_start": _process_start(os.getpid()), "owner": self.owner, "started": started,
+                           "heartbeat": time.time()}).encode()
 
     def _write(self, started: float) -> None:
         storage.write_bytes_atomic(self.url, self._record(started))
 
     def is_stale(self, held: dict) -> bool:
-        """The holder is gone: its heartbeat stopped (`stale_after_s`), or on this host its process has exited. A
-        live process with the holder's pid on this host is not enough: after a container restart the pid is another
-        process's. An earlier attempt of this same orchestrator step counts as gone after two missed heartbeats instead
-        of `stale_after_s` (a retry then starts at once), but never while its process is alive on this host."""
+        """The holder is gone: on this host its process has exited (or its pid is another process's now, after a
+        container restart), elsewhere its heartbeat stopped. An earlier attempt of this same orchestrator step counts
+        as gone after two missed heartbeats instead of `stale_after_s` (a retry then starts at once), but never while
+        its process is alive on this host."""
         if held["host"] == self.host:
-            return not _pid_alive(held["pid"]) or time.time() - held["heartbeat"] > self.stale_after_s
+            started = held.get("pid_start")
+            return not _pid_alive(held["pid"]) or (started is not None and started != _process_start(held["pid"]))
         same_step = bool(self.owner) and held.get("owner") == self.owner
         return time.time() - held["heartbeat"] > (2 * self.heartbeat_s if same_step else self.stale_after_s)
 

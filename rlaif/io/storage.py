@@ -38,24 +38,26 @@ def configure(endpoint_url: str | None) -> None:
 
 
 def s3_call_limits() -> dict:
-    """botocore's timeouts and retries for every S3 call. s3fs retries each call 5 times itself, around botocore's
-    own legacy 5 attempts of 15 s reads: an endpoint that accepts connections and never answers held a run silent
-    for over 6 minutes. Here 2 standard-mode attempts (AWS_MAX_ATTEMPTS and AWS_RETRY_MODE override them, as for
-    any AWS client), so such an endpoint fails in about 2.5 minutes, while throttling (SlowDown) is still retried
-    with backoff by both."""
-    return {"connect_timeout": 5, "read_timeout": 15,
-            "retries": {"max_attempts": int(os.environ.get("AWS_MAX_ATTEMPTS") or 2),
-                        "mode": os.environ.get("AWS_RETRY_MODE") or "standard"}}
+    """botocore's retries for every S3 call. s3fs tries each call 5 times itself (5 s connects, 15 s reads), around
+    botocore's legacy 5 attempts: an endpoint that accepts connections and never answers held a run silent for over
+    6 minutes. Here 2 attempts in standard mode (AWS_MAX_ATTEMPTS and AWS_RETRY_MODE override them, as for any AWS
+    client), so such an endpoint fails in about 2.5 minutes, while throttling (SlowDown) is still retried with
+    backoff by both."""
+    attempts = os.environ.get("AWS_MAX_ATTEMPTS") or "2"
+    if not attempts.isdigit() or int(attempts) < 1:
+        raise UserError(f"AWS_MAX_ATTEMPTS={attempts!r}: give a whole number of attempts, 1 or more")
+    return {"retries": {"total_max_attempts": int(attempts), "mode": os.environ.get("AWS_RETRY_MODE") or "standard"}}
 
 
 def failure_message(exc: BaseException) -> str | None:
     """An object-storage failure behind an exception (botocore's: endpoint unreachable or timing out, credentials,
-    a refusal) as one line; None for anything else. A stage that meets one mid-run is not half-committed: the run
-    resumes once storage answers again."""
+    a refusal, a server error; not a missing object, which callers report themselves) as one line; None for
+    anything else. A stage that meets one mid-run is not half-committed: the run resumes once storage answers."""
     errors = _botocore_errors()
     seen = exc
     while seen is not None:
-        if errors and isinstance(seen, errors):
+        code = str(getattr(seen, "response", {}).get("Error", {}).get("Code", ""))
+        if errors and isinstance(seen, errors) and code not in ("NoSuchKey", "404", "NoSuchUpload"):
             reason = str(seen).splitlines()[0][:200] if str(seen) else type(seen).__name__
             return (f"object storage failed ({reason}): check storage.endpoint_url (or AWS_ENDPOINT_URL), the "
                     "credentials and the service, then run again (finished stages are kept)")

@@ -27,7 +27,7 @@ import torch
 
 from rlaif.models.adapters import unwrapped
 from rlaif.models.lean_decode import lean_decode_step
-from rlaif.models.packing import prefix_owners, windowed_attention
+from rlaif.models.packing import alibi_attention, prefix_owners, windowed_attention
 
 MASK32 = 0xFFFFFFFF
 # Odd multipliers below 2**31: a 32-bit value times one stays inside int64, so the hash is exact on every device.
@@ -108,14 +108,6 @@ def supports_static_decode(model) -> bool:
             or windowed_attention(model.config) or alibi_attention(model.config)):
         return False
     return not any(hasattr(weight, "ds_id") for weight in model.parameters())
-
-
-def alibi_attention(config) -> bool:
-    """Position information as ALiBi attention biases (Falcon with alibi, BLOOM, MPT) instead of rotary or learned
-    embeddings."""
-    attention = getattr(config, "attn_config", None)
-    return bool(getattr(config, "alibi", False) or config.model_type == "bloom"
-                or getattr(attention, "alibi", None) or (isinstance(attention, dict) and attention.get("alibi")))
 
 
 def forward_takes(model, name: str) -> bool:

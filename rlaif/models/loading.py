@@ -150,10 +150,9 @@ def local_policy_dir(policy) -> Path | None:
     return Path(policy.model.removeprefix("file://")).expanduser()
 
 
-def check_match(tokenizer, model, path: Path, rows: int | None = None) -> None:
-    """A tokenizer with ids past the model's embedding table (`rows`, or the loaded model's) would index out of range
-    mid-run: refuse it now."""
-    rows = rows if rows is not None else model.get_input_embeddings().num_embeddings
+def check_match(tokenizer, rows: int, path: Path) -> None:
+    """A tokenizer with ids past the model's embedding table (`rows` embeddings) would index out of range mid-run:
+    refuse it now."""
     if len(tokenizer) > rows:
         raise UserError(f"the tokenizer in {path} has {len(tokenizer)} tokens but the model has {rows} embeddings: "
                         "they do not belong together (save the tokenizer that the model was trained with)")
@@ -164,7 +163,11 @@ def check_tokenizer_files(path: Path, what: str, trust_remote_code: bool) -> Non
     declares, and, for the policy, has an EOS token (the checks its stage makes once it has loaded the weights)."""
     from transformers import AutoConfig
 
-    tokenizer = load_tokenizer(path, trust_remote_code, padding_side=None)
+    try:
+        tokenizer = load_tokenizer(path, trust_remote_code, padding_side=None)
+    except (OSError, ValueError, ImportError) as exc:  # a custom class without trust_remote_code, a broken file
+        raise UserError(f"the tokenizer in {path} does not load ({str(exc).splitlines()[0][:200]}): save the "
+                        "model's tokenizer beside it") from None
     if what == "policy model":
         require_eos(tokenizer, path)
     try:
@@ -173,14 +176,14 @@ def check_tokenizer_files(path: Path, what: str, trust_remote_code: bool) -> Non
     except (OSError, ValueError):
         return  # what the stage's loader refuses with its own message
     if isinstance(rows, int):
-        check_match(tokenizer, None, path, rows)
+        check_match(tokenizer, rows, path)
 
 
 def load_policy(policy):
     """(tokenizer, model) of the starting policy; the model in eval mode."""
     path = resolve_policy(policy)
     tokenizer, model = policy_tokenizer(path, policy), load_causal_lm(path, policy.trust_remote_code).eval()
-    check_match(tokenizer, model, path)
+    check_match(tokenizer, model.get_input_embeddings().num_embeddings, path)
     return tokenizer, model
 
 

@@ -130,6 +130,14 @@ def windowed_attention(config) -> bool:
                 or "sliding_attention" in (getattr(config, "layer_types", None) or ()))
 
 
+def alibi_attention(config) -> bool:
+    """Position information as ALiBi attention biases (Falcon with alibi, BLOOM, MPT) instead of rotary or learned
+    embeddings."""
+    attention = getattr(config, "attn_config", None)
+    return bool(getattr(config, "alibi", False) or config.model_type == "bloom"
+                or getattr(attention, "alibi", None) or (isinstance(attention, dict) and attention.get("alibi")))
+
+
 def packs(model) -> bool:
     """Does this model take packed forwards? (Not once DeepSpeed ZeRO-3 has partitioned it, which happens after the
     policy is built: its weights exist only inside each module's own forward.)"""

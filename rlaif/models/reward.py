@@ -18,9 +18,15 @@ def load_reward_model(path: Path, lora_rank: int = 0, lora_alpha: int = 32):
     from transformers import AutoModelForSequenceClassification
 
     tokenizer = load_tokenizer(path, padding_side=None)
-    model = AutoModelForSequenceClassification.from_pretrained(str(path), use_safetensors=True, **float32_weights(),
-                                                               num_labels=1, ignore_mismatched_sizes=True)
-    check_match(tokenizer, model, path)
+    model, loaded = AutoModelForSequenceClassification.from_pretrained(str(path), use_safetensors=True, num_labels=1,
+                                                                       ignore_mismatched_sizes=True,
+                                                                       output_loading_info=True, **float32_weights())
+    # Only the head may be replaced (fresh, one score); a backbone tensor that does not fit its config is an error.
+    backbone = {key for key, *_ in loaded["mismatched_keys"] if key.startswith(model.base_model_prefix + ".")}
+    if backbone:
+        raise UserError(f"the weights in {path} do not fit its config.json ({', '.join(sorted(backbone)[:3])}): "
+                        "re-export the model with save_pretrained")
+    check_match(tokenizer, model.get_input_embeddings().num_embeddings, path)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     if lora_rank > 0:

@@ -58,18 +58,26 @@ def check_against_model(request: Request, token_ids: list[list[int]], vocab_size
         raise BadRequest(str(exc)) from None
 
 
-def cache_bytes_per_token(model) -> int:
-    """Bytes of attention cache one token holds in `model` (keys and values in every layer, in the model's dtype)."""
+def cache_bytes_per_token(model) -> int | None:
+    """Bytes of attention cache one token holds in `model` (keys and values in every layer, in the model's dtype);
+    None where its config does not say (a state-space model has no such cache)."""
     config = model.config.get_text_config()
-    heads = config.num_attention_heads
+    heads, layers = getattr(config, "num_attention_heads", None), getattr(config, "num_hidden_layers", None)
+    if not heads or not layers:
+        return None
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    return config.num_hidden_layers * 2 * kv_heads * head_dim * next(model.parameters()).element_size()
+    # GQA's key/value heads (Falcon names them num_kv_heads, and its multi-query layers keep one)
+    kv_heads = (1 if getattr(config, "multi_query", False) and not getattr(config, "new_decoder_architecture", False)
+                else getattr(config, "num_key_value_heads", None) or getattr(config, "num_kv_heads", None) or heads)
+    return layers * 2 * kv_heads * head_dim * next(model.parameters()).element_size()
 
 
-def check_cache_size(request: Request, token_ids: list[list[int]], bytes_per_token: int, budget_gib: float) -> None:
+def check_cache_size(request: Request, token_ids: list[list[int]], bytes_per_token: int | None,
+                     budget_gib: float) -> None:
     """A request is one batch: its attention cache (every prompt padded to the longest, plus max_tokens) must fit the
     replica's budget, or one request would take the replica, and every request in flight on it, out of memory."""
+    if bytes_per_token is None:
+        return
     tokens = len(token_ids) * (max(request.pad_to, *map(len, token_ids)) + request.max_tokens)
     needed = tokens * bytes_per_token / 2**30
     if needed > budget_gib:

@@ -171,10 +171,9 @@ def train(ctx: StageContext, engine, tokenizer, checkpoints: Checkpoints, positi
     """The training loop from `position` (a fresh start or a checkpoint); returns (metrics, steps, seconds)."""
     settings = ctx.cfg.train_rm
     rank, world, device = dist.rank(), dist.world_size(), engine.device
-    rows = position.get("rows")  # the metrics up to the checkpoint (a checkpoint from before they were kept: None)
+    rows = position["rows"]  # the metrics up to the checkpoint
     metrics = Tracker(ctx, enabled=rank == 0, resume_step=position["step"],
-                      restored_rows=None if rows is None else [(row["step"], row) for row in rows])
-    rows = rows or []
+                      restored_rows=[(row["step"], row) for row in rows])
     use_amp = device.type == "cuda" and settings.strategy == "ddp"  # DeepSpeed runs bf16 itself on GPUs
     bar = progress(total=total_steps, initial=position["step"], desc="train_rm", unit="step", disable=rank != 0)
     step, start = position["step"], time.time() - position["seconds"]

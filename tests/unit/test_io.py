@@ -186,11 +186,17 @@ def test_s3_calls_are_bounded_and_their_failures_are_one_line(monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", "")  # configure exports the endpoint: restored after the test
     storage.configure("http://127.0.0.1:9")
     fs = storage.filesystem("s3://bucket/key")
-    assert fs.config_kwargs["retries"] == {"max_attempts": 2, "mode": "standard"}
-    assert (fs.config_kwargs["connect_timeout"], fs.config_kwargs["read_timeout"]) == (5, 15)
+    assert fs.config_kwargs["retries"] == {"total_max_attempts": 2, "mode": "standard"}
+    from botocore.config import Config  # what botocore makes of it: 2 attempts in all, not 2 retries
+
+    assert Config(**fs.config_kwargs).retries["total_max_attempts"] == 2
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "7")
     storage.configure("http://127.0.0.1:9")
-    assert storage.filesystem("s3://bucket/key").config_kwargs["retries"]["max_attempts"] == 7
+    assert storage.filesystem("s3://bucket/key").config_kwargs["retries"]["total_max_attempts"] == 7
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "many")
+    with pytest.raises(UserError, match="AWS_MAX_ATTEMPTS='many'"):
+        storage.configure("http://127.0.0.1:9")
+    monkeypatch.delenv("AWS_MAX_ATTEMPTS")
     monkeypatch.delenv("AWS_ENDPOINT_URL")
     storage.configure(None)
     try:
@@ -202,3 +208,9 @@ def test_s3_calls_are_bounded_and_their_failures_are_one_line(monkeypatch):
         message = storage.failure_message(wrapped)
     assert message.startswith("object storage failed (Could not connect to the endpoint URL") and "\n" not in message
     assert storage.failure_message(ValueError("not storage")) is None
+    from botocore.exceptions import ClientError
+
+    missing = ClientError({"Error": {"Code": "NoSuchKey", "Message": "no such key"}}, "GetObject")
+    assert storage.failure_message(missing) is None  # a missing object is the caller's to name
+    denied = ClientError({"Error": {"Code": "AccessDenied", "Message": "denied"}}, "PutObject")
+    assert storage.failure_message(denied).startswith("object storage failed (An error occurred (AccessDenied)")

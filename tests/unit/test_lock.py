@@ -119,15 +119,18 @@ def test_takeover_is_exclusive_and_a_dead_taker_does_not_block(tmp_path):
     assert not list((tmp_path / "run/ppo").iterdir())
 
 
-def test_a_live_pid_on_this_host_with_a_stopped_heartbeat_is_stale(tmp_path):
-    """After a container restart the lock's pid names another live process on the same host name: its heartbeat
-    decides (the stage was blocked for good before)."""
+def test_a_lock_whose_pid_is_another_process_now_is_stale(tmp_path):
+    """After a container restart the lock's pid names another live process on the same host name: the process's start
+    time tells them apart (the stage was blocked for good before); a live holder with an old heartbeat (a slow store,
+    a stopped terminal) keeps its lock."""
     import os
 
-    host = StageLock(f"file://{tmp_path}", "x").host
-    url = _plant(tmp_path, host=host, pid=os.getpid(), heartbeat=time.time() - 5)
+    from rlaif.io.lock import _process_start
+
+    host, me = StageLock(f"file://{tmp_path}", "x").host, os.getpid()
+    url = _plant(tmp_path, host=host, pid=me, pid_start=_process_start(me), heartbeat=time.time() - 600)
     with pytest.raises(UserError, match="already running"):
         StageLock(url, "stage").acquire()
-    _plant(tmp_path, host=host, pid=os.getpid(), heartbeat=time.time() - 600)
+    _plant(tmp_path, host=host, pid=me, pid_start="1", heartbeat=time.time() - 5)
     with StageLock(url, "stage") as lock:
         assert json.loads((tmp_path / "run/ppo/.lock").read_text())["token"] == lock.token

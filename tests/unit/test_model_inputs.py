@@ -85,6 +85,11 @@ def test_reward_backbones_with_another_head_or_no_pad_token_load(llama_dir, tmp_
                             tmp_path / "two", llama_dir)
     tokenizer, model = load_reward_model(two_labels)
     assert model.score.out_features == 1  # a fresh one-score head, as an encoder gets
+    config = json.loads((two_labels / "config.json").read_text())
+    wider = {**config, "intermediate_size": 2 * config["intermediate_size"]}
+    (two_labels / "config.json").write_text(json.dumps(wider))
+    with pytest.raises(UserError, match="do not fit its config.json .*mlp"):  # not silently re-initialised
+        load_reward_model(two_labels)
     no_pad = save_model(LlamaForSequenceClassification(llama_config(llama_dir, num_labels=1, pad_token_id=None)),
                         tmp_path / "no-pad", llama_dir, lambda config: config.pop("pad_token", None))
     tokenizer, model = load_reward_model(no_pad)

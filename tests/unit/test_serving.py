@@ -57,6 +57,14 @@ def test_a_request_whose_attention_cache_exceeds_the_budget_is_refused():
     model = LlamaForCausalLM(config)
     assert cache_bytes_per_token(model) == 3 * 2 * 2 * 8 * 4  # layers x (keys, values) x kv heads x head dim x fp32
     assert cache_bytes_per_token(model.to(torch.bfloat16)) == 3 * 2 * 2 * 8 * 2
+    from transformers import FalconConfig, FalconForCausalLM, MambaConfig, MambaForCausalLM
+
+    falcon = FalconForCausalLM(FalconConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                            multi_query=True, new_decoder_architecture=False))
+    assert cache_bytes_per_token(falcon) == 2 * 2 * 1 * 8 * 4  # one key/value head (num_kv_heads, multi_query)
+    mamba = MambaForCausalLM(MambaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2))
+    assert cache_bytes_per_token(mamba) is None  # no attention cache to bound: the service starts (it failed)
+    check_cache_size(Request([[1]], max_tokens=8), [[1]], None, 1e-9)
     per_token = 384
     ids = [[1] * 10, [2] * 30]
     check_cache_size(Request(ids, max_tokens=34), ids, per_token, 2 * 64 * per_token / 2**30)  # 2 rows x 64 tokens
