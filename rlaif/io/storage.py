@@ -31,6 +31,7 @@ def configure(endpoint_url: str | None) -> None:
     endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL")
     _s3_options.clear()
     _s3_options["config_kwargs"] = s3_call_limits()
+    _no_expect_continue()
     if endpoint:
         _s3_options["client_kwargs"] = {"endpoint_url": endpoint}
         os.environ["AWS_ENDPOINT_URL"] = endpoint  # child processes (torchrun ranks) inherit it
@@ -49,6 +50,17 @@ def s3_call_limits() -> dict:
     return {"retries": {"total_max_attempts": int(attempts), "mode": os.environ.get("AWS_RETRY_MODE") or "standard"}}
 
 
+def _no_expect_continue() -> None:
+    """PUTs without `Expect: 100-continue`: aiohttp waits for the 100 Continue with no timeout, so a put to an endpoint
+    that accepts and never answers hung for good (timeouts and retries bound everything else). The body is then sent
+    at once, which costs only a refused request's upload. Applies to botocore sessions created after this call."""
+    try:
+        from botocore import handlers
+    except ImportError:
+        return
+    handlers.BUILTIN_HANDLERS[:] = [h for h in handlers.BUILTIN_HANDLERS if h[1] is not handlers.add_expect_header]
+
+
 def failure_message(exc: BaseException) -> str | None:
     """An object-storage failure behind an exception (botocore's: endpoint unreachable or timing out, credentials,
     a refusal, a server error; not a missing object, which callers report themselves) as one line; None for
@@ -56,7 +68,7 @@ def failure_message(exc: BaseException) -> str | None:
     errors = _botocore_errors()
     seen = exc
     while seen is not None:
-        code = str(getattr(seen, "response", {}).get("Error", {}).get("Code", ""))
+        code = str(((getattr(seen, "response", None) or {}).get("Error") or {}).get("Code", ""))
         if errors and isinstance(seen, errors) and code not in ("NoSuchKey", "404", "NoSuchUpload"):
             reason = str(seen).splitlines()[0][:200] if str(seen) else type(seen).__name__
             return (f"object storage failed ({reason}): check storage.endpoint_url (or AWS_ENDPOINT_URL), the "

@@ -214,3 +214,38 @@ def test_s3_calls_are_bounded_and_their_failures_are_one_line(monkeypatch):
     assert storage.failure_message(missing) is None  # a missing object is the caller's to name
     denied = ClientError({"Error": {"Code": "AccessDenied", "Message": "denied"}}, "PutObject")
     assert storage.failure_message(denied).startswith("object storage failed (An error occurred (AccessDenied)")
+
+
+def test_a_put_to_an_endpoint_that_never_answers_fails_instead_of_hanging(monkeypatch):
+    """botocore sent PUTs with Expect: 100-continue, whose answer aiohttp awaits with no timeout: `rlaif run` against
+    such an endpoint hung at its first write (the probe killed it after 400 s)."""
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    accepted = []
+    threading.Thread(target=lambda: [accepted.append(server.accept()) for _ in range(16)], daemon=True).start()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "")
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(key, "testing")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    storage.configure(f"http://127.0.0.1:{server.getsockname()[1]}")
+    storage._s3_options["config_kwargs"]["read_timeout"] = 1  # s3fs's 15 s, shortened for the test
+    outcome = []
+
+    def put():
+        try:
+            storage.write_bytes_atomic("s3://bucket/never-answered", b"x")
+        except Exception as exc:  # noqa: BLE001 - the test wants whatever ends the write
+            outcome.append(exc)
+
+    writer = threading.Thread(target=put, daemon=True)
+    writer.start()
+    writer.join(90)
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    storage.configure(None)
+    server.close()
+    assert not writer.is_alive(), "the put hung"
+    assert outcome and storage.failure_message(outcome[0]) is not None
