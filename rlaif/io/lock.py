@@ -53,6 +53,7 @@ class StageLock:
         self.what, self.stale_after_s, self.heartbeat_s = what, stale_after_s, heartbeat_s
         self.token = uuid.uuid4().hex
         self.host = socket.gethostname()
+        self.pid_start = _process_start(os.getpid())  # written with each heartbeat; read once
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._markers: list[str] = []  # takeover markers this launcher created, removed when it releases
@@ -72,7 +73,7 @@ class StageLock:
 
     def _record(self, started: float) -> bytes:
         return json.dumps({"token": self.token, "host": self.host, "pid": os.getpid(),
-                           "pid_start": _process_start(os.getpid()), "owner": self.owner, "started": started,
+                           "pid_start": self.pid_start, "owner": self.owner, "started": started,
                            "heartbeat": time.time()}).encode()
 
     def _write(self, started: float) -> None:

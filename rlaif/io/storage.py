@@ -70,9 +70,8 @@ def failure_message(exc: BaseException) -> str | None:
     while seen is not None:
         code = str(((getattr(seen, "response", None) or {}).get("Error") or {}).get("Code", ""))
         if errors and isinstance(seen, errors) and code not in ("NoSuchKey", "404", "NoSuchUpload"):
-            reason = str(seen).splitlines()[0][:200] if str(seen) else type(seen).__name__
-            return (f"object storage failed ({reason}): check storage.endpoint_url (or AWS_ENDPOINT_URL), the "
-                    "credentials and the service, then run again (finished stages are kept)")
+            return (f"object storage failed ({first_line(seen)[:200]}): check storage.endpoint_url (or "
+                    "AWS_ENDPOINT_URL), the credentials and the service, then run again (finished stages are kept)")
         seen = seen.__cause__ or seen.__context__
     return None
 
@@ -153,8 +152,12 @@ def user_read_errors(url: str, what: str, fix: str):
         inside = f" at {exc.filename}" if exc.filename and str(exc.filename) not in url else ""  # a run's file
         raise UserError(f"{what} {url} cannot be read ({type(exc).__name__}{inside}): {fix}") from None
     except (OSError, *_botocore_errors()) as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise UserError(f"{what} {url} cannot be read ({reason[:200]}): {fix}") from None
+        raise UserError(f"{what} {url} cannot be read ({first_line(exc)[:200]}): {fix}") from None
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's message as one line for a user error: its first line, or its type where it has none."""
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def _botocore_errors() -> tuple[type[Exception], ...]:
@@ -388,13 +391,13 @@ def check_writable(root: str) -> None:
         write_bytes_atomic(probe, b"ok")
         remove(probe)
     except Exception as exc:  # PermissionError, botocore errors, ...: all mean the same to a user
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        if "NoSuchBucket" in reason or "bucket does not exist" in reason:
+        why = first_line(exc)
+        if "NoSuchBucket" in why or "bucket does not exist" in why:
             bucket = root.split("://", 1)[1].split("/", 1)[0]
             raise UserError(f"storage root {root}: bucket {bucket!r} does not exist: create it, or fix the "
                             "name") from None
         raise UserError(
-            f"storage root {root} is not writable ({reason}): check the path's permissions, or for s3:// the bucket, "
+            f"storage root {root} is not writable ({why}): check the path's permissions, or for s3:// the bucket, "
             "endpoint and AWS_* credentials"
         ) from None
 
