@@ -121,7 +121,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _report(runs: list[str], output: str | None) -> int:
     from rlaif import report
-    from rlaif.io import storage
+    from rlaif.io import storage, user_files
 
     urls = [storage.normalize(r) for r in runs]
     is_dir = output and storage.is_local(output) and storage.local_path(output).is_dir()
@@ -131,7 +131,7 @@ def _report(runs: list[str], output: str | None) -> int:
         raise UserError("--output names the comparison of several runs: give two or more runs, or leave it out (a "
                         "run's own report is written into the run, at evaluate/report.html)")
     if output and storage.is_local(output):
-        storage.check_output_file(output, "--output", "compare.html")
+        user_files.check_output_file(output, "--output", "compare.html")
     if len(urls) == 1:
         print(f"report: {report.write(urls[0])}")
         return 0
@@ -226,7 +226,7 @@ def _launch(args) -> int:
         raise UserError(f"--set-json must be a JSON list of KEY=VALUE strings, got {args.set_json!r}")
     run_id = safe_run_id(args.run_id) if args.run_id else ""
     if args.manifest_out:
-        from rlaif.io.storage import check_output_file
+        from rlaif.io.user_files import check_output_file
 
         check_output_file(args.manifest_out, "--manifest-out", "manifest.json")
     cfg = launch.load_config_source(args.config, [*args.overrides, *extra], run_id, args.storage_root)

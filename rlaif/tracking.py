@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 
 from rlaif.errors import UserError
-from rlaif.io import storage
+from rlaif.io import storage, user_files
 
 IDENTITY = "tracking.json"  # the tracker run ids of the stage's current attempt, beside its metrics
 
@@ -164,7 +164,7 @@ class Tracker:
         if rows is not None:
             kept = [json.dumps({"step": step, **row}) for step, row in rows]
         elif storage.exists(stored):
-            kept = [line for line in storage.text_lines(storage.read_text(stored))
+            kept = [line for line in user_files.text_lines(storage.read_text(stored))
                     if line.strip() and json.loads(line).get("step", 0) <= resume_step]
         else:
             kept = []

@@ -105,9 +105,7 @@ def load_config(path: str | None, overrides: list[str] | tuple[str, ...] = ()) -
     """The config from a YAML file (local path or URL), or the defaults when there is none, plus `--set` overrides."""
     if not path:
         return parse_config("", "defaults", overrides)
-    from rlaif.io.storage import (
-        read_user_file,  # local import: storage imports this module's types
-    )
+    from rlaif.io.user_files import read_user_file  # local import: storage imports this module's types
 
     text = read_user_file(path, "config file", "give a YAML config file, e.g. configs/demo.yaml")
     return parse_config(text, f"config file {path}", overrides)

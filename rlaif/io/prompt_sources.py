@@ -17,7 +17,7 @@ from pathlib import Path, PurePosixPath
 
 from rlaif.config import DataConfig, PromptColumns, sha256_json
 from rlaif.errors import UserError
-from rlaif.io import hub, storage
+from rlaif.io import hub, storage, user_files
 from rlaif.io.digest import spec_digest
 
 SUFFIX_FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".txt": "text", ".parquet": "parquet"}
@@ -46,7 +46,7 @@ STORAGE_FIX = "check data.prompts and the storage credentials"
 
 def read_source(data: DataConfig) -> Source:
     """The raw rows of data.prompts, read as data.format says (auto: see source_format)."""
-    with storage.user_read_errors(data.prompts, "prompts", STORAGE_FIX):
+    with user_files.user_read_errors(data.prompts, "prompts", STORAGE_FIX):
         fmt = source_format(data)
         if fmt != "hf" and data.split != "train":  # a file of one kind has no splits: the setting would be ignored
             raise UserError(f"data.split {data.split!r} picks a split of a Hugging Face dataset, and {data.prompts} is "
@@ -75,7 +75,7 @@ def source_format(data: DataConfig) -> str:
 def source_digest(data: DataConfig) -> str:
     """The prompts' content for the cache key: a file's or a saved dataset directory's (s3://: its objects' ETags and
     sizes), every file a glob matches, or a hub dataset's resolved commit."""
-    with storage.user_read_errors(data.prompts, "prompts", STORAGE_FIX):
+    with user_files.user_read_errors(data.prompts, "prompts", STORAGE_FIX):
         return _source_digest(data)
 
 
@@ -97,11 +97,6 @@ def _has_glob(url: str) -> bool:
     return any(c in url for c in "*?[")
 
 
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip().splitlines()
-    return (text[0] if text else type(exc).__name__)[:200]
-
-
 def _import(module: str, fmt: str):
     """A module of the `datasets` extra, or a one-line UserError saying how to install it."""
     try:
@@ -120,17 +115,17 @@ def _read_text(data: DataConfig) -> Source:
         raise UserError(f"data.columns is set but {data.prompts} is read as plain text (one prompt per line, no "
                         "columns): name a .jsonl or .parquet file, or set data.format")
     name = f"prompts file {data.prompts}"
-    lines = storage.text_lines(storage.read_user_file(data.prompts, "prompts file", FIX))
+    lines = user_files.text_lines(user_files.read_user_file(data.prompts, "prompts file", FIX))
     return Source(name, [RawRow(f"{name} line {n}", f"line{n:07d}", {"prompt": line})
-                         for n, line in enumerate(lines, 1) if not storage.is_blank(line)])
+                         for n, line in enumerate(lines, 1) if not user_files.is_blank(line)])
 
 
 def _read_jsonl(url: str) -> Source:
     """One JSON object per line; a .json file holding one JSON array is read as its items."""
-    name, text = f"prompts file {url}", storage.read_user_file(url, "prompts file", FIX)
+    name, text = f"prompts file {url}", user_files.read_user_file(url, "prompts file", FIX)
     if _suffix(url) == ".json" and text.lstrip().startswith("["):
-        return Source(name, _numbered(name, "item", storage.parse_json(text, name)))
-    rows = storage.parse_jsonl(text, name)
+        return Source(name, _numbered(name, "item", user_files.parse_json(text, name)))
+    rows = user_files.parse_jsonl(text, name)
     return Source(name, [RawRow(f"{name} line {number}", f"line{number:07d}", record) for number, record in rows])
 
 
@@ -148,11 +143,11 @@ def wanted_columns(name: str, available: list[str], columns: PromptColumns) -> l
 def _read_parquet(data: DataConfig) -> Source:
     pyarrow, parquet = _import("pyarrow", "parquet"), _import("pyarrow.parquet", "parquet")
     name = f"prompts file {data.prompts}"
-    raw = storage.read_user_bytes(data.prompts, "prompts file", FIX)  # bytes: the same for a path and s3://
+    raw = user_files.read_user_bytes(data.prompts, "prompts file", FIX)  # bytes: the same for a path and s3://
     try:
         table = parquet.read_table(pyarrow.BufferReader(raw))
     except (pyarrow.ArrowException, OSError) as exc:
-        raise UserError(f"{name} is not a parquet file ({_first_line(exc)}): {FIX}") from None
+        raise UserError(f"{name} is not a parquet file ({storage.first_line(exc)[:200]}): {FIX}") from None
     records = table.select(wanted_columns(name, table.column_names, data.columns)).to_pylist()
     return Source(name, _numbered(name, "row", records))
 

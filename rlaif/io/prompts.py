@@ -7,7 +7,7 @@ import re
 
 from rlaif.config import DataConfig, PromptColumns
 from rlaif.errors import UserError
-from rlaif.io import storage
+from rlaif.io import user_files
 from rlaif.io.prompt_sources import RawRow, read_source, source_digest
 
 __all__ = ["check_splits", "is_held_out", "load_prompts", "read_demonstrations", "source_digest", "split"]
@@ -32,13 +32,13 @@ def _references(record: dict, columns: PromptColumns, where: str) -> dict:
     points = record.get(columns.key_points)
     if points is not None:
         if (not isinstance(points, list) or not points
-                or not all(isinstance(p, str) and not storage.is_blank(p) for p in points)):
+                or not all(isinstance(p, str) and not user_files.is_blank(p) for p in points)):
             raise UserError(f"{where}: {columns.key_points!r} must be a non-empty list of non-empty strings (leave it "
                             "out where a prompt has none)")
         out["key_points"] = [p.strip() for p in points]
     reference = record.get(columns.reference)
     if reference is not None:
-        if not isinstance(reference, str) or storage.is_blank(reference):
+        if not isinstance(reference, str) or user_files.is_blank(reference):
             raise UserError(f"{where}: {columns.reference!r} must be a non-empty string (leave it out where a prompt "
                             "has none)")
         out["reference"] = reference
@@ -51,7 +51,7 @@ def _prompt_text(record: object, column: str, where: str) -> str:
                         "the prompt)")
     if not isinstance(record[column], str):
         raise UserError(f"{where}: {column!r} must be a string, not {type(record[column]).__name__}")
-    if storage.is_blank(record[column]):
+    if user_files.is_blank(record[column]):
         raise UserError(f"{where} has an empty prompt: remove it or fill it in")
     return record[column]
 
@@ -137,7 +137,7 @@ def split_rows(rows: list[dict], data: DataConfig, which: str) -> list[dict]:
 def read_demonstrations(path: str) -> list[dict]:
     """The tiny policy's supervised rows, checked (also before any work, and before a build's child process starts,
     whose errors would come back as a failed subprocess): UTF-8 JSONL objects with string 'prompt' and 'response'."""
-    numbered = storage.read_user_jsonl(path, "demonstrations file",
+    numbered = user_files.read_user_jsonl(path, "demonstrations file",
                                        "set policy.tiny.demonstrations to a JSONL file of prompt/response rows")
     rows = [row for _, row in numbered]
     if not rows:

@@ -15,7 +15,7 @@ import torch
 
 from rlaif.config import load_yaml, sha256_json
 from rlaif.errors import UserError
-from rlaif.io.storage import is_blank, read_user_file
+from rlaif.io.user_files import is_blank, read_user_file
 from rlaif.judges.pairwise import debiased
 
 PRINCIPLE_KEYS = ("name", "text", "contrast")

@@ -3,7 +3,7 @@ the request and the two responses; the answer ("1" or "2") or a 1-10 score is re
 from __future__ import annotations
 
 from rlaif.errors import UserError
-from rlaif.io.storage import read_user_jsonl
+from rlaif.io.user_files import read_user_jsonl
 
 ANSWER_CUE = "\nPreferred response:"
 ANSWERS = (" 1", " 2")

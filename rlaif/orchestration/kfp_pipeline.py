@@ -151,7 +151,7 @@ def submit(endpoint: str, config: str | None, overrides: list[str], run_id: str,
     import kfp
 
     from rlaif.errors import UserError, redact
-    from rlaif.io import storage
+    from rlaif.io import storage, user_files
     from rlaif.orchestration.launch import load_config_source
 
     parts = urlsplit(endpoint.strip())
@@ -159,7 +159,7 @@ def submit(endpoint: str, config: str | None, overrides: list[str], run_id: str,
         raise UserError(f"--endpoint {redact(endpoint)!r} is not an http(s) URL: give the KFP API endpoint, e.g. "
                         "https://kfp.example.com/pipeline")
     if config and "://" not in config and "\n" not in config:
-        config = storage.read_user_file(config, "config file", "give a YAML config file, e.g. configs/demo.yaml")
+        config = user_files.read_user_file(config, "config file", "give a YAML config file, e.g. configs/demo.yaml")
     # Refuse a bad config here, not in the first pod; its judge sizes label's pod, its streaming wires label.
     cfg = load_config_source(config, overrides, run_id, storage_root)
     storage.normalize(cfg.storage.root)  # a malformed root (s3:/bucket) is refused as `rlaif run` refuses it

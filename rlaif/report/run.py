@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from rlaif.errors import UserError
 from rlaif.graph import topological_order
-from rlaif.io import manifest, storage
+from rlaif.io import manifest, storage, user_files
 
 NA = "n/a"
 
@@ -67,7 +67,7 @@ def read_json(url: str, lines: bool = False):
     """A run file the report is built from; a corrupt one is a one-line error, not a traceback."""
     try:
         body = storage.read_text(url)
-        return [json.loads(line) for line in storage.text_lines(body) if line.strip()] if lines else json.loads(body)
+        return [json.loads(line) for line in user_files.text_lines(body) if line.strip()] if lines else json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise UserError(f"{url} is corrupt (not UTF-8 JSON): {storage.rerun_hint(url)}") from None
 
@@ -119,7 +119,7 @@ def _config(run_url: str) -> tuple[dict, str | None]:
 
 def load_run(run_url: str) -> Run:
     # One line for a run that cannot be read: no credentials, an unreachable endpoint, a file where a directory was.
-    with storage.user_read_errors(run_url, "run", "check the run's path (its evaluate/metrics.json and manifests "
+    with user_files.user_read_errors(run_url, "run", "check the run's path (its evaluate/metrics.json and manifests "
                                   "are files), and for s3:// the endpoint and credentials"):
         metrics = read_metrics(run_url)
         manifests = {stage.name: _manifest(storage.join(run_url, stage.name)) for stage in topological_order()}

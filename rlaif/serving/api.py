@@ -13,7 +13,7 @@ import uuid
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from rlaif.config.base import MIN_TEMPERATURE, yes_no_for_a_number
-from rlaif.io import storage
+from rlaif.io import user_files
 from rlaif.io.prompts import encodable
 from rlaif.serving.engine import BadRequest, Choice, Request
 
@@ -105,8 +105,8 @@ async def completion_response(engine, name: str, raw: bytes):
 
     try:
         try:
-            body = json.loads(raw, object_pairs_hook=storage.unique_keys)
-        except storage.DuplicateKey as exc:  # which of its values would be meant is a guess
+            body = json.loads(raw, object_pairs_hook=user_files.unique_keys)
+        except user_files.DuplicateKey as exc:  # which of its values would be meant is a guess
             raise BadRequest(f"the body gives the key {exc.args[0]!r} twice in one object: send it once") from None
         except (ValueError, RecursionError):  # not JSON or UTF-8, a number past Python's digit limit, deep nesting
             raise BadRequest("the body is not JSON: send a JSON object of completion parameters") from None

@@ -1,0 +1,110 @@
+"""Files the user names (config, prompts, constitution, few-shot examples), local or s3://: read as text or JSON
+(Lines) with every failure one UserError line that names the file and the fix."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import stat
+import unicodedata
+
+from rlaif.errors import UserError
+from rlaif.io.storage import botocore_errors, first_line, is_local, local_path, normalize, read_bytes
+
+
+@contextlib.contextmanager
+def user_read_errors(url: str, what: str, fix: str):
+    """Reading (or listing, globbing, copying) what the user named fails in one line: missing, unreadable, or on
+    s3:// no such bucket, endpoint unreachable, access denied, no credentials (s3fs raises OSError kinds for most of
+    them; botocore's own errors, credentials and connections among them, come through as they are)."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise UserError(f"{what} not found: {url} ({fix})") from None
+    except (PermissionError, IsADirectoryError, NotADirectoryError) as exc:
+        inside = f" at {exc.filename}" if exc.filename and str(exc.filename) not in url else ""  # a run's file
+        raise UserError(f"{what} {url} cannot be read ({type(exc).__name__}{inside}): {fix}") from None
+    except (OSError, *botocore_errors()) as exc:
+        raise UserError(f"{what} {url} cannot be read ({first_line(exc)[:200]}): {fix}") from None
+
+
+def read_user_bytes(url: str, what: str, fix: str) -> bytes:
+    """A file the user names (config, prompts, constitution, few-shot), local or s3://, as bytes, or a one-line
+    UserError: missing, not a regular file (a directory or a FIFO, which would block the read) or unreadable."""
+    with user_read_errors(url, what, fix):
+        if is_local(url):
+            mode = os.stat(local_path(url)).st_mode
+            if not stat.S_ISREG(mode):
+                raise UserError(f"{what} {url} is not a regular file (a directory, FIFO or device): {fix}")
+        return read_bytes(url)
+
+
+def read_user_file(url: str, what: str, fix: str) -> str:
+    """A file the user names, as UTF-8 text (read_user_bytes' errors, and one for text that is not UTF-8). A leading
+    byte-order mark, which Windows editors write, is dropped: it would otherwise start the first key or prompt."""
+    data = read_user_bytes(url, what, fix)
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{what} {url} is not UTF-8 (byte {exc.start}): re-encode it as UTF-8") from None
+
+
+class DuplicateKey(ValueError):
+    """A JSON object names this key twice (args[0])."""
+
+
+def unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """json.loads' object_pairs_hook that refuses a key given twice in one object, in one pass over the keys."""
+    seen = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise DuplicateKey(key)
+        seen.add(key)
+    return dict(pairs)
+
+
+def parse_json(text: str, where: str):
+    """JSON, or a one-line UserError naming `where`: invalid, or an object with a key twice (json.loads would keep
+    the last one silently, so a row with two "prompt"s would lose the first)."""
+    try:
+        return json.loads(text, object_pairs_hook=unique_keys)
+    except DuplicateKey as exc:
+        raise UserError(f"{where} has the key {exc.args[0]!r} twice: keep one") from None
+    except (json.JSONDecodeError, RecursionError) as exc:
+        reason = f" ({exc.msg}, column {exc.colno})" if isinstance(exc, json.JSONDecodeError) else " (nested too deep)"
+        raise UserError(f"{where} is not valid JSON{reason}") from None
+
+
+def text_lines(text: str) -> list[str]:
+    """A file's lines, split at line ends only (LF, CRLF, or a lone CR as old Mac editors write): str.splitlines also
+    splits at U+2028, form feeds and other Unicode boundaries, which JSON strings and prompts may hold as text."""
+    return re.split(r"\r\n|\r|\n", text)
+
+
+def is_blank(text: str) -> bool:
+    """Nothing a reader sees: spaces, and format characters such as zero-width spaces, joiners and marks."""
+    return all(ch.isspace() or unicodedata.category(ch) in ("Cf", "Cc") for ch in text)
+
+
+def parse_jsonl(text: str, where: str) -> list[tuple[int, object]]:
+    """JSON Lines as (line number, value) for the non-blank lines; errors name `where` and the line."""
+    return [(number, parse_json(line, f"{where} line {number}"))
+            for number, line in enumerate(text_lines(text), 1) if line.strip()]
+
+
+def read_user_jsonl(url: str, what: str, fix: str) -> list[tuple[int, object]]:
+    """A JSONL file the user names (read_user_file's errors, then parse_jsonl's)."""
+    return parse_jsonl(read_user_file(url, what, fix), f"{what} {url}")
+
+
+def check_output_file(path: str, flag: str, example: str) -> None:
+    """A local file a command will write, checked before it does any work: not a directory, in one that exists."""
+    url = normalize(path)
+    if not is_local(url):
+        raise UserError(f"{flag} {path}: name a local file, e.g. {example}")
+    target = local_path(url)
+    if target.is_dir():
+        raise UserError(f"{flag} {path} is a directory: name a file, e.g. {example}")
+    if not target.parent.is_dir():
+        raise UserError(f"{flag} {path}: directory {target.parent} does not exist: create it first")
