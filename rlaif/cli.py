@@ -309,9 +309,25 @@ def _dispatch(args) -> int:
     except Exception as exc:
         from rlaif.io import storage
 
+        if _a_peer_rank_reported_first():
+            return 1
         if (problem := disk_problem(exc) or storage.failure_message(exc)) is None:
             raise
         return _user_error(problem)
+
+
+def _a_peer_rank_reported_first() -> bool:
+    """A rank of a multi-process stage that failed after a peer stopped with a user error: its own failure (a
+    collective that lost that peer: gloo's "Connection closed by peer") is the echo, and its traceback would bury
+    the peer's line, which the launcher prints. The peer writes its line before it exits, so before this rank's
+    collective can see the peer gone."""
+    error_file = os.environ.get("RLAIF_ERROR_FILE")
+    if not error_file or int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        return False
+    try:
+        return os.path.getsize(error_file) > 0
+    except OSError:
+        return False
 
 
 def _user_error(message: str) -> int:

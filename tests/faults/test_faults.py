@@ -1,8 +1,9 @@
 """Faults as real processes: a second runner on a running run refuses (stage lock in storage), a kill -9 of the
 runner during PPO takes its torchrun agent and ranks down with it and leaves a stale lock that the re-run takes over,
 resuming PPO from its last checkpoint, a SIGTERM stops a launcher's stage and releases its lock, a stage
-killed mid-output leaves shards that nothing downstream reads, and a shard corrupted on disk is caught by its
-checksum and named."""
+killed mid-output leaves shards that nothing downstream reads, a shard corrupted on disk is caught by its
+checksum and named, and a rank that stops alone with a user error is reported in its one line, without its peer's
+traceback."""
 import json
 import os
 import signal
@@ -230,3 +231,39 @@ def test_s3_endpoint_lost_during_shard_uploads_then_back(tmp_path, monkeypatch):
     finally:
         stage.kill()
         moto.kill()
+
+
+ONE_RANK_FAILS = """
+import sys
+import torch
+import torch.distributed as dist
+from rlaif import cli
+from rlaif.errors import UserError
+
+def command(args):
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 1:
+        raise UserError("rank 1 read a bad row: fix it")
+    dist.all_reduce(torch.zeros(1))  # rank 0 waits here for the peer that left
+    return 0
+
+cli.COMMANDS["graph"] = command
+sys.exit(cli.main(["graph"]))
+"""
+
+
+def test_a_rank_that_fails_alone_is_reported_without_its_peers_traceback(tmp_path, capfd):
+    from rlaif.orchestration import launch
+
+    script = tmp_path / "one_rank_fails.py"
+    script.write_text(ONE_RANK_FAILS)
+    error_file = tmp_path / "stage.err"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
+    code, agent_report = launch.run_relaying_stderr(cmd, dict(os.environ, OMP_NUM_THREADS="1",
+                                                              RLAIF_ERROR_FILE=str(error_file)))
+    relayed = capfd.readouterr().err
+    assert code != 0
+    assert error_file.read_text().splitlines() == ["rank 1 read a bad row: fix it"]
+    assert "Traceback" not in relayed and "Connection closed" not in relayed, relayed
+    assert b"ChildFailedError" in agent_report  # torchrun's own report is held back for the launcher to drop
+
