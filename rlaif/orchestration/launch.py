@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -292,7 +293,7 @@ def run_locked(cfg: PipelineConfig, stage: Stage, config_url: str, config_hash: 
         env = dict(os.environ, PYTHONUNBUFFERED="1", RLAIF_CACHE_CHECKED=config_hash)
         if stage.resources.torchrun and "OMP_NUM_THREADS" not in env:  # ranks share this machine's cores
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
-        print(f"[{name}] running: {' '.join(cmd[1:])}", flush=True)
+        print(f"[{name}] running: {shlex.join(cmd[1:])}", flush=True)  # quoted: pastes into a shell as is
         with tempfile.NamedTemporaryFile("r", suffix=".err", encoding="utf-8") as errors:
             code, agent_report = run_relaying_stderr(cmd, dict(env, RLAIF_ERROR_FILE=errors.name))
             user_errors = list(dict.fromkeys(line.strip() for line in errors if line.strip()))

@@ -11,7 +11,7 @@ from rlaif.errors import UserError
 from rlaif.graph import STAGE_BY_NAME, STAGES
 from rlaif.orchestration import cluster, jobs, kfp_pipeline
 from rlaif.orchestration.cluster import ClusterSpec, StageResources, Toleration
-from rlaif.orchestration.pod import JUDGES_WITHOUT_MODEL, pod_plan
+from rlaif.orchestration.pod import JUDGES_WITHOUT_MODEL, POD_JUDGES, pod_plan
 
 # A cluster with every knob away from its default, so a translator that drops one is caught.
 SPEC = ClusterSpec(
@@ -123,6 +123,7 @@ def test_gpus_follow_the_judge_and_the_cluster_settings():
 def test_every_judge_is_classified():
     judges = set(LabelConfig.model_fields["judge"].annotation.__args__) | {"served"}  # served: JudgeSettings.pod_judge
     assert set(JUDGES_WITHOUT_MODEL) < judges  # a renamed judge must not silently get a GPU again
+    assert sorted(POD_JUDGES) == sorted(judges)  # the DAGs' $RLAIF_LABEL_JUDGE accepts exactly the config's judges
 
 
 def test_compile_sizes_label_from_the_config(tmp_path):
