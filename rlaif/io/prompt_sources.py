@@ -7,6 +7,7 @@ pyarrow and datasets (the `datasets` extra) are imported only when a source need
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import re
 import tempfile
@@ -206,6 +207,28 @@ def _loaded(name: str, load: Callable):
         raise UserError(f"{name} cannot be loaded ({type(cause).__name__}: {reason})") from None
 
 
+def _saved_split(local: Path, split: str, name: str) -> tuple[Path, str]:
+    """The directory of the Dataset to load (a saved DatasetDict's: data.split's own, so that another split saved with
+    no rows, which load_from_disk cannot read, does not stop it) and its name for errors."""
+    if (local / "dataset_dict.json").exists():
+        splits = _loaded(name, lambda: json.loads((local / "dataset_dict.json").read_text())["splits"])
+        if not splits:
+            raise UserError(f"{name} is a DatasetDict with no splits: save the dataset with its prompts")
+        if split not in splits:
+            raise UserError(f"{name} has splits {sorted(splits)}, not {split!r}: set data.split")
+        local, name = local / split, f"{name} (split {split})"
+    elif split != "train":
+        raise UserError(f"data.split {split!r} picks a split of a saved DatasetDict, and {name} is a single "
+                        "Dataset with no splits: unset data.split")
+    try:
+        saved_files = json.loads((local / "state.json").read_text()).get("_data_files")
+    except (OSError, ValueError, AttributeError):
+        return local, name  # load_from_disk names what is wrong
+    if saved_files == []:  # save_to_disk wrote no data file: load_from_disk would fail with an IndexError
+        raise UserError(f"{name} holds no prompts (saved with no rows): save the dataset with its prompts")
+    return local, name
+
+
 def _dataset_source(name: str, dataset, columns: PromptColumns) -> Source:
     records = dataset.select_columns(wanted_columns(name, dataset.column_names, columns)).to_list()
     return Source(name, _numbered(name, "row", records))
@@ -296,12 +319,6 @@ def _read_saved(data: DataConfig) -> Source:
         if not storage.is_local(url):
             storage.copy_to_local(url, files, scratch)
             local = scratch
+        local, name = _saved_split(local, data.split, name)
         dataset = _loaded(name, lambda: datasets.load_from_disk(str(local), keep_in_memory=True))
-        if isinstance(dataset, datasets.DatasetDict):
-            if data.split not in dataset:
-                raise UserError(f"{name} has splits {sorted(dataset)}, not {data.split!r}: set data.split")
-            dataset, name = dataset[data.split], f"{name} (split {data.split})"
-        elif data.split != "train":
-            raise UserError(f"data.split {data.split!r} picks a split of a saved DatasetDict, and {name} is a single "
-                            "Dataset with no splits: unset data.split")
         return _dataset_source(name, dataset, data.columns)

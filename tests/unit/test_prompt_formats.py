@@ -197,6 +197,14 @@ def test_bad_sources(tmp_path):
     save_dataset(tmp_path / "saved", ROWS, splits=("train", "test"))
     one_line_error(DataConfig(prompts=str(tmp_path / "saved"), split="validation"),
                    "has splits ['test', 'train'], not 'validation': set data.split")
+    empty = datasets.Dataset(table(ROWS[:0]))  # saved with no data files, which load_from_disk cannot read
+    datasets.DatasetDict({"train": empty, "test": datasets.Dataset(table(ROWS))}).save_to_disk(str(tmp_path / "dd"))
+    one_line_error(DataConfig(prompts=str(tmp_path / "dd")), "(split train) holds no prompts")
+    assert load_prompts(DataConfig(prompts=str(tmp_path / "dd"), split="test"))  # the split with rows still reads
+    empty.save_to_disk(str(tmp_path / "empty"))
+    one_line_error(DataConfig(prompts=str(tmp_path / "empty")), "holds no prompts (saved with no rows)")
+    datasets.DatasetDict({}).save_to_disk(str(tmp_path / "no-splits"))
+    one_line_error(DataConfig(prompts=str(tmp_path / "no-splits")), "a DatasetDict with no splits")
     (tmp_path / "p.txt").write_text("a prompt\n")
     one_line_error(DataConfig(prompts=str(tmp_path / "p.txt"), columns={"prompt": "question"}),
                    "is read as plain text")
