@@ -13,7 +13,15 @@ import torch
 from rlaif.distributed import local_device
 from rlaif.errors import UserError
 from rlaif.judges import prompting
-from rlaif.models.generation import decode, response_logits_and_hidden, response_mask, sample, token_logprobs
+from rlaif.models.generation import (
+    decode,
+    leading_bos,
+    prompt_token_ids,
+    response_logits_and_hidden,
+    response_mask,
+    sample,
+    token_logprobs,
+)
 from rlaif.models.loading import load_causal_lm, load_tokenizer, resolve
 
 
@@ -73,7 +81,7 @@ class HFJudge:
         self.batch_size = batch_size
         self.max_length = settings.hf.max_length
         self.tokenizer = load_tokenizer(path, settings.hf.trust_remote_code, padding_side="left")
-        self.tokenizer.truncation_side = "left"  # keep the question at the end of a long prompt
+        self.bos = [bos] if (bos := leading_bos(self.tokenizer)) is not None else []  # put back on a cut prompt
         self.device = local_device()
         self.client = self.model = None
         if settings.hf.endpoint.base_url:
@@ -85,8 +93,12 @@ class HFJudge:
         self.examples = prompting.load_few_shot(settings.few_shot)
 
     def _encode(self, texts: list[str]) -> dict:
-        enc = self.tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=self.max_length,
-                             add_special_tokens=False)
+        """Left-padded judge prompts, BOS first where the judge's tokenizer starts with one (as the policy's prompts,
+        generation.prompt_token_ids); one longer than hf.max_length loses its start, keeping the question and the
+        answer cue at its end (and its BOS)."""
+        rows = [row if len(row) <= self.max_length else self.bos + row[len(row) - self.max_length + len(self.bos):]
+                for row in prompt_token_ids(self.tokenizer, texts)]
+        enc = self.tokenizer.pad({"input_ids": rows}, padding=True, return_tensors="pt")
         return {k: enc[k].to(self.device) for k in ("input_ids", "attention_mask")}
 
     def _served(self, enc: dict, **request) -> list[dict]:

@@ -46,9 +46,30 @@ def _chat_turn(tokenizer, prompt: str) -> str:
                         f"{TEMPLATE_FIX}") from None
 
 
+def leading_bos(tokenizer) -> int | None:
+    """The BOS id the tokenizer starts every encoding with (Llama, Mistral, Gemma), or None (GPT-2 and the demo policy
+    start with none)."""
+    bos = tokenizer.bos_token_id
+    return bos if bos is not None and tokenizer("a").input_ids[:1] == [bos] else None
+
+
+def prompt_token_ids(tokenizer, texts: list[str]) -> list[list[int]]:
+    """Formatted prompts as the policy's input ids: the text's own tokens (a chat template writes its special tokens
+    as text), after the BOS id where the tokenizer starts sequences with one and the text does not already begin with
+    it; a base model such as Llama reads a prompt without its BOS badly. Put as an id, not as text: BOS text would
+    change how some tokenizers (Metaspace, prepend_scheme=first) split the first word. Every path that gives the policy
+    a prompt (sampling in-process, served or on vLLM, PPO, evaluate, the length checks) encodes through this."""
+    if not texts:
+        return []
+    ids = tokenizer(texts, add_special_tokens=False).input_ids
+    bos = leading_bos(tokenizer)
+    return ids if bos is None else [row if row[:1] == [bos] else [bos, *row] for row in ids]
+
+
 def encode_prompts(tokenizer, texts: list[str], device) -> dict:
-    enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-    return {k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask")}
+    """Left-padded input_ids and attention_mask of the formatted prompts (prompt_token_ids)."""
+    enc = tokenizer.pad({"input_ids": prompt_token_ids(tokenizer, texts)}, padding=True, return_tensors="pt")
+    return {k: enc[k].to(device) for k in ("input_ids", "attention_mask")}
 
 
 
@@ -122,7 +143,7 @@ def check_prompts_fit(cfg, rows: list[dict]) -> None:
     for name, settings in stages:
         held = split_rows(rows, cfg.data, "eval" if name == "evaluate" else "train")[: first.get(name)]
         texts = format_prompts(tokenizer, cfg.policy, [row["prompt"] for row in held])
-        lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False).input_ids]
+        lengths = [len(ids) for ids in prompt_token_ids(tokenizer, texts)]
         longest = max(range(len(held)), key=lengths.__getitem__)
         check_fits(None, lengths[longest], settings.max_new_tokens, f"{name}: prompt {held[longest]['id']!r} "
                    "(formatted)", f"{name}.max_new_tokens", limit)

@@ -137,8 +137,7 @@ class TransformersEngine:
             return self._sample(request, token_ids)
 
     def _token_ids(self, request: Request) -> list[list[int]]:
-        return [self.tokenizer(p, add_special_tokens=False).input_ids if isinstance(p, str) else p
-                for p in request.prompts]
+        return token_ids(self.tokenizer, request.prompts)
 
     def _batch(self, request: Request, ids: list[list[int]]) -> dict:
         """Left-padded input_ids and attention_mask: a row padded as in the caller's batch computes what it computes
@@ -186,7 +185,7 @@ class VLLMEngine:
         params = SamplingParams(n=1, seed=request.seed, temperature=request.temperature, top_p=request.top_p,
                                 top_k=request.top_k or -1, max_tokens=request.max_tokens, stop=request.stop or None,
                                 logprobs=request.logprobs)
-        prompts = [p if isinstance(p, str) else TokensPrompt(prompt_token_ids=p) for p in request.prompts]
+        prompts = [TokensPrompt(prompt_token_ids=ids) for ids in token_ids(self.tokenizer, request.prompts)]
         choices = []
         for out in self.llm.generate(prompts, params, use_tqdm=False):
             sample = out.outputs[0]
@@ -194,6 +193,16 @@ class VLLMEngine:
                    if request.logprobs is not None else None)
             choices.append(Choice(sample.text.strip(), len(sample.token_ids), sample.finish_reason or "stop", top))
         return choices
+
+
+def token_ids(tokenizer, prompts: list) -> list[list[int]]:
+    """A request's prompts as ids: ids as sent, text as the pipeline encodes a prompt (BOS where the model's tokenizer
+    starts with one), on both engines alike."""
+    from rlaif.models.generation import prompt_token_ids
+
+    texts = [p for p in prompts if isinstance(p, str)]
+    encoded = iter(prompt_token_ids(tokenizer, texts))
+    return [next(encoded) if isinstance(p, str) else p for p in prompts]
 
 
 def make_engine(cfg: PipelineConfig, model: str):

@@ -20,7 +20,7 @@ from rlaif.errors import UserError
 from rlaif.io import manifest, storage, stream
 from rlaif.io.prompts import split
 from rlaif.io.shards import ShardWriter
-from rlaif.models.generation import check_fits, format_prompts, sample_texts
+from rlaif.models.generation import check_fits, format_prompts, prompt_token_ids, sample_texts
 from rlaif.models.loading import load_policy, resolve_policy
 from rlaif.progress import progress
 from rlaif.stages.common import StageContext
@@ -76,9 +76,7 @@ class Backend:
         return format_prompts(self.tokenizer, self.cfg.policy, prompts)
 
     def lengths(self, texts: list[str]) -> list[int]:
-        if not texts:  # a part or rank with no prompts (more of them than prompts): tokenizers refuse an empty batch
-            return []
-        return [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False).input_ids]
+        return [len(ids) for ids in prompt_token_ids(self.tokenizer, texts)]  # a part may have no prompts: []
 
 
 class TransformersBackend(Backend):
@@ -101,10 +99,10 @@ class VLLMBackend(Backend):
 
     def __init__(self, cfg):
         try:
-            from vllm import LLM, SamplingParams
+            from vllm import LLM, SamplingParams, TokensPrompt
         except ImportError:
             raise UserError("generate.backend=vllm needs vLLM on a GPU machine: pip install 'rlaif[vllm]'") from None
-        self.cfg, self.g, self.SamplingParams = cfg, cfg.generate, SamplingParams
+        self.cfg, self.g, self.SamplingParams, self.TokensPrompt = cfg, cfg.generate, SamplingParams, TokensPrompt
         self.llm = LLM(model=str(resolve_policy(cfg.policy)), seed=cfg.seed,
                        trust_remote_code=cfg.policy.trust_remote_code)
         self.tokenizer = self.llm.get_tokenizer()
@@ -113,7 +111,8 @@ class VLLMBackend(Backend):
         g = self.g
         params = [self.SamplingParams(n=1, seed=s, temperature=g.temperature, top_p=g.top_p, top_k=g.top_k or -1,
                                       max_tokens=g.max_new_tokens, stop=g.stop or None) for s in seeds]
-        outs = self.llm.generate(texts, params, use_tqdm=False)
+        prompts = [self.TokensPrompt(prompt_token_ids=ids) for ids in prompt_token_ids(self.tokenizer, texts)]
+        outs = self.llm.generate(prompts, params, use_tqdm=False)  # ids: vLLM would add a BOS of its own to text
         return [(o.outputs[0].text.strip(), len(o.outputs[0].token_ids)) for o in outs]
 
 

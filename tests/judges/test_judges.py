@@ -42,6 +42,30 @@ def prompting_preamble():
     return settings().preamble
 
 
+def test_a_judge_whose_tokenizer_starts_with_bos_reads_it_first_and_keeps_the_cue_when_cut(judge_model_dir, tmp_path):
+    """A Llama-style judge tokenizer (a post-processor that puts <s> first): BOS leads every prompt, also one cut to
+    hf.max_length, which loses its start and keeps the question and answer cue at its end."""
+    import json
+    import shutil
+
+    shutil.copytree(judge_model_dir, tmp_path / "judge")
+    spec = json.loads((tmp_path / "judge" / "tokenizer.json").read_text())
+    bos = next(t for t in spec["added_tokens"] if t["content"] == "<s>")["id"]
+    first, second = {"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}
+    spec["post_processor"] = {"type": "TemplateProcessing", "pair": [first, second],
+                              "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, first],
+                              "special_tokens": {"<s>": {"id": "<s>", "ids": [bos], "tokens": ["<s>"]}}}
+    (tmp_path / "judge" / "tokenizer.json").write_text(json.dumps(spec))
+    judge = HFJudge(settings(judge="hf", hf={"model": str(tmp_path / "judge"), "max_length": 64}), batch_size=2)
+    short, long = "question 3", " ".join(f"answer {i}" for i in range(60)) + prompting.ANSWER_CUE
+    enc = judge._encode([short, long])
+    plain = [judge.tokenizer(text, add_special_tokens=False).input_ids for text in (short, long)]
+    rows = [ids[mask.bool()].tolist() for ids, mask in zip(enc["input_ids"], enc["attention_mask"])]
+    assert rows[0] == [bos, *plain[0]]
+    assert len(rows[1]) == 64 and rows[1][0] == bos and rows[1][1:] == plain[1][-63:]
+    assert 0 < judge.prefer_first(PROMPTS[:2], FIRST[:2], SECOND[:2], PRINCIPLES[:2]).min() < 1
+
+
 def test_swapping_the_responses_gives_one_minus_p(hf_judge):
     p_ab, *_ = debiased(hf_judge, PROMPTS, FIRST, SECOND, PRINCIPLES)
     p_ba, *_ = debiased(hf_judge, PROMPTS, SECOND, FIRST, PRINCIPLES)
