@@ -278,11 +278,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _dispatch(args)
     except Terminated:
-        print("terminated", file=sys.stderr)
+        _stopped("terminated")
         return 143
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _stopped(how: str) -> None:
+    """Says once that a run was stopped: in the process the user started. A launcher's child (a stage, its ranks, a
+    streaming group's launchers: they have the launcher's error file) stops quietly, as its launcher says it."""
+    if not os.environ.get("RLAIF_ERROR_FILE"):
+        print(how, file=sys.stderr)
 
 
 def _dispatch(args) -> int:
@@ -295,7 +302,7 @@ def _dispatch(args) -> int:
     except UserError as exc:
         return _user_error(str(exc))
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        _stopped("interrupted")
         return 130
     except BrokenPipeError:  # `rlaif config | head`: the reader left; a command that prints ends quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -100,6 +100,7 @@ def test_second_runner_refuses_and_a_killed_runner_resumes_from_the_ppo_checkpoi
     launcher.terminate()
     _, err = launcher.communicate(timeout=120)
     assert launcher.returncode == 143 and err.strip().endswith("terminated"), err[-2000:]
+    assert err.count("terminated") == 1, err[-2000:]  # said by the launcher, not again by the stage and its ranks
     assert no_processes_under(tmp_path), processes_under(tmp_path)
     # The new config's stage may already have invalidated the old manifest (a stage re-run for another config removes
     # its old output first); what it must not do is commit one of its own.

@@ -175,10 +175,11 @@ def test_a_damaged_generate_runs_again_before_label_streams_it(tmp_path, capfd, 
     assert stage_manifest(cfg, "label")["digest"] == sequential["single"][1]["digest"]
 
 
-def test_the_runner_stops_label_when_generate_dies_without_a_trace(tmp_path, monkeypatch):
+def test_the_runner_stops_label_when_generate_dies_without_a_trace(tmp_path, monkeypatch, capfd):
     cfg = tiny(tmp_path, "label.streaming=true", "label.stream_timeout_s=600", *ONE_PROCESS)
     monkeypatch.setenv("RLAIF_FAULT", "generate:2:0")  # SIGKILL after generate's second batch: no failure record
     with pytest.raises(StageFailed, match="stage 'generate' failed with exit code"):
         runner.launch_together(["generate", "label"], launch.prepare(cfg))
+    assert "interrupted" not in capfd.readouterr().err  # the runner stopped label: its launcher and stage say nothing
     assert stage_manifest(cfg, "label") is None
     assert not (tmp_path / "tiny/label/.lock").exists()  # label was interrupted and let its lock go
