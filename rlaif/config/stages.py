@@ -65,9 +65,11 @@ class DataConfig(Strict):
     saved with `datasets`' save_to_disk, or of parquet/JSONL files for `datasets` (a glob; data.format hf); or a
     Hugging Face Hub dataset (`hf://datasets/ORG/NAME`, or `ORG/NAME` with data.format hf; the hub must be
     reachable and HF_HUB_OFFLINE unset)."""
-    format: Literal["auto", "jsonl", "text", "parquet", "hf"] = "auto"
-    """How to read data.prompts. auto: by suffix (.jsonl/.json: jsonl, .txt: text, .parquet: parquet), a directory
-    or an hf:// URL: hf, any other file: text (one prompt per line). parquet and hf need the `datasets` extra."""
+    format: Literal["auto", "jsonl", "text", "parquet", "csv", "hf"] = "auto"
+    """How to read data.prompts. auto: by suffix (.jsonl/.json/.ndjson/.jsonlines: jsonl, .txt: text, .parquet:
+    parquet, .csv/.tsv: csv with a header row, key points as a JSON list), a directory or an hf:// URL: hf, any other
+    file: jsonl when its first line is a JSON object, else text (one prompt per line); a compressed file is refused.
+    parquet and hf need the `datasets` extra."""
     columns: PromptColumns = PromptColumns()
     """The dataset's column names for our fields (JSONL, parquet and hf; plain text has only prompts)."""
     split: str = Field("train", min_length=1, max_length=128)

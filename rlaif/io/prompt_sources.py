@@ -6,7 +6,9 @@ one gets; `rlaif.io.prompts` validates them, so every format has the same checks
 pyarrow and datasets (the `datasets` extra) are imported only when a source needs them."""
 from __future__ import annotations
 
+import csv
 import importlib
+import io
 import json
 import os
 import re
@@ -21,11 +23,14 @@ from rlaif.errors import UserError
 from rlaif.io import hub, storage, user_files
 from rlaif.io.digest import spec_digest
 
-SUFFIX_FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".txt": "text", ".parquet": "parquet"}
-DATA_FILE_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json"}  # datasets' loader per suffix
+SUFFIX_FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".jsonlines": "jsonl", ".txt": "text",
+                  ".parquet": "parquet", ".csv": "csv", ".tsv": "csv"}
+DATA_FILE_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}  # datasets' loaders
+COMPRESSED = {".gz": "gunzip", ".bz2": "bunzip2", ".xz": "unxz", ".zst": "unzstd", ".zip": "unzip", ".7z": "7z x"}
 SAVED_DATASET_MARKERS = ("dataset_dict.json", "state.json")  # what save_to_disk writes (DatasetDict, Dataset)
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
-FIX = "set data.prompts to a JSONL, text or parquet file, or a dataset directory saved with datasets' save_to_disk"
+FIX = ("set data.prompts to a JSONL, CSV, text or parquet file, or a dataset directory saved with datasets' "
+       "save_to_disk")
 
 
 @dataclass
@@ -58,19 +63,39 @@ def read_source(data: DataConfig) -> Source:
             return _read_jsonl(data.prompts)
         if fmt == "parquet":
             return _read_parquet(data)
+        if fmt == "csv":
+            return _read_csv(data)
         return _read_hf(data)
 
 
 def source_format(data: DataConfig) -> str:
-    """data.format, or for auto: by suffix, hf for an hf:// URL or a directory, and text for any other file (as
-    before formats existed: every file that was not .jsonl was one prompt per line)."""
+    """data.format, or for auto: by suffix, hf for an hf:// URL or a directory; another file is jsonl when its first
+    line is a JSON object (a JSONL file by another name would otherwise be read as prompts of raw JSON), else text."""
     if data.format != "auto":
         return data.format
     if data.prompts.startswith("hf://"):
         return "hf"
-    if (fmt := SUFFIX_FORMATS.get(_suffix(data.prompts))) is not None:
+    suffix = _suffix(data.prompts)
+    if suffix in COMPRESSED and not _has_glob(data.prompts):
+        raise UserError(f"prompts file {data.prompts} is compressed ({suffix}): decompress it first "
+                        f"({COMPRESSED[suffix]}) and point data.prompts at the result")
+    if (fmt := SUFFIX_FORMATS.get(suffix)) is not None:
         return fmt
-    return "hf" if storage.is_dir(data.prompts) else "text"
+    if storage.is_dir(data.prompts):
+        return "hf"
+    return "jsonl" if _starts_with_a_json_object(data.prompts) else "text"
+
+
+def _starts_with_a_json_object(url: str) -> bool:
+    if storage.is_local(url) and not storage.local_path(url).is_file():
+        return False  # missing, or a FIFO a read would block on: the text reader names it
+    with storage.open_url(url) as f:
+        head = f.read(1 << 20).decode("utf-8-sig", errors="replace")
+    first = next((line for line in user_files.text_lines(head) if line.strip()), "")
+    try:
+        return isinstance(json.loads(first), dict)
+    except ValueError:
+        return False
 
 
 def source_digest(data: DataConfig) -> str:
@@ -151,6 +176,36 @@ def _read_parquet(data: DataConfig) -> Source:
         raise UserError(f"{name} is not a parquet file ({storage.first_line(exc)[:200]}): {FIX}") from None
     records = table.select(wanted_columns(name, table.column_names, data.columns)).to_pylist()
     return Source(name, _numbered(name, "row", records))
+
+
+def _read_csv(data: DataConfig) -> Source:
+    """A CSV file (TSV for .tsv) whose first row names the columns; a key-points cell holds a JSON list."""
+    name = f"prompts file {data.prompts}"
+    text = user_files.read_user_file(data.prompts, "prompts file", FIX)
+    dialect = "excel-tab" if _suffix(data.prompts) == ".tsv" else "excel"
+    try:
+        table = list(csv.reader(io.StringIO(text, newline=""), dialect))
+    except csv.Error as exc:
+        raise UserError(f"{name} is not valid CSV ({exc})") from None
+    header, *body = table or [[]]
+    if len(set(header)) != len(header):
+        raise UserError(f"{name}'s header row names a column twice ({', '.join(map(repr, header))[:200]}): rename one")
+    wanted = wanted_columns(name, header, data.columns)
+    rows = []
+    for number, cells in enumerate(body, 2):
+        if not any(cell.strip() for cell in cells):
+            continue
+        if len(cells) != len(header):
+            raise UserError(f"{name} row {number - 1} has {len(cells)} cells and the header {len(header)}: quote "
+                            "cells that hold the delimiter, or fix the row")
+        # an empty cell is a value left out (CSV has no null), except the prompt's, which the checks refuse
+        record = {column: cell if cell.strip() or column == data.columns.prompt else None
+                  for column, cell in zip(header, cells) if column in wanted}
+        points = data.columns.key_points
+        if record.get(points) is not None:
+            record[points] = user_files.parse_json(record[points], f"{name} row {number - 1} column {points!r}")
+        rows.append(RawRow(f"{name} row {number - 1}", f"line{number - 1:07d}", record))
+    return Source(name, rows)
 
 
 def _read_hf(data: DataConfig) -> Source:

@@ -1,7 +1,8 @@
-"""Prompts in every format data.format reads (JSONL, text, parquet, a directory saved with `datasets`, parquet/JSONL
-data files through `datasets`), locally and on s3:// (moto), become the same rows; data.columns renames a dataset's
-columns; every bad case is one line naming the source, the row and the fix; the cache key follows an s3:// prompts
-object's content. Constitutions and few-shot files are read from s3:// too. Offline: the hub is never asked."""
+"""Prompts in every format data.format reads (JSONL under any name, CSV/TSV, text, parquet, a directory saved with
+`datasets`, parquet/JSONL data files through `datasets`), locally and on s3:// (moto), become the same rows;
+data.columns renames a dataset's columns; every bad case is one line naming the source, the row and the fix; the
+cache key follows an s3:// prompts object's content. Constitutions and few-shot files are read from s3:// too.
+Offline: the hub is never asked."""
 import json
 import sys
 
@@ -73,6 +74,36 @@ def as_json_array(d):
     return DataConfig(prompts=f"file://{d}/p.json")
 
 
+def write_csv(path, rows, delimiter=","):
+    import csv
+
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f, delimiter=delimiter)
+        writer.writerow(FIELDS)
+        for row in rows:  # key points as a JSON list; a field a row lacks is an empty cell
+            writer.writerow([json.dumps(row[k]) if k == "key_points" and k in row else row.get(k, "") for k in FIELDS])
+
+
+def as_csv(d):
+    write_csv(d / "p.csv", ROWS)
+    return DataConfig(prompts=str(d / "p.csv"))
+
+
+def as_tsv(d):
+    write_csv(d / "p.tsv", ROWS, delimiter="\t")
+    return DataConfig(prompts=str(d / "p.tsv"))
+
+
+def as_ndjson(d):
+    write_jsonl(d / "p.ndjson", ROWS)
+    return DataConfig(prompts=str(d / "p.ndjson"))
+
+
+def as_jsonl_by_another_name(d):  # no known suffix: its first line, a JSON object, says JSONL
+    write_jsonl(d / "prompts", ROWS)
+    return DataConfig(prompts=str(d / "prompts"))
+
+
 def as_parquet(d):
     write_parquet(d / "p.parquet", ROWS)
     return DataConfig(prompts=str(d / "p.parquet"))
@@ -99,8 +130,9 @@ def as_hf_jsonl_file(d):
     return DataConfig(prompts=str(d / "p.jsonl"), format="hf")
 
 
-@pytest.mark.parametrize("write", [as_jsonl, as_json_array, as_parquet, as_saved_dataset, as_saved_dataset_dict,
-                                   as_hf_parquet_files, as_hf_jsonl_file])
+@pytest.mark.parametrize("write", [as_jsonl, as_json_array, as_csv, as_tsv, as_ndjson, as_jsonl_by_another_name,
+                                   as_parquet, as_saved_dataset, as_saved_dataset_dict, as_hf_parquet_files,
+                                   as_hf_jsonl_file])
 def test_every_format_gives_the_same_rows(tmp_path, write):
     assert load_prompts(write(tmp_path)) == EXPECTED
 
@@ -112,9 +144,10 @@ def test_rows_without_ids_are_numbered_alike_in_text_jsonl_and_parquet(tmp_path)
     write_jsonl(tmp_path / "p.jsonl", [{"prompt": p} for p in prompts])
     write_parquet(tmp_path / "p.parquet", [{"prompt": p} for p in prompts])
     save_dataset(tmp_path / "saved", [{"prompt": p} for p in prompts])
-    names = ("p.txt", "p.jsonl", "p.parquet", "saved")
+    (tmp_path / "p.csv").write_text("prompt\n" + "\n".join(prompts) + "\n")
+    names = ("p.txt", "p.jsonl", "p.parquet", "saved", "p.csv")
     rows = [load_prompts(DataConfig(prompts=str(tmp_path / name))) for name in names]
-    assert rows[0] == rows[1] == rows[2] == rows[3]
+    assert rows[0] == rows[1] == rows[2] == rows[3] == rows[4]
     assert [r["id"] for r in rows[0]] == ["line0000001", "line0000002", "line0000003"]
     unknown_suffix = tmp_path / "prompts.md"  # as before formats: any other file is one prompt per line
     unknown_suffix.write_text("\n".join(prompts))
@@ -205,6 +238,14 @@ def test_bad_sources(tmp_path):
     one_line_error(DataConfig(prompts=str(tmp_path / "empty")), "holds no prompts (saved with no rows)")
     datasets.DatasetDict({}).save_to_disk(str(tmp_path / "no-splits"))
     one_line_error(DataConfig(prompts=str(tmp_path / "no-splits")), "a DatasetDict with no splits")
+    (tmp_path / "p.jsonl.gz").write_bytes(b"\x1f\x8b\x08\x00")
+    one_line_error(DataConfig(prompts=str(tmp_path / "p.jsonl.gz")), "is compressed (.gz): decompress it first")
+    (tmp_path / "ragged.csv").write_text("id,prompt\na,first prompt\nb,a prompt, with a comma\n")
+    one_line_error(DataConfig(prompts=str(tmp_path / "ragged.csv")), "row 2 has 3 cells and the header 2")
+    (tmp_path / "no-prompt.csv").write_text("id,question\na,first prompt\n")
+    one_line_error(DataConfig(prompts=str(tmp_path / "no-prompt.csv")), "has no column 'prompt'")
+    (tmp_path / "points.csv").write_text("prompt,key_points\nfirst prompt,not a list\n")
+    one_line_error(DataConfig(prompts=str(tmp_path / "points.csv")), "row 1 column 'key_points' is not valid JSON")
     (tmp_path / "p.txt").write_text("a prompt\n")
     one_line_error(DataConfig(prompts=str(tmp_path / "p.txt"), columns={"prompt": "question"}),
                    "is read as plain text")
@@ -220,7 +261,7 @@ def test_bad_sources(tmp_path):
     ("data.columns.promt=question", "unknown config key 'data.columns.promt' (did you mean 'data.columns.prompt'?)"),
     ("data.columns={prompt: text, reference: text}", "two of our fields read the same column"),
     ("data.columns.prompt=", "bad value for config key 'data.columns.prompt'"),
-    ("data.format=csv", "bad value for config key 'data.format'"),
+    ("data.format=xlsx", "bad value for config key 'data.format'"),
     ("data.split=", "bad value for config key 'data.split'"),
     ("data.prompts=s3://user:secret@bucket/p.jsonl", "must not contain a user name or password"),
 ])
