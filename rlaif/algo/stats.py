@@ -17,6 +17,12 @@ def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, f
     return max(0.0, center - half), min(1.0, center + half)
 
 
+def sample_std(values: torch.Tensor) -> float | None:
+    """The sample standard deviation (n - 1), or None for fewer than two values, where it is undefined (torch gives
+    NaN and a warning)."""
+    return values.std().item() if values.numel() > 1 else None
+
+
 def length_controlled_win_rate(outcomes, length_a, length_b, l2: float = 1e-3, iters: int = 50) -> float:
     """Win rate of A over B with the effect of length removed (the idea of AlpacaEval's length control).
 

@@ -6,6 +6,7 @@ the content fields, not timestamps) is what downstream stages key their caches o
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 
@@ -138,6 +139,24 @@ def write(
         "seconds": seconds,  # the stage process's start to this commit (None: not timed)
         "summary": summary or {},
     }
+    manifest = finite(manifest)
     manifest["digest"] = digest(manifest)
-    storage.write_bytes_atomic(storage.join(stage_url, MANIFEST), json.dumps(manifest, indent=2).encode())
+    storage.write_bytes_atomic(storage.join(stage_url, MANIFEST), to_json(manifest))
     return manifest
+
+
+def finite(value):
+    """`value` with NaN and infinities as None (null): JSON has no such numbers, and Python's bare NaN, which its own
+    parser reads, is refused by strict ones (jq, JavaScript, Go)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(item) for item in value]
+    return value
+
+
+def to_json(obj) -> bytes:
+    """A stage's JSON file (manifest, metrics, summaries): indented, non-finite numbers as null."""
+    return json.dumps(finite(obj), indent=2, allow_nan=False).encode()

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,7 +54,7 @@ class StageContext:
         )
 
     def write_json(self, name: str, obj) -> dict:
-        data = json.dumps(obj, indent=2).encode()
+        data = manifest.to_json(obj)
         storage.write_bytes_atomic(storage.join(self.url, name), data)
         return {"path": name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 

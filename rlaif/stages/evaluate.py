@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from rlaif import report
-from rlaif.algo.stats import diversity, length_controlled_win_rate, wilson_interval
+from rlaif.algo.stats import diversity, length_controlled_win_rate, sample_std, wilson_interval
 from rlaif.config import JudgeSpec
 from rlaif.distributed import local_device
 from rlaif.errors import UserError
@@ -171,7 +171,7 @@ def summarize(ctx: StageContext, n_prompts: int, judges: dict, tuned: Answers, s
         "judge": primary["judge"], "judge_position_consistency": primary["position_consistency"],
         "judges": judges,
         "reward_policy_mean": tuned.rewards.mean().item(), "reward_reference_mean": start.rewards.mean().item(),
-        "reward_policy_std": tuned.rewards.std().item(), "reward_reference_std": start.rewards.std().item(),
+        "reward_policy_std": sample_std(tuned.rewards), "reward_reference_std": sample_std(start.rewards),
         "kl_to_reference": kl[0], "kl_to_reference_per_token": kl[1],
         "length_policy_mean": tuned.lengths.mean().item(), "length_reference_mean": start.lengths.mean().item(),
         "eos_rate_policy": tuned.eos_rate, "eos_rate_reference": start.eos_rate,

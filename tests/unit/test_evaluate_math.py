@@ -47,3 +47,12 @@ def test_length_control_keeps_a_real_advantage():
     outcomes = [1.0 if rng.random() < 0.8 else 0.0 for _ in range(600)]  # wins regardless of length
     lc = length_controlled_win_rate(outcomes, len_a, len_b)
     assert abs(lc - sum(outcomes) / 600) < 0.05
+
+
+def test_sample_std_is_undefined_below_two_values():
+    import torch
+
+    from rlaif.algo.stats import sample_std
+
+    assert sample_std(torch.tensor([0.7])) is None and sample_std(torch.tensor([])) is None
+    assert sample_std(torch.tensor([1.0, 3.0])) == pytest.approx(2 ** 0.5)

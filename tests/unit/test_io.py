@@ -249,3 +249,17 @@ def test_a_put_to_an_endpoint_that_never_answers_fails_instead_of_hanging(monkey
     server.close()
     assert not writer.is_alive(), "the put hung"
     assert outcome and storage.failure_message(outcome[0]) is not None
+
+
+def test_non_finite_numbers_are_written_as_null_in_strict_json(tmp_path):
+    """One held-out prompt made evaluate's reward std NaN, written as a bare NaN that strict JSON parsers refuse."""
+    url = f"file://{tmp_path}/evaluate"
+    written = manifest.write(url, stage="evaluate", run_id="r", config_hash="h", inputs={},
+                             summary={"std": float("nan"), "ratio": [1.0, float("inf")], "ok": 0.5})
+
+    def refuse(constant):
+        raise ValueError(f"non-standard JSON constant {constant}")
+
+    stored = json.loads((tmp_path / "evaluate" / "manifest.json").read_text(), parse_constant=refuse)
+    assert stored["summary"] == {"std": None, "ratio": [1.0, None], "ok": 0.5} == written["summary"]
+    assert manifest.damage(url, manifest.read(url)) is None  # the digest is over what was written
