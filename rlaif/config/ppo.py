@@ -6,6 +6,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from rlaif.config.base import Strict, Temperature, runtime_field
+from rlaif.errors import UserError
 
 
 class PPOConfig(Strict):
@@ -133,3 +134,18 @@ class PPOConfig(Strict):
             raise ValueError(f"rollout_batch_size {self.rollout_batch_size} must be a multiple of "
                              f"group_size {self.group_size}")
         return self
+
+    def check_processes(self, world: int) -> None:
+        """The batch sizes split over `world` processes; checked before a run starts (launch.prepare) and again by
+        the stage, which knows the world it got."""
+        samples = self.group_size if self.algorithm == "grpo" else 1
+        if self.rollout_batch_size % (world * samples):
+            raise UserError(f"ppo.rollout_batch_size={self.rollout_batch_size} must be divisible by {world} "
+                            "processes" + (f" x group_size {samples}" if samples > 1 else "") + ": change it or "
+                            "ppo.nproc")
+        if self.minibatch_size % (world * self.grad_accum_steps):
+            raise UserError(f"ppo.minibatch_size={self.minibatch_size} must be divisible by {world} processes x "
+                            f"grad_accum_steps {self.grad_accum_steps}: change it, ppo.nproc or ppo.grad_accum_steps")
+        if self.async_rollout and self.strategy != "ddp":
+            raise UserError("ppo.async_rollout needs strategy ddp (an actor copy of sharded ZeRO weights is not "
+                            "supported)")

@@ -19,6 +19,7 @@ from rlaif.config.judges import JudgeSettings, JudgeSpec
 from rlaif.config.ppo import PPOConfig
 from rlaif.config.serving import ServeConfig, ServiceEndpoint
 from rlaif.config.student import StudentConfig
+from rlaif.errors import UserError
 
 
 class StorageConfig(Strict):
@@ -212,6 +213,10 @@ class GenerateConfig(Strict):
     def _endpoint(self):
         if self.backend == "endpoint" and not self.endpoint.base_url:
             raise ValueError("backend endpoint needs generate.endpoint.base_url (what `rlaif serve` prints)")
+        if self.temperature == 0 and self.identical_pairs != "keep":
+            raise ValueError(f"temperature 0 is greedy: a prompt's two responses are the same, and identical_pairs "
+                             f"{self.identical_pairs} would drop every pair: sample with a temperature above 0, or "
+                             "set generate.identical_pairs=keep")
         return self
 
     def cache_key_view(self, keyed: dict) -> dict:
@@ -301,6 +306,16 @@ class TrainRMConfig(Strict):
     """Checkpoints kept; older ones are deleted (not part of the cache key)."""
     student: StudentConfig = StudentConfig()
     """A distilled student reward model for PPO (off unless student.layers > 0)."""
+
+    def check_processes(self, world: int) -> None:
+        """The batch sizes split over `world` processes; checked before a run starts and again by the stage."""
+        if self.batch_size % (world * self.grad_accum_steps):
+            raise UserError(f"train_rm.batch_size={self.batch_size} must be divisible by processes x "
+                            f"grad_accum_steps ({world} x {self.grad_accum_steps}): change it, train_rm.nproc or "
+                            "train_rm.grad_accum_steps")
+        if self.student.layers and self.student.batch_size % world:
+            raise UserError(f"train_rm.student.batch_size={self.student.batch_size} must be divisible by the {world} "
+                            "processes: change it or train_rm.nproc")
 
     def cache_key_view(self, keyed: dict) -> dict:
         """No student (layers 0): its other settings change nothing. (The process count stays in the key: ranks draw

@@ -130,9 +130,6 @@ def distill_student(cfg, label_samples, teacher, tokenizer, teacher_std: float, 
 def train_student(cfg, student, tokenizer, items: list[dict], max_length: int, scale: float, device) -> float:
     """DDP over the ranks: each takes its slice of every global batch, in one seeded order for any process count."""
     settings, world, rank = cfg.train_rm.student, dist.world_size(), dist.rank()
-    if settings.batch_size % world:
-        raise UserError(f"train_rm.student.batch_size={settings.batch_size} must be divisible by the {world} "
-                        "processes")
     micro = settings.batch_size // world
     steps_per_epoch = len(items) // settings.batch_size
     if not steps_per_epoch:

@@ -71,6 +71,8 @@ def prepare(cfg: PipelineConfig, pipeline: bool = False, launched: str | None = 
         if nodes > 1 and not os.environ.get("KUBERNETES_SERVICE_HOST"):
             raise UserError(f"{stage.name}.nodes={nodes} needs a Kubernetes cluster with Kubeflow Trainer: submit the "
                             f"pipeline to KFP or Airflow, or set {stage.name}.nodes=1 to run here")
+        if hasattr(settings := getattr(cfg, stage.name), "check_processes"):  # not after the stages before it ran
+            settings.check_processes(processes_per_node(stage, cfg) * nodes)
     if launched is not None:
         common.start_context(cfg, launched)
     config_url = storage.join(root, cfg.run_id, "config.yaml")

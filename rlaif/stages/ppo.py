@@ -262,18 +262,6 @@ def make_engine(cfg, policy: PolicyWithValue, device) -> Engine:
                   total_steps=settings.iterations * steps_per_iteration if settings.anneal_lr else None, device=device)
 
 
-def check_sizes(settings, world: int) -> None:
-    samples = settings.group_size if settings.algorithm == "grpo" else 1
-    if settings.rollout_batch_size % (world * samples):
-        raise UserError(f"ppo.rollout_batch_size={settings.rollout_batch_size} must be divisible by {world} processes"
-                        + (f" x group_size {samples}" if samples > 1 else ""))
-    if settings.minibatch_size % (world * settings.grad_accum_steps):
-        raise UserError(f"ppo.minibatch_size={settings.minibatch_size} must be divisible by {world} processes x "
-                        f"grad_accum_steps {settings.grad_accum_steps}")
-    if settings.async_rollout and settings.strategy != "ddp":
-        raise UserError("ppo.async_rollout needs strategy ddp (an actor copy of sharded ZeRO weights is not supported)")
-
-
 def reward_model_dir(ctx: StageContext) -> Path:
     """train_rm's reward model, or its distilled student (ppo.reward_model)."""
     path = model_dir(ctx, "train_rm", "model")
@@ -351,7 +339,7 @@ def iteration(cfg, engine: Engine, rollouts: Rollouts, controller, it: int, amp)
 def run(ctx: StageContext) -> dict:
     cfg, settings = ctx.cfg, ctx.cfg.ppo
     rank, world, device = dist.setup()
-    check_sizes(settings, world)
+    settings.check_processes(world)
     torch.manual_seed(cfg.seed)
     amp = autocast(device.type == "cuda" and settings.strategy == "ddp")  # DeepSpeed runs bf16 itself
 

@@ -107,13 +107,12 @@ def plan_steps(ctx: StageContext, world: int) -> tuple[int, int]:
     """(pairs per micro-batch on this rank, estimated total optimizer steps: the schedule's and the bar's length;
     the data decides the real end)."""
     settings = ctx.cfg.train_rm
-    if settings.batch_size % (world * settings.grad_accum_steps):
-        raise UserError(f"train_rm.batch_size={settings.batch_size} must be divisible by processes x "
-                        f"grad_accum_steps ({world} x {settings.grad_accum_steps})")
+    settings.check_processes(world)
     train_pairs = int(ctx.inputs["label"]["num_samples"] * (1 - settings.held_out_fraction))
     if train_pairs // settings.batch_size == 0:
+        fix = "lower the batch size" if train_pairs else "add prompts (or lower train_rm.held_out_fraction)"
         raise UserError(f"only about {train_pairs} training pairs for train_rm.batch_size={settings.batch_size}: "
-                        "lower the batch size")
+                        f"{fix}")
     total_steps = train_pairs // settings.batch_size * settings.epochs
     return settings.batch_size // (world * settings.grad_accum_steps), total_steps
 

@@ -251,7 +251,10 @@ def test_sampling_temperatures_too_small_to_sample_with():
     for key in ("generate", "ppo", "evaluate", "train_rm.student"):
         with pytest.raises(UserError, match=f"'{key}.temperature': 1e-40 is too small to sample with"):
             load_config(TINY, [f"{key}.temperature=1e-40"])
-    assert load_config(TINY, ["generate.temperature=0"]).generate.temperature == 0  # greedy, where allowed
+    greedy = load_config(TINY, ["generate.temperature=0", "generate.identical_pairs=keep"])  # greedy, where allowed
+    assert greedy.generate.temperature == 0
+    with pytest.raises(UserError, match="temperature 0 is greedy: a prompt's two responses are the same"):
+        load_config(TINY, ["generate.temperature=0"])  # identical_pairs resample would drop every pair
     assert load_config(TINY, ["ppo.temperature=0.001"]).ppo.temperature == 0.001
     with pytest.raises(UserError, match="'generate.temperature': 1e-06 is too small to sample with .* or 0 for greedy"):
         load_config(TINY, ["generate.temperature=1e-6"])
@@ -265,4 +268,18 @@ def test_tracker_settings_checked_before_work(cli, tmp_path):
     cli("run", "--config", TINY, *root, "--set", "tracking.wandb_project=team/proj",
         needle="holds '/', which W&B project names cannot")
     cli("run", "--config", TINY, *root, "--set", 'tracking.mlflow_experiment=" "', needle="is blank: name it")
+    assert not (tmp_path / "root" / "tiny").exists()  # no run started
+
+
+@pytest.mark.parametrize("settings, needle", [
+    (["ppo.rollout_batch_size=7", "ppo.minibatch_size=7"], "ppo.rollout_batch_size=7 must be divisible by 2 processes"),
+    (["ppo.minibatch_size=1"], "ppo.minibatch_size=1 must be divisible by 2 processes x grad_accum_steps 1"),
+    (["ppo.algorithm=grpo", "ppo.group_size=8"], "must be divisible by 2 processes x group_size 8"),
+    (["train_rm.batch_size=7"], "train_rm.batch_size=7 must be divisible by processes x grad_accum_steps (2 x 1)"),
+    (["train_rm.student.layers=1", "train_rm.student.batch_size=3"], "student.batch_size=3 must be divisible by the 2"),
+])
+def test_batch_sizes_that_do_not_split_over_the_processes_are_refused_before_work(cli, tmp_path, settings, needle):
+    # each was refused by its stage's ranks, after generate and label (and train_rm) had run
+    sets = [arg for setting in settings for arg in ("--set", setting)]
+    cli("run", "--config", TINY, "--set", f"storage.root=file://{tmp_path}/root", *sets, needle=needle)
     assert not (tmp_path / "root" / "tiny").exists()  # no run started

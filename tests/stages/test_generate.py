@@ -92,7 +92,10 @@ def test_identical_pairs_are_resampled_dropped_or_kept(tmp_path):
     assert summary["identical_pairs"] == 6 and summary["pairs"] == 6 and summary["resampled_pairs"] == 0
     assert all(a == b for _, a, b in pairs(cfg).values())
     for policy in ("resample", "drop"):
-        cfg = tiny(tmp_path / policy, *greedy, f"generate.identical_pairs={policy}", "generate.max_resamples=2")
+        with pytest.raises(UserError, match=f"temperature 0 is greedy.* identical_pairs {policy} would drop every"):
+            tiny(tmp_path / policy, *greedy, f"generate.identical_pairs={policy}")  # refused before any work
+        top_one = ("generate.top_k=1", "generate.max_prompts=6")  # sampled from one token: the same, found at run time
+        cfg = tiny(tmp_path / policy, *top_one, f"generate.identical_pairs={policy}", "generate.max_resamples=2")
         with pytest.raises(UserError, match="every pair was dropped as identical"):
             run_stage(cfg, "generate")
         assert manifest.read(f"{cfg.storage.root}/tiny/generate") is None  # nothing a later stage would trust
