@@ -154,7 +154,7 @@ def run_stage(cfg: PipelineConfig, name: str, part_index: int = 0, num_parts: in
     if hasattr(module, "invalidate"):  # a stage split into parts removes only its own part's output
         module.invalidate(ctx)
     elif first_rank:
-        manifest.invalidate(ctx.url)
+        common.clear_output(ctx)
     module.run(ctx)
 
 

@@ -169,6 +169,21 @@ def cached(ctx: StageContext, report: bool = False) -> dict | None:
     return existing
 
 
+def clear_output(ctx: StageContext) -> None:
+    """Start of a stage run: its old output stops existing before anything new is written. A run that resumes from a
+    checkpoint of this config keeps the checkpoints and the attempt's metrics and tracker ids; any other start empties
+    the stage's directory but for its lock: another config's files would otherwise stay beside the new ones (a LoRA
+    adapter next to a full policy, two runs' curves in one TensorBoard directory, another config's checkpoints)."""
+    from rlaif.io.lock import LOCK
+    from rlaif.training import Checkpoints
+
+    manifest.invalidate(ctx.url)
+    if Checkpoints(ctx.url, ctx.config_hash).latest() is not None:
+        return
+    for entry in sorted({name.split("/", 1)[0] for name in storage.list_files(ctx.url)} - {LOCK}):
+        storage.remove(storage.join(ctx.url, entry), recursive=True)
+
+
 def model_dir(ctx: StageContext, upstream: str, subdir: str) -> Path:
     """A verified local copy of a model directory that an upstream stage listed in its manifest."""
     m = ctx.inputs[upstream]

@@ -220,6 +220,12 @@ def test_adafactor_trains_and_exports(upstream, tmp_path):
     checkpoint = run / "ppo/checkpoints/step-00000001/engine.pt"
     state = torch.load(checkpoint, weights_only=True)["optimizer"]["state"]
     assert any("exp_avg_sq_row" in s for s in state.values()) and not any("exp_avg" in s for s in state.values())
+    # The same run with all weights trained: the first config's adapter, checkpoints and curves go before it starts
+    rerun = launch_ppo(run, "ppo.optimizer=adafactor", "ppo.iterations=1", "ppo.lora_rank=0", "ppo.checkpoint_every=0")
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert sorted(p.name for p in (run / "ppo").iterdir()) == ["manifest.json", "metrics.jsonl", "policy",
+                                                                "reward_kl.png", "tensorboard", "tracking.json"]
+    assert len(list((run / "ppo/tensorboard").rglob("events.out.tfevents.*"))) == 1
 
 
 def test_ppo_scores_with_the_distilled_student_when_asked(upstream, tmp_path):
