@@ -43,13 +43,20 @@ def part_url(ctx: StageContext, index: int, count: int) -> str:
     return storage.join(ctx.url, "parts", f"part-{index:05d}-of-{count:05d}.json")
 
 
-def read_part(ctx: StageContext, index: int, count: int) -> dict | None:
-    """A finished part's record (its shards and counts) if it was made with this config, else None."""
+def read_part(ctx: StageContext, index: int, count: int, other_config: str = "none") -> dict | None:
+    """A finished part's record (its shards and counts) if it was made with this config, else None; one made with
+    another config is refused when `other_config` is "refuse" (merging: it would never be merged, silently)."""
     try:
         part = json.loads(storage.read_bytes(part_url(ctx, index, count)))
     except FileNotFoundError:
         return None
-    return part if part["config_hash"] == ctx.config_hash else None
+    if part["config_hash"] == ctx.config_hash:
+        return part
+    if other_config == "refuse":
+        raise UserError(f"generate part {index} of {count} was written with other settings (config "
+                        f"{part['config_hash'][:12]}, this part's {ctx.config_hash[:12]}): run every part with one "
+                        f"config, re-running part {index} with this one")
+    return None
 
 
 def invalidate(ctx: StageContext) -> None:
@@ -60,7 +67,10 @@ def invalidate(ctx: StageContext) -> None:
     if count == 1:
         manifest.invalidate(ctx.url)
         return
-    storage.remove(part_url(ctx, index, count))
+    # This index's shard names are the same for every part count: records of other counts would list shards that
+    # are about to be replaced
+    for record in storage.glob(storage.join(ctx.url, "parts", f"part-{index:05d}-of-*.json")):
+        storage.remove(record)
     for url in storage.glob(storage.join(ctx.url, "shard-*.tar")):
         # the whole number: part 10 and up number their shards past six digits (shard-1000000.tar)
         if int(url.rsplit("shard-", 1)[1].split(".", 1)[0]) // PART_SHARD_STRIDE == index:
@@ -216,7 +226,7 @@ def merge(ctx: StageContext, count: int) -> dict | None:
     """The stage manifest over all parts, once every part has written its part file for this config; else None."""
     parts = []
     for index in range(count):  # stops at the first part not written yet (one read, not `count`, while parts run)
-        parts.append(read_part(ctx, index, count))
+        parts.append(read_part(ctx, index, count, other_config="refuse"))
         if parts[-1] is None:
             return None
     summary = {k: sum(p["summary"][k] for p in parts) for k in parts[0]["summary"] if k != "seconds"}

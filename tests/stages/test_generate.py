@@ -11,7 +11,7 @@ import pytest
 from rlaif.config import load_config
 from rlaif.errors import UserError
 from rlaif.io import manifest, shards
-from rlaif.models.generation import format_prompts, truncate_at_stop
+from rlaif.models.generation import format_prompts, prompt_token_ids, truncate_at_stop
 from rlaif.runner import run_stage
 from rlaif.stages import generate
 
@@ -58,6 +58,21 @@ def test_more_parts_than_prompts_leave_some_parts_empty(tmp_path, unsharded):
     got = pairs(cfg)
     assert len(got) == 2 and all(expected[key] == pair for key, pair in got.items())
     assert manifest.read(f"{cfg.storage.root}/{cfg.run_id}/generate")["summary"]["parts"] == 5
+
+
+def test_parts_of_other_settings_or_another_split_are_not_merged(tmp_path):
+    few = ("generate.max_prompts=4",)
+    run_stage(tiny(tmp_path, *few), "generate", 0, 2)
+    other = tiny(tmp_path, *few, "generate.max_new_tokens=13")
+    with pytest.raises(UserError, match="generate part 0 of 2 was written with other settings .* re-running part 0"):
+        run_stage(other, "generate", 1, 2)  # was: "written", and the manifest never committed
+    assert manifest.read(f"{other.storage.root}/{other.run_id}/generate") is None
+    # a split into 3 replaces part 1's shards: the 2-part record that listed them goes with them
+    run_stage(other, "generate", 1, 3)
+    assert sorted(p.name for p in (tmp_path / "tiny/generate/parts").glob("part-*.json")) == [
+        "part-00000-of-00002.json", "part-00001-of-00003.json"]
+    run_stage(other, "generate", 0, 2)  # part 1 of 2 is gone: nothing merges over the replaced shards
+    assert manifest.read(f"{other.storage.root}/{other.run_id}/generate") is None
 
 
 def test_any_pair_regenerates_alone(unsharded):
@@ -155,13 +170,16 @@ def test_vllm_backend_seeds_every_request(monkeypatch, unsharded):
         def get_tokenizer(self):
             return generate.TransformersBackend(cfg).tokenizer
 
-        def generate(self, texts, params, use_tqdm):
-            calls["params"] = params
+        def generate(self, prompts, params, use_tqdm):
+            calls["params"], calls["prompts"] = params, prompts
             out = lambda i: types.SimpleNamespace(text=f" reply {i}", token_ids=[1, 2])  # noqa: E731
-            return [types.SimpleNamespace(outputs=[out(i)]) for i in range(len(texts))]
+            return [types.SimpleNamespace(outputs=[out(i)]) for i in range(len(prompts))]
 
-    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=lambda **kw: kw))
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=lambda **kw: kw,
+                                                                   TokensPrompt=lambda **kw: kw))
     backend = generate.VLLMBackend(cfg)
     assert backend.sample(["a", "b"], [11, 12]) == [("reply 0", 2), ("reply 1", 2)]
+    # token ids, encoded as the in-process backend encodes them: vLLM would put a BOS of its own before text
+    assert calls["prompts"] == [{"prompt_token_ids": ids} for ids in prompt_token_ids(backend.tokenizer, ["a", "b"])]
     assert [p["seed"] for p in calls["params"]] == [11, 12] and calls["params"][0]["stop"] == ["\n"]
     assert calls["params"][0]["top_k"] == -1 and calls["params"][0]["max_tokens"] == cfg.generate.max_new_tokens
