@@ -38,6 +38,13 @@ def avoid_per_shape_attention_plans() -> None:
         torch.backends.cuda.enable_cudnn_sdp(False)
 
 
+def tell_deepspeed_the_device() -> None:
+    """DS_ACCELERATOR=cpu where there is no CUDA GPU (the stages then run on the CPU): DeepSpeed otherwise probes
+    for an accelerator on import and logs a warning about falling back to the CPU in every process."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
 def local_device() -> torch.device:
     """This process's GPU (by LOCAL_RANK) when there are GPUs, else the CPU."""
     if torch.cuda.is_available():

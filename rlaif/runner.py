@@ -132,10 +132,11 @@ def run_stage(cfg: PipelineConfig, name: str, part_index: int = 0, num_parts: in
     split across pods (generate) runs part `part_index` of `num_parts`."""
     import importlib
 
-    from rlaif.distributed import avoid_per_shape_attention_plans, die_with_parent
+    from rlaif.distributed import avoid_per_shape_attention_plans, die_with_parent, tell_deepspeed_the_device
     from rlaif.models.loading import quiet_transformers
 
     die_with_parent()
+    tell_deepspeed_the_device()
     quiet_transformers()
     avoid_per_shape_attention_plans()
     storage.configure(cfg.storage.endpoint_url)

@@ -393,7 +393,9 @@ def export(ctx: StageContext, policy: PolicyWithValue, tokenizer, rows: list[dic
             # peft keeps the layer names as a set, saved in hash order: sorted, the file is the same on every run
             if isinstance(adapter.target_modules, set):
                 adapter.target_modules = sorted(adapter.target_modules)
-            lm.save_pretrained(out / "adapter", safe_serialization=True)
+            # the adapter only: the vocabulary is never resized, so no embedding copy (and no peft warning that
+            # it cannot find the base model's config under its builtin: name)
+            lm.save_pretrained(out / "adapter", safe_serialization=True, save_embedding_layers=False)
             card.write(out / "adapter", card.policy_card(ctx, rows, adapter=True))
             lm = lm.merge_and_unload()
         lm.save_pretrained(out / "policy", safe_serialization=True)

@@ -1,6 +1,7 @@
 """The whole pipeline on the tiny config, as real processes (torchrun for the training stages)."""
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -95,6 +96,8 @@ def test_file_storage_run_then_cache_hits(tmp_path):
     assert f"run_dir: {root}/tiny" in first.stdout and "report: " in first.stdout
     for stage in STAGES:
         assert f"[{stage.name}] running" in first.stdout
+    # a run that goes well prints no library warnings (DeepSpeed's accelerator probe, peft's adapter save)
+    assert not re.search(r"warn", first.stdout + first.stderr, re.IGNORECASE), first.stdout + first.stderr
     cfg = load_config("configs/tiny.yaml", [f"storage.root={root}"])
     check_metrics(verify_run(cfg), cfg)
     assert (tmp_path / "runs/tiny/evaluate/report.html").read_text().startswith("<!doctype html>")
