@@ -98,6 +98,8 @@ def _describe(err: ValidationError) -> str:
     message = f"bad value for config key '{key}': {first['msg'].removeprefix('Value error, ')}"
     if first["type"] == "string_type" and isinstance(first.get("input"), (bool, int, float, datetime.date)):
         message += ": put it in quotes to keep it text (YAML reads yes/no/on/off, numbers and dates as such)"
+    elif "input" in first and first["input"] is None:
+        message += ": it was given no value (empty, or null): write one, or leave the key out for its default"
     return message
 
 

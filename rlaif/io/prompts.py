@@ -46,7 +46,10 @@ def _references(record: dict, columns: PromptColumns, where: str) -> dict:
 
 
 def _prompt_text(record: object, column: str, where: str) -> str:
-    if not isinstance(record, dict) or record.get(column) is None:
+    if not isinstance(record, dict):
+        raise UserError(f"{where} is a JSON {type(record).__name__.replace('NoneType', 'null')}, not an object with "
+                        f"a {column!r} field: write each prompt as {{\"{column}\": \"...\"}}")
+    if record.get(column) is None:
         raise UserError(f"{where} has no string field {column!r} (data.columns.prompt names the field that holds "
                         "the prompt)")
     if not isinstance(record[column], str):
@@ -91,9 +94,14 @@ def load_prompts(data: DataConfig) -> list[dict]:
     rows = [_checked(row, data) for row in source.rows]
     if not rows:
         raise UserError(f"{source.name} holds no prompts")
-    ids = [r["id"] for r in rows]
-    if len(set(ids)) != len(ids):
-        raise UserError(f"{source.name} repeats prompt ids: ids must be unique")
+    first_row: dict[str, RawRow] = {}
+    for row, checked in zip(source.rows, rows):
+        if (earlier := first_row.setdefault(checked["id"], row)) is not row:
+            numbered = not all(isinstance(r.record, dict) and r.record.get(data.columns.id) is not None
+                               for r in (earlier, row))
+            raise UserError(f"{row.where} has the prompt id {checked['id']!r} of {earlier.where}"
+                            + (" (a row without an id is given one by its position)" if numbered else "")
+                            + ": ids must be unique")
     _one_reference_per_text(rows, source.name)
     return rows
 

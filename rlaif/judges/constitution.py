@@ -21,9 +21,10 @@ from rlaif.judges.pairwise import debiased
 PRINCIPLE_KEYS = ("name", "text", "contrast")
 
 
-def load_constitution(path: str) -> list[dict]:
-    """The principles in `path`, each {name, text} plus an optional contrast; a one-line error otherwise."""
-    text = read_user_file(path, "constitution file", "set label.constitution to a YAML list of principles")
+def load_constitution(path: str, setting: str = "label.constitution") -> list[dict]:
+    """The principles in `path`, each {name, text} plus an optional contrast; a one-line error otherwise, naming
+    `setting`, the config key that gave the path."""
+    text = read_user_file(path, "constitution file", f"set {setting} to a YAML list of principles")
     principles = load_yaml(text, f"constitution {path}")
     if not isinstance(principles, list) or not principles:
         raise UserError(f"constitution {path} must be a YAML list of {{name, text}} principles")

@@ -117,7 +117,7 @@ def check_judges(cfg: PipelineConfig, prompts: list[dict]) -> None:
     from rlaif.judges.prompting import load_few_shot
 
     for where, judge in (("label", cfg.label), *((f"evaluate.judges[{j.name}]", j) for j in cfg.evaluate.judges)):
-        load_constitution(judge.constitution)
+        load_constitution(judge.constitution, f"{where}.constitution")
         if judge.judge in ("hf", "openai"):
             load_few_shot(judge.few_shot)
         if judge.judge == "hf" and not judge.hf.model:

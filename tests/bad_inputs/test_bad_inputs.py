@@ -107,7 +107,7 @@ def test_bad_config_values(tmp_path, override, needle):
     ("huge.txt", b"x" * 3000 + b"\n", "exceeds data.max_prompt_chars=2000"),
     ("noprompt.jsonl", b'{"text": "hi"}\n', "line 1 has no string field 'prompt'"),
     ("broken.jsonl", b'{"prompt": \n', "line 1 is not valid JSON"),
-    ("dupes.jsonl", b'{"id": "a", "prompt": "x"}\n{"id": "a", "prompt": "y"}\n', "repeats prompt ids"),
+    ("dupes.jsonl", b'{"id": "a", "prompt": "x"}\n{"id": "a", "prompt": "y"}\n', "line 2 has the prompt id 'a' of"),
 ])
 def test_bad_prompt_files(tmp_path, name, content, needle):
     path = tmp_path / name

@@ -121,6 +121,8 @@ def test_lines_split_at_line_feeds_only(tmp_path):
     ("run_id=2026-01-01", "'run_id': Input should be a valid string: put it in quotes to keep it text"),
     ("run_id=off", "put it in quotes to keep it text"),
     ("ppo=null", "section 'ppo' is empty: give it keys, or remove the line"),
+    ("run_id=", "'run_id': Input should be a valid string: it was given no value (empty, or null)"),
+    ("ppo.lr=", "'ppo.lr': Input should be a valid number: it was given no value"),
 ])
 def test_set_values_read_as_written(cli, tmp_path, override, needle):
     cli("run", "--config", TINY, "--storage-root", str(tmp_path), "--set", override, needle=needle)

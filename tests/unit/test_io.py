@@ -112,7 +112,7 @@ def test_prompt_split_is_stable_and_disjoint():
     (b'{"text": "no prompt field"}\n', "no string field 'prompt'"),
     (b"not json\n", "not valid JSON"),
     (b'{"prompt": "' + b"x" * 50 + b'"}\n', "exceeds data.max_prompt_chars"),
-    (b'{"id": "a", "prompt": "x"}\n{"id": "a", "prompt": "y"}\n', "repeats prompt ids"),
+    (b'{"id": "a", "prompt": "x"}\n{"id": "a", "prompt": "y"}\n', "line 2 has the prompt id 'a' of"),
 ])
 def test_bad_prompt_files(tmp_path, content, needle):
     path = tmp_path / "p.jsonl"

@@ -199,7 +199,7 @@ def test_missing_columns_name_the_column_and_the_fix(tmp_path):
     ({"prompt": pa.array(["a"]), "key_points": pa.array(["one"])}, "'key_points' must be a non-empty list"),
     ({"prompt": pa.array(["a"]), "reference": pa.array([3])}, "'reference' must be a non-empty string"),
     ({"prompt": pa.array(["a"]), "id": pa.array(["a.b"])}, "row 1: id 'a.b' is not usable"),
-    ({"prompt": pa.array(["a", "b"]), "id": pa.array(["x", "x"])}, "repeats prompt ids"),
+    ({"prompt": pa.array(["a", "b"]), "id": pa.array(["x", "x"])}, "row 2 has the prompt id 'x' of"),
     ({"prompt": pa.array([], pa.string())}, "holds no prompts"),
     ({"prompt": pa.array(["x" * 30])}, "exceeds data.max_prompt_chars=20"),
 ])
@@ -388,3 +388,9 @@ def test_cache_key_follows_local_globs_and_saved_directories(tmp_path):
     before = source_digest(saved)
     save_dataset(tmp_path / "saved", ROWS[:2])
     assert source_digest(saved) != before
+
+
+def test_an_id_a_row_was_given_that_another_row_names_is_explained(tmp_path):
+    write_jsonl(tmp_path / "p.jsonl", [{"prompt": "first"}, {"id": "line0000001", "prompt": "second"}])
+    one_line_error(DataConfig(prompts=str(tmp_path / "p.jsonl")), "line 2 has the prompt id 'line0000001' of "
+                   f"prompts file {tmp_path / 'p.jsonl'} line 1 (a row without an id is given one by its position)")
