@@ -8,6 +8,9 @@ from pydantic import Field, model_validator
 from rlaif.config.base import Strict, Temperature, runtime_field
 from rlaif.errors import UserError
 
+# Processes: one per GPU on GPU machines, else ppo.nproc (or train_rm.nproc)
+WORLD_FIX = "change it, or the processes (ppo.nproc on CPUs; one per GPU on GPUs, times the nodes)"
+
 
 class PPOConfig(Strict):
     nproc: int = Field(2, ge=1)
@@ -141,11 +144,10 @@ class PPOConfig(Strict):
         samples = self.group_size if self.algorithm == "grpo" else 1
         if self.rollout_batch_size % (world * samples):
             raise UserError(f"ppo.rollout_batch_size={self.rollout_batch_size} must be divisible by {world} "
-                            "processes" + (f" x group_size {samples}" if samples > 1 else "") + ": change it or "
-                            "ppo.nproc")
+                            "processes" + (f" x group_size {samples}" if samples > 1 else "") + f": {WORLD_FIX}")
         if self.minibatch_size % (world * self.grad_accum_steps):
             raise UserError(f"ppo.minibatch_size={self.minibatch_size} must be divisible by {world} processes x "
-                            f"grad_accum_steps {self.grad_accum_steps}: change it, ppo.nproc or ppo.grad_accum_steps")
+                            f"grad_accum_steps {self.grad_accum_steps}: {WORLD_FIX} (or grad_accum_steps)")
         if self.async_rollout and self.strategy != "ddp":
             raise UserError("ppo.async_rollout needs strategy ddp (an actor copy of sharded ZeRO weights is not "
                             "supported)")

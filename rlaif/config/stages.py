@@ -311,11 +311,12 @@ class TrainRMConfig(Strict):
         """The batch sizes split over `world` processes; checked before a run starts and again by the stage."""
         if self.batch_size % (world * self.grad_accum_steps):
             raise UserError(f"train_rm.batch_size={self.batch_size} must be divisible by processes x "
-                            f"grad_accum_steps ({world} x {self.grad_accum_steps}): change it, train_rm.nproc or "
-                            "train_rm.grad_accum_steps")
+                            f"grad_accum_steps ({world} x {self.grad_accum_steps}): change it, "
+                            "train_rm.grad_accum_steps or the processes (train_rm.nproc on CPUs; one per GPU on GPUs, "
+                            "times the nodes)")
         if self.student.layers and self.student.batch_size % world:
             raise UserError(f"train_rm.student.batch_size={self.student.batch_size} must be divisible by the {world} "
-                            "processes: change it or train_rm.nproc")
+                            "processes: change it, or the processes (train_rm.nproc on CPUs; one per GPU on GPUs)")
 
     def cache_key_view(self, keyed: dict) -> dict:
         """No student (layers 0): its other settings change nothing. (The process count stays in the key: ranks draw

@@ -25,7 +25,7 @@ from rlaif.io.digest import spec_digest
 
 SUFFIX_FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".jsonlines": "jsonl", ".txt": "text",
                   ".parquet": "parquet", ".csv": "csv", ".tsv": "csv"}
-DATA_FILE_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}  # datasets' loaders
+DATA_FILE_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json"}  # datasets' loader per suffix
 COMPRESSED = {".gz": "gunzip", ".bz2": "bunzip2", ".xz": "unxz", ".zst": "unzstd", ".zip": "unzip", ".7z": "7z x"}
 SAVED_DATASET_MARKERS = ("dataset_dict.json", "state.json")  # what save_to_disk writes (DatasetDict, Dataset)
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
@@ -60,7 +60,8 @@ def read_source(data: DataConfig) -> Source:
         if fmt == "text":
             return _read_text(data)
         if fmt == "jsonl":
-            return _read_jsonl(data.prompts)
+            return _read_jsonl(data.prompts, sniffed=data.format == "auto" and _suffix(data.prompts) not in
+                               SUFFIX_FORMATS)
         if fmt == "parquet":
             return _read_parquet(data)
         if fmt == "csv":
@@ -90,7 +91,7 @@ def _starts_with_a_json_object(url: str) -> bool:
     if storage.is_local(url) and not storage.local_path(url).is_file():
         return False  # missing, or a FIFO a read would block on: the text reader names it
     with storage.open_url(url) as f:
-        head = f.read(1 << 20).decode("utf-8-sig", errors="replace")
+        head = f.read(1 << 16).decode("utf-8-sig", errors="replace")  # a first line longer: text
     first = next((line for line in user_files.text_lines(head) if line.strip()), "")
     try:
         return isinstance(json.loads(first), dict)
@@ -146,12 +147,19 @@ def _read_text(data: DataConfig) -> Source:
                          for n, line in enumerate(lines, 1) if not user_files.is_blank(line)])
 
 
-def _read_jsonl(url: str) -> Source:
-    """One JSON object per line; a .json file holding one JSON array is read as its items."""
+def _read_jsonl(url: str, sniffed: bool = False) -> Source:
+    """One JSON object per line; a .json file holding one JSON array is read as its items. `sniffed`: read as JSONL
+    for its first line, a JSON object, which an error says."""
     name, text = f"prompts file {url}", user_files.read_user_file(url, "prompts file", FIX)
     if _suffix(url) == ".json" and text.lstrip().startswith("["):
         return Source(name, _numbered(name, "item", user_files.parse_json(text, name)))
-    rows = user_files.parse_jsonl(text, name)
+    try:
+        rows = user_files.parse_jsonl(text, name)
+    except UserError as exc:
+        if not sniffed:
+            raise
+        raise UserError(f"{exc} (read as JSON Lines because its first line is a JSON object: set data.format=text "
+                        "to read one prompt per line)") from None
     return Source(name, [RawRow(f"{name} line {number}", f"line{number:07d}", record) for number, record in rows])
 
 
@@ -182,14 +190,20 @@ def _read_csv(data: DataConfig) -> Source:
     """A CSV file (TSV for .tsv) whose first row names the columns; a key-points cell holds a JSON list."""
     name = f"prompts file {data.prompts}"
     text = user_files.read_user_file(data.prompts, "prompts file", FIX)
-    dialect = "excel-tab" if _suffix(data.prompts) == ".tsv" else "excel"
+    # TSV has no quoting: a prompt may start with a quote mark. A cell may be as long as a prompt may be.
+    dialect = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if _suffix(data.prompts) == ".tsv" else {}
+    csv.field_size_limit(max(csv.field_size_limit(), 4 * data.max_prompt_chars))
     try:
-        table = list(csv.reader(io.StringIO(text, newline=""), dialect))
+        table = list(csv.reader(io.StringIO(text, newline=""), **dialect))
     except csv.Error as exc:
         raise UserError(f"{name} is not valid CSV ({exc})") from None
     header, *body = table or [[]]
     if len(set(header)) != len(header):
         raise UserError(f"{name}'s header row names a column twice ({', '.join(map(repr, header))[:200]}): rename one")
+    if data.columns.prompt not in header and data.format == "auto":
+        raise UserError(f"{name} is read as CSV and its first row, its header, has no column "
+                        f"{data.columns.prompt!r} ({', '.join(map(repr, header))[:120]}): name the prompt column in "
+                        "data.columns.prompt, or set data.format=text to read one prompt per line")
     wanted = wanted_columns(name, header, data.columns)
     rows = []
     for number, cells in enumerate(body, 2):

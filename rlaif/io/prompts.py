@@ -45,10 +45,14 @@ def _references(record: dict, columns: PromptColumns, where: str) -> dict:
     return out
 
 
+JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
+
+
 def _prompt_text(record: object, column: str, where: str) -> str:
     if not isinstance(record, dict):
-        raise UserError(f"{where} is a JSON {type(record).__name__.replace('NoneType', 'null')}, not an object with "
-                        f"a {column!r} field: write each prompt as {{\"{column}\": \"...\"}}")
+        kind = JSON_TYPES.get(type(record), type(record).__name__)
+        raise UserError(f"{where} is a JSON {kind}, not an object with a {column!r} field: write each prompt as "
+                        f"{{\"{column}\": \"...\"}}")
     if record.get(column) is None:
         raise UserError(f"{where} has no string field {column!r} (data.columns.prompt names the field that holds "
                         "the prompt)")

@@ -60,7 +60,8 @@ def publish_evaluation(result: dict, stage_url: str, metrics, report_html, repor
     summary = result["summary"]
     for key in ("win_rate", "win_rate_length_controlled", "kl_to_reference", "reward_policy_mean",
                 "reward_reference_mean", "n_prompts"):
-        metrics.log_metric(key, float(summary[key]))
+        if summary[key] is not None:  # null: not a finite number (manifest.finite)
+            metrics.log_metric(key, float(summary[key]))
     metrics.log_metric("win_rate_ci95_low", float(summary["win_rate_ci95"][0]))
     metrics.log_metric("win_rate_ci95_high", float(summary["win_rate_ci95"][1]))
     for judge, j in summary["judges"].items():

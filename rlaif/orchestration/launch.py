@@ -71,8 +71,11 @@ def prepare(cfg: PipelineConfig, pipeline: bool = False, launched: str | None = 
         if nodes > 1 and not os.environ.get("KUBERNETES_SERVICE_HOST"):
             raise UserError(f"{stage.name}.nodes={nodes} needs a Kubernetes cluster with Kubeflow Trainer: submit the "
                             f"pipeline to KFP or Airflow, or set {stage.name}.nodes=1 to run here")
-        if hasattr(settings := getattr(cfg, stage.name), "check_processes"):  # not after the stages before it ran
-            settings.check_processes(processes_per_node(stage, cfg) * nodes)
+        # Before the stages ahead of it run, where this machine runs it; in a pod (KFP, Airflow, a TrainJob) the
+        # stage's own pod knows its GPUs, and the stage checks there.
+        settings = getattr(cfg, stage.name)
+        if hasattr(settings, "check_processes") and not os.environ.get("KUBERNETES_SERVICE_HOST"):
+            settings.check_processes(processes_per_node(stage, cfg))
     if launched is not None:
         common.start_context(cfg, launched)
     config_url = storage.join(root, cfg.run_id, "config.yaml")

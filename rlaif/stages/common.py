@@ -180,7 +180,11 @@ def clear_output(ctx: StageContext) -> None:
     manifest.invalidate(ctx.url)
     if Checkpoints(ctx.url, ctx.config_hash).latest() is not None:
         return
-    for entry in sorted({name.split("/", 1)[0] for name in storage.list_files(ctx.url)} - {LOCK}):
+    entries = sorted({name.split("/", 1)[0] for name in storage.list_files(ctx.url)})
+    old = [entry for entry in entries if not entry.startswith(LOCK)]  # the lock and its takeover markers stay
+    if old:  # said, not silent: another config's checkpoints (a code upgrade changes the key too) go with the rest
+        print(f"[{ctx.stage.name}] starting afresh: removing the previous output ({', '.join(old)})", flush=True)
+    for entry in old:
         storage.remove(storage.join(ctx.url, entry), recursive=True)
 
 

@@ -103,7 +103,8 @@ def judge_all(cfg, prompts, tuned: Answers, start: Answers) -> tuple[dict, dict]
     for spec in judge_specs(cfg, references):
         judge = make_judge(spec, cfg.label.batch_size, references)
         principles = ([{"name": "reference", "text": ""}] if spec.judge == "reference"
-                      else load_constitution(spec.constitution))
+                      else load_constitution(spec.constitution, f"evaluate.judges[{spec.name}].constitution"
+                                             if spec.name != "training" else "label.constitution"))
         p_tuned, _, _, consistent, _ = compare(judge, principles, spec.principles, cfg.seed + 1,
                                                [p["id"] for p in prompts], [p["prompt"] for p in prompts],
                                                tuned.text, start.text)
@@ -194,7 +195,7 @@ def write_examples(ctx: StageContext, prompts: list[dict], tuned: Answers, start
                  "reward_tuned": rt, "reward_reference": rr, "length_tuned": lt, "length_reference": lr,
                  "p_tuned_better": {name: ps[i] for name, ps in p_by_judge.items()}}
                 for i, (p, t, r, rt, rr, lt, lr) in enumerate(columns)]
-    data = "".join(json.dumps(x) + "\n" for x in examples).encode()
+    data = "".join(json.dumps(manifest.finite(x), allow_nan=False) + "\n" for x in examples).encode()
     storage.write_bytes_atomic(storage.join(ctx.url, "examples.jsonl"), data)
     return {"path": "examples.jsonl", "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 

@@ -43,19 +43,19 @@ def part_url(ctx: StageContext, index: int, count: int) -> str:
     return storage.join(ctx.url, "parts", f"part-{index:05d}-of-{count:05d}.json")
 
 
-def read_part(ctx: StageContext, index: int, count: int, other_config: str = "none") -> dict | None:
-    """A finished part's record (its shards and counts) if it was made with this config, else None; one made with
-    another config is refused when `other_config` is "refuse" (merging: it would never be merged, silently)."""
+def read_part(ctx: StageContext, index: int, count: int, merging: bool = False) -> dict | None:
+    """A finished part's record (its shards and counts) if it was made with this config, else None. Merging, a part
+    left by other settings is named: it is re-made when that part runs with these (parts may start at other times),
+    and until then the manifest waits for it."""
     try:
         part = json.loads(storage.read_bytes(part_url(ctx, index, count)))
     except FileNotFoundError:
         return None
     if part["config_hash"] == ctx.config_hash:
         return part
-    if other_config == "refuse":
-        raise UserError(f"generate part {index} of {count} was written with other settings (config "
-                        f"{part['config_hash'][:12]}, this part's {ctx.config_hash[:12]}): run every part with one "
-                        f"config, re-running part {index} with this one")
+    if merging:
+        print(f"generate: part {index} of {count} holds the output of other settings; the manifest is committed "
+              f"once part {index} has run with these", flush=True)
     return None
 
 
@@ -64,8 +64,9 @@ def invalidate(ctx: StageContext) -> None:
     index, count = part_of(ctx)
     stream.forget(ctx.url, index)  # first: a streaming label must not follow records whose shards are going
     storage.remove(storage.join(ctx.url, manifest.MANIFEST))
-    if count == 1:
+    if count == 1:  # its shards are every part's: no part's record may list them
         manifest.invalidate(ctx.url)
+        storage.remove(storage.join(ctx.url, "parts"), recursive=True)
         return
     # This index's shard names are the same for every part count: records of other counts would list shards that
     # are about to be replaced
@@ -226,7 +227,7 @@ def merge(ctx: StageContext, count: int) -> dict | None:
     """The stage manifest over all parts, once every part has written its part file for this config; else None."""
     parts = []
     for index in range(count):  # stops at the first part not written yet (one read, not `count`, while parts run)
-        parts.append(read_part(ctx, index, count, other_config="refuse"))
+        parts.append(read_part(ctx, index, count, merging=True))
         if parts[-1] is None:
             return None
     summary = {k: sum(p["summary"][k] for p in parts) for k in parts[0]["summary"] if k != "seconds"}

@@ -280,8 +280,10 @@ def test_tracker_settings_checked_before_work(cli, tmp_path):
     (["train_rm.batch_size=7"], "train_rm.batch_size=7 must be divisible by processes x grad_accum_steps (2 x 1)"),
     (["train_rm.student.layers=1", "train_rm.student.batch_size=3"], "student.batch_size=3 must be divisible by the 2"),
 ])
-def test_batch_sizes_that_do_not_split_over_the_processes_are_refused_before_work(cli, tmp_path, settings, needle):
+def test_batch_sizes_that_do_not_split_over_the_processes_are_refused_before_work(cli, tmp_path, settings, needle,
+                                                                                  monkeypatch):
     # each was refused by its stage's ranks, after generate and label (and train_rm) had run
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 0)  # the config's nproc 2, on a GPU machine too
     sets = [arg for setting in settings for arg in ("--set", setting)]
     cli("run", "--config", TINY, "--set", f"storage.root=file://{tmp_path}/root", *sets, needle=needle)
     assert not (tmp_path / "root" / "tiny").exists()  # no run started

@@ -110,7 +110,7 @@ def test_config_files_that_are_not_configs(cli, tmp_path):
     (b'{"prompt": "x", "key_points": "one"}\n', "'key_points' must be a non-empty list of non-empty strings"),
     (b'{"prompt": "x", "key_points": ["a", 3]}\n', "'key_points' must be a non-empty list"),
     (b'{"prompt": "x", "reference": ["a"]}\n', "'reference' must be a non-empty string"),
-    (b'[1, 2]\n', "line 1 is a JSON list, not an object with a 'prompt' field"),
+    (b'[1, 2]\n', "line 1 is a JSON array, not an object with a 'prompt' field"),
 ])
 def test_prompt_files(cli, tmp_path, content, needle):
     path = tmp_path / "prompts.jsonl"

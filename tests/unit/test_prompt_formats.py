@@ -75,13 +75,17 @@ def as_json_array(d):
 
 
 def write_csv(path, rows, delimiter=","):
+    """A header row, then each row with its key points as a JSON list and an empty cell for a field it lacks; TSV
+    unquoted, as TSV is written."""
     import csv
 
+    cells = [[json.dumps(row[k]) if k == "key_points" and k in row else str(row.get(k, "")) for k in FIELDS]
+             for row in rows]
     with open(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f, delimiter=delimiter)
-        writer.writerow(FIELDS)
-        for row in rows:  # key points as a JSON list; a field a row lacks is an empty cell
-            writer.writerow([json.dumps(row[k]) if k == "key_points" and k in row else row.get(k, "") for k in FIELDS])
+        if delimiter == "\t":
+            f.write("".join("\t".join(line) + "\n" for line in [list(FIELDS), *cells]))
+            return
+        csv.writer(f).writerows([FIELDS, *cells])
 
 
 def as_csv(d):
@@ -244,6 +248,14 @@ def test_bad_sources(tmp_path):
     one_line_error(DataConfig(prompts=str(tmp_path / "ragged.csv")), "row 2 has 3 cells and the header 2")
     (tmp_path / "no-prompt.csv").write_text("id,question\na,first prompt\n")
     one_line_error(DataConfig(prompts=str(tmp_path / "no-prompt.csv")), "has no column 'prompt'")
+    (tmp_path / "headless.csv").write_text("How do I bake bread?\nWhy is the sky blue?\n")
+    one_line_error(DataConfig(prompts=str(tmp_path / "headless.csv")), "or set data.format=text to read one prompt")
+    assert len(load_prompts(DataConfig(prompts=str(tmp_path / "headless.csv"), format="text"))) == 2
+    (tmp_path / "notes").write_text('{"prompt": "a"}\nthen a plain line\n')
+    one_line_error(DataConfig(prompts=str(tmp_path / "notes")), "line 2 is not valid JSON (Expecting value, column "
+                   "1) (read as JSON Lines because its first line is a JSON object: set data.format=text")
+    (tmp_path / "quoted.tsv").write_text('prompt\n"Quoted," she said\n')  # TSV has no quoting
+    assert load_prompts(DataConfig(prompts=str(tmp_path / "quoted.tsv")))[0]["prompt"] == '"Quoted," she said'
     (tmp_path / "points.csv").write_text("prompt,key_points\nfirst prompt,not a list\n")
     one_line_error(DataConfig(prompts=str(tmp_path / "points.csv")), "row 1 column 'key_points' is not valid JSON")
     (tmp_path / "p.txt").write_text("a prompt\n")
