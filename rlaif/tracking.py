@@ -18,6 +18,7 @@ from pathlib import Path
 
 from rlaif.errors import UserError
 from rlaif.io import storage, user_files
+from rlaif.io.manifest import json_line
 
 IDENTITY = "tracking.json"  # the tracker run ids of the stage's current attempt, beside its metrics
 
@@ -162,7 +163,7 @@ class Tracker:
         """The interrupted attempt's metrics up to the checkpoint (later ones will be logged again) and tracker ids."""
         stored = storage.join(self.url, "metrics.jsonl")
         if rows is not None:
-            kept = [json.dumps({"step": step, **row}) for step, row in rows]
+            kept = [json_line({"step": step, **row}) for step, row in rows]
         elif storage.exists(stored):
             kept = [line for line in user_files.text_lines(storage.read_text(stored))
                     if line.strip() and json.loads(line).get("step", 0) <= resume_step]
@@ -176,7 +177,7 @@ class Tracker:
         if not self.enabled:
             return
         with open(self.dir / "metrics.jsonl", "a") as f:
-            f.write(json.dumps({"step": step, **row}) + "\n")
+            f.write(json_line({"step": step, **row}) + "\n")
         if self.writer:
             for key, value in _numbers(row).items():
                 self.writer.add_scalar(key, value, step)

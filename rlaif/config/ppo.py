@@ -125,6 +125,21 @@ class PPOConfig(Strict):
     keep_checkpoints: int = runtime_field(2, ge=1)
     """Checkpoints kept in storage (not part of the cache key)."""
 
+    def cache_key_view(self, keyed: dict) -> dict:
+        """Settings the chosen algorithm and options never read are left out, so changing them re-runs nothing."""
+        unread = {"zero_stage"} if self.strategy == "ddp" else set()
+        if self.algorithm == "grpo":  # no critic, no GAE, no KL controller
+            unread |= {"gamma", "lam", "value_clip", "vf_coef", "adaptive_kl_horizon"}
+        else:
+            unread |= {"group_size", "group_minibatches"}
+            if self.adaptive_kl_target is None:
+                unread.add("adaptive_kl_horizon")
+        if self.lora_rank == 0:
+            unread.add("lora_alpha")
+        if self.kl_coef == 0 and self.adaptive_kl_target is None:  # no reference: no KL to estimate
+            unread.add("kl_estimator")
+        return {name: value for name, value in keyed.items() if name not in unread}
+
     @model_validator(mode="after")
     def _sizes(self):
         if self.rollout_batch_size % self.minibatch_size:

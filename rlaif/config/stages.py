@@ -319,11 +319,15 @@ class TrainRMConfig(Strict):
                             "processes: change it, or the processes (train_rm.nproc on CPUs; one per GPU on GPUs)")
 
     def cache_key_view(self, keyed: dict) -> dict:
-        """No student (layers 0): its other settings change nothing. (The process count stays in the key: ranks draw
-        their own dropout masks.)"""
+        """Settings these options never read are left out: no student (layers 0), no adapter (lora_rank 0), DDP (no
+        ZeRO stage), the batch split (no DataLoader workers). The process count stays in the key: ranks draw their own
+        dropout masks."""
         if self.student.layers == 0:
             keyed["student"] = {"layers": 0}
-        return keyed
+        unread = {"lora_alpha"} if self.lora_rank == 0 else set()
+        unread |= {"zero_stage"} if self.strategy == "ddp" else set()
+        unread |= {"data_workers"} if self.data_split == "batch" else set()
+        return {name: value for name, value in keyed.items() if name not in unread}
 
 
 class EvaluateConfig(Strict):

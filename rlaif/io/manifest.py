@@ -157,6 +157,11 @@ def finite(value):
     return value
 
 
+def json_line(obj) -> str:
+    """One JSONL line (metrics.jsonl, examples.jsonl), non-finite numbers as null, without its newline."""
+    return json.dumps(finite(obj), allow_nan=False)
+
+
 def to_json(obj) -> bytes:
     """A stage's JSON file (manifest, metrics, summaries): indented, non-finite numbers as null."""
     return json.dumps(finite(obj), indent=2, allow_nan=False).encode()

@@ -286,7 +286,10 @@ def glob(url_pattern: str) -> list[str]:
 
 def check_writable(root: str) -> None:
     """Fail early, with one line, when the storage root cannot be written (an s3:// root's bucket must exist: it is
-    never created)."""
+    never created). A local root is not created here: a run refused by a later check leaves nothing behind."""
+    if is_local(root):
+        _check_local_writable(local_path(root))
+        return
     probe = join(root, f".rlaif-probe-{uuid.uuid4().hex}")
     try:
         write_bytes_atomic(probe, b"ok")
@@ -301,6 +304,23 @@ def check_writable(root: str) -> None:
             f"storage root {root} is not writable ({why}): check the path's permissions, or for s3:// the bucket, "
             "endpoint and AWS_* credentials"
         ) from None
+
+
+def _check_local_writable(root: Path) -> None:
+    """The root, or where it would be created (its nearest existing ancestor), is a directory this user can write."""
+    existing = root.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UserError(f"storage root {root} is not writable ({existing} is a file, not a directory): set "
+                        "storage.root to a directory")
+    try:
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise PermissionError(f"no write permission on {existing}")
+        tempfile.TemporaryFile(dir=existing).close()  # what access() misses: a read-only mount, a full disk
+    except OSError as exc:
+        raise UserError(f"storage root {root} is not writable ({first_line(exc)}): check the path's permissions, "
+                        "or set storage.root to another directory") from None
 
 
 def sha256_file(path: Path) -> str:

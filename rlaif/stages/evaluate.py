@@ -12,7 +12,6 @@ exit code 2 and no manifest, so an orchestrator marks the run failed and does no
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 
 import torch
@@ -195,7 +194,7 @@ def write_examples(ctx: StageContext, prompts: list[dict], tuned: Answers, start
                  "reward_tuned": rt, "reward_reference": rr, "length_tuned": lt, "length_reference": lr,
                  "p_tuned_better": {name: ps[i] for name, ps in p_by_judge.items()}}
                 for i, (p, t, r, rt, rr, lt, lr) in enumerate(columns)]
-    data = "".join(json.dumps(manifest.finite(x), allow_nan=False) + "\n" for x in examples).encode()
+    data = "".join(manifest.json_line(x) + "\n" for x in examples).encode()
     storage.write_bytes_atomic(storage.join(ctx.url, "examples.jsonl"), data)
     return {"path": "examples.jsonl", "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 

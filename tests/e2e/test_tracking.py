@@ -153,6 +153,18 @@ def test_tensorboard_flushes_to_storage_on_the_interval(tmp_path, monkeypatch):
     assert {f["path"] for f in files} >= {"metrics.jsonl"}
 
 
+def test_metrics_jsonl_is_strict_json_when_a_metric_is_not_finite(tmp_path):
+    """A NaN loss (one sample's std, a diverged step) is written as null: strict parsers refuse a bare NaN."""
+    from rlaif.tracking import Tracker
+
+    tracker = Tracker(tracker_context(tmp_path, ["tracking.report_to=[]"]), enabled=True)
+    tracker.log(1, {"loss": float("nan"), "kl": float("inf"), "reward": 0.5})
+    tracker.publish()
+    line = (tmp_path / "ppo" / "metrics.jsonl").read_text().strip()
+    strict = json.loads(line, parse_constant=lambda name: pytest.fail(f"bare {name} in metrics.jsonl"))
+    assert strict == {"step": 1, "loss": None, "kl": None, "reward": 0.5}
+
+
 def test_wandb_offline_run_records_metrics_params_and_card(tmp_path, monkeypatch):
     """W&B in offline mode (no account, no network): the run directory holds the params, the metrics and the model
     card that a `wandb sync` would upload."""

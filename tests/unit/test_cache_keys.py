@@ -167,3 +167,27 @@ def test_the_tiny_policy_is_built_again_when_its_build_code_changes(tmp_path, mo
     edited.write_text(open(tiny.__file__).read() + "\n# a change to the build\n")
     monkeypatch.setattr(tiny, "__file__", str(edited))
     assert tiny.tiny_policy_dir(policy) != before
+
+
+def _stage_key(overrides: list[str], stage: str) -> str:
+    cfg = load_config("configs/demo.yaml", overrides)
+    sections = next(s.config_sections for s in STAGES if s.name == stage)
+    return stage_config_hash(cfg, sections, {})
+
+
+@pytest.mark.parametrize("stage, setting, base, other", [
+    ("ppo", "ppo.vf_coef=0.5", ["ppo.algorithm=grpo"], ["ppo.algorithm=ppo"]),
+    ("ppo", "ppo.lam=1.0", ["ppo.algorithm=grpo"], ["ppo.algorithm=ppo"]),
+    ("ppo", "ppo.value_clip=0.5", ["ppo.algorithm=grpo"], ["ppo.algorithm=ppo"]),
+    ("ppo", "ppo.group_size=8", ["ppo.algorithm=ppo"], ["ppo.algorithm=grpo"]),
+    ("ppo", "ppo.lora_alpha=64", ["ppo.lora_rank=0"], ["ppo.lora_rank=8"]),
+    ("ppo", "ppo.zero_stage=3", ["ppo.strategy=ddp"], ["ppo.strategy=deepspeed"]),
+    ("ppo", "ppo.kl_estimator=k3", ["ppo.kl_coef=0"], ["ppo.kl_coef=0.05"]),
+    ("ppo", "ppo.adaptive_kl_horizon=500", ["ppo.algorithm=ppo"], ["ppo.adaptive_kl_target=6"]),
+    ("train_rm", "train_rm.lora_alpha=64", ["train_rm.lora_rank=0"], ["train_rm.lora_rank=8"]),
+    ("train_rm", "train_rm.data_workers=2", ["train_rm.data_split=batch"], ["train_rm.data_split=shard"]),
+])
+def test_a_setting_the_chosen_options_never_read_leaves_the_key_alone(stage, setting, base, other):
+    """Where the options read it, the same setting changes the key (the view drops nothing it should keep)."""
+    assert _stage_key(base, stage) == _stage_key([*base, setting], stage)
+    assert _stage_key(other, stage) != _stage_key([*other, setting], stage)

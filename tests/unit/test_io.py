@@ -135,6 +135,12 @@ def test_unwritable_storage_root(tmp_path):
         storage.check_writable(storage.normalize(str(blocker / "runs")))
 
 
+def test_checking_a_new_storage_root_creates_nothing(tmp_path):
+    """A run refused by a later check (a missing prompts file) leaves no empty run directory behind."""
+    storage.check_writable(storage.normalize(str(tmp_path / "new" / "runs")))
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_s3_roundtrip_through_moto(s3_endpoint):
     endpoint, bucket = s3_endpoint
     storage.configure(endpoint)
