@@ -107,7 +107,7 @@ class JudgeSettings(Strict):
     the evaluation adds it by itself wherever the held-out prompts carry references."""
     constitution: str = "data/constitution.yaml"
     """YAML list of principles {name, text, contrast?} (Constitutional AI); `contrast` describes the response the
-    principle argues against."""
+    principle argues against. '' for the rules and reference judges, which read no principles."""
     principles: Literal["sample", "all"] = "sample"
     """`sample`: one principle per comparison, seeded by the pair (Constitutional AI). `all`: every principle judges
     every comparison and the preferences are averaged (an ensemble: k times the judge calls, less label noise)."""
@@ -159,5 +159,10 @@ class JudgeSpec(JudgeSettings):
 
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
     """Name shown in the report, e.g. `heldout` (letters, digits, '-', '_')."""
+
+    @property
+    def setting(self) -> str:
+        """Where this judge's settings live in the config, for errors: the training judge's are label's."""
+        return "label" if self.name == "training" else f"evaluate.judges[{self.name}]"
 
 

@@ -39,14 +39,14 @@ def judge_scorer(cfg):
     """PPO with ppo.reward=judge (d-RLAIF): label's judge scores each response alone in [-1, 1], against a
     principle sampled per prompt."""
     from rlaif.io.prompts import load_prompts
-    from rlaif.judges.constitution import load_constitution, score_each
+    from rlaif.judges.constitution import judge_principles, score_each
     from rlaif.judges.reference import reference_points
 
     judge = make_judge(cfg.label, cfg.label.batch_size, reference_points(load_prompts(cfg.data)))
     if not hasattr(judge, "direct_score"):
         raise UserError(f"ppo.reward=judge needs a judge that scores one response alone (hf, rules or reference), not "
                         f"{judge.name}")
-    principles = load_constitution(cfg.label.constitution)
+    principles = judge_principles(cfg.label)
 
     def score(prompts: list[str], responses: list[str]):  # -> a tensor of scores in [-1, 1]
         return score_each(judge, principles, cfg.label.principles, cfg.seed, prompts, prompts, responses)

@@ -21,10 +21,27 @@ from rlaif.judges.pairwise import debiased
 PRINCIPLE_KEYS = ("name", "text", "contrast")
 
 
-def load_constitution(path: str, setting: str = "label.constitution") -> list[dict]:
+JUDGES_WITHOUT_PRINCIPLES = ("rules", "reference")  # their verdicts read no principle's text
+
+
+def judge_principles(settings, setting: str = "label.constitution") -> list[dict]:
+    """The principles `settings`' judge applies (label's settings or an evaluation judge's; `setting` names its
+    constitution key in errors). The rules and reference judges read none: with `constitution: ''` they run under one
+    empty principle named after the judge; given a file, its principles are checked and recorded as for any judge."""
+    if settings.constitution:
+        return load_constitution(settings.constitution, setting, settings.judge in JUDGES_WITHOUT_PRINCIPLES)
+    if settings.judge in JUDGES_WITHOUT_PRINCIPLES:
+        return [{"name": settings.judge, "text": ""}]
+    raise UserError(f"{setting} is empty: judge {settings.judge} applies a constitution's principles: set it to a YAML "
+                    "list of {name, text} principles (only the rules and reference judges run without one)")
+
+
+def load_constitution(path: str, setting: str = "label.constitution", optional: bool = False) -> list[dict]:
     """The principles in `path`, each {name, text} plus an optional contrast; a one-line error otherwise, naming
-    `setting`, the config key that gave the path."""
-    text = read_user_file(path, "constitution file", f"set {setting} to a YAML list of principles")
+    `setting`, the config key that gave the path (and, where the judge reads no principles, `optional`, that it may
+    be '')."""
+    fix = f"set {setting} to a YAML list of principles" + (", or to '' (this judge reads none)" if optional else "")
+    text = read_user_file(path, "constitution file", fix)
     principles = load_yaml(text, f"constitution {path}")
     if not isinstance(principles, list) or not principles:
         raise UserError(f"constitution {path} must be a YAML list of {{name, text}} principles")

@@ -116,11 +116,12 @@ def _has_gpus() -> bool:
 
 def check_judges(cfg: PipelineConfig, prompts: list[dict]) -> None:
     """The judges' settings that can be checked before any work: constitutions readable, required fields set."""
-    from rlaif.judges.constitution import load_constitution
+    from rlaif.judges.constitution import judge_principles
     from rlaif.judges.prompting import load_few_shot
 
-    for where, judge in (("label", cfg.label), *((f"evaluate.judges[{j.name}]", j) for j in cfg.evaluate.judges)):
-        load_constitution(judge.constitution, f"{where}.constitution")
+    for where, judge in (("label", cfg.label), *((j.setting, j) for j in cfg.evaluate.judges)):
+        if judge.judge != "reference" or where == "label":  # an evaluation's reference judge reads no constitution
+            judge_principles(judge, f"{where}.constitution")
         if judge.judge in ("hf", "openai"):
             load_few_shot(judge.few_shot)
         if judge.judge == "hf" and not judge.hf.model:

@@ -60,7 +60,7 @@ class StageContext:
 
 
 def _judge_files(judge) -> dict[str, str]:
-    files = {"constitution": judge.constitution}
+    files = {"constitution": judge.constitution} if judge.constitution else {}
     if judge.few_shot:
         files["few_shot"] = judge.few_shot
     if judge.judge == "hf":

@@ -24,7 +24,7 @@ from rlaif.errors import UserError
 from rlaif.io import manifest, storage
 from rlaif.io.prompts import split
 from rlaif.judges import make_judge
-from rlaif.judges.constitution import compare, load_constitution
+from rlaif.judges.constitution import compare, judge_principles
 from rlaif.judges.reference import reference_points
 from rlaif.models.generation import (
     decode,
@@ -102,8 +102,7 @@ def judge_all(cfg, prompts, tuned: Answers, start: Answers) -> tuple[dict, dict]
     for spec in judge_specs(cfg, references):
         judge = make_judge(spec, cfg.label.batch_size, references)
         principles = ([{"name": "reference", "text": ""}] if spec.judge == "reference"
-                      else load_constitution(spec.constitution, f"evaluate.judges[{spec.name}].constitution"
-                                             if spec.name != "training" else "label.constitution"))
+                      else judge_principles(spec, f"{spec.setting}.constitution"))
         p_tuned, _, _, consistent, _ = compare(judge, principles, spec.principles, cfg.seed + 1,
                                                [p["id"] for p in prompts], [p["prompt"] for p in prompts],
                                                tuned.text, start.text)

@@ -23,7 +23,7 @@ from rlaif.io import stream
 from rlaif.io.prompts import load_prompts
 from rlaif.io.shards import ShardWriter, iter_shard
 from rlaif.judges import make_judge
-from rlaif.judges.constitution import compare, load_constitution, score_each
+from rlaif.judges.constitution import compare, judge_principles, score_each
 from rlaif.judges.reference import CLEAR_MARGIN, reference_points
 from rlaif.judges.reference import grader as reference_grader
 from rlaif.progress import progress
@@ -94,7 +94,7 @@ def pair_shards(ctx: StageContext, pairs_url: str) -> tuple[Iterable[dict], int 
 
 def run(ctx: StageContext) -> dict:
     cfg, settings = ctx.cfg, ctx.cfg.label
-    principles = load_constitution(settings.constitution)
+    principles = judge_principles(settings)
     prompts = load_prompts(cfg.data)
     judge = make_judge(settings, settings.batch_size, reference_points(prompts))
     grader = reference_grader(prompts, settings.reference)

@@ -195,6 +195,7 @@ def train(ctx: StageContext, engine, tokenizer, checkpoints: Checkpoints, positi
                 checkpoints.save(engine, step, {"epoch": epoch, "step_in_epoch": step_in_epoch, "step": step,
                                                 "seconds": time.time() - start, "rows": rows})
                 faults.maybe_kill("train_rm", step, rank)
+    bar.total = step  # the length was estimated from the held-out fraction; the data decided the end
     bar.close()
     return metrics, step, time.time() - start
 

@@ -97,3 +97,19 @@ def test_reference_judge_labels_and_agreement_on_the_graded_pairs(tmp_path):
     m, _ = label(tmp_path / "rules", f"data.prompts={partial}", "label.batch_size=4")
     assert m["summary"]["reference_graded_pairs"] == 4
     assert m["summary"]["reference_clear_pairs"] <= 4 and 0 <= m["summary"]["reference_agreement"] <= 1
+
+
+def test_a_judge_that_reads_no_principles_runs_without_a_constitution(tmp_path):
+    """label.constitution '' with the rules judge: the same labels as with the file, under one principle named after
+    the judge; a judge that applies principles refuses an empty constitution in one line before any work."""
+    with_file = label(tmp_path / "file")[1]
+    without = label(tmp_path / "none", "label.constitution=''")[1]
+    assert {key: lab["p_a"] for key, lab in without.items()} == {key: lab["p_a"] for key, lab in with_file.items()}
+    assert {lab["principle"] for lab in without.values()} == {"rules"}
+    from rlaif.orchestration.launch import check_judges
+
+    check_judges(load_config(None, ["label.judge=rules", "label.constitution=''"]), [])
+    with pytest.raises(UserError, match=r"^label.constitution is empty: judge embedding applies"):
+        check_judges(load_config(None, ["label.constitution=''"]), [])
+    with pytest.raises(UserError, match=r"or to '' \(this judge reads none\)"):
+        check_judges(load_config(None, ["label.judge=rules", "label.constitution=/nonexistent.yaml"]), [])
