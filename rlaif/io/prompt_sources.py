@@ -163,14 +163,16 @@ def _read_jsonl(url: str, sniffed: bool = False) -> Source:
     return Source(name, [RawRow(f"{name} line {number}", f"line{number:07d}", record) for number, record in rows])
 
 
-def wanted_columns(name: str, available: list[str], columns: PromptColumns) -> list[str]:
+def wanted_columns(name: str, available: list[str], columns: PromptColumns, other_reading: str = "") -> list[str]:
     """The mapped columns the source has. The prompt column must be there, and so must any column data.columns names
-    explicitly; the optional ones under their default names may be absent."""
+    explicitly; the optional ones under their default names may be absent. `other_reading`: a further fix for a
+    missing prompt column (a file whose format was guessed)."""
     defaults = PromptColumns()
     for field, column in columns.model_dump().items():
         if column not in available and (field == "prompt" or column != getattr(defaults, field)):
+            further = f", {other_reading}" if field == "prompt" and other_reading else ""
             raise UserError(f"{name} has no column {column!r} (it has {', '.join(map(repr, available))[:200]}): set "
-                            f"data.columns.{field} to the column that holds the {field.replace('_', ' ')}")
+                            f"data.columns.{field} to the column that holds the {field.replace('_', ' ')}{further}")
     return [column for column in columns.model_dump().values() if column in available]
 
 
@@ -200,11 +202,8 @@ def _read_csv(data: DataConfig) -> Source:
     header, *body = table or [[]]
     if len(set(header)) != len(header):
         raise UserError(f"{name}'s header row names a column twice ({', '.join(map(repr, header))[:200]}): rename one")
-    if data.columns.prompt not in header and data.format == "auto":
-        raise UserError(f"{name} is read as CSV and its first row, its header, has no column "
-                        f"{data.columns.prompt!r} ({', '.join(map(repr, header))[:120]}): name the prompt column in "
-                        "data.columns.prompt, or set data.format=text to read one prompt per line")
-    wanted = wanted_columns(name, header, data.columns)
+    text_instead = "or set data.format=text to read one prompt per line" if data.format == "auto" else ""
+    wanted = wanted_columns(f"{name} (read as CSV: its first row is the header)", header, data.columns, text_instead)
     rows = []
     for number, cells in enumerate(body, 2):
         if not any(cell.strip() for cell in cells):
