@@ -69,9 +69,10 @@ def read_source(data: DataConfig) -> Source:
         return _read_hf(data)
 
 
-def source_format(data: DataConfig) -> str:
+def source_format(data: DataConfig, sniff: bool = True) -> str:
     """data.format, or for auto: by suffix, hf for an hf:// URL or a directory; another file is jsonl when its first
-    line is a JSON object (a JSONL file by another name would otherwise be read as prompts of raw JSON), else text."""
+    line is a JSON object (a JSONL file by another name would otherwise be read as prompts of raw JSON), else text.
+    `sniff` False: "file" instead of reading that first line (where only hf or not matters)."""
     if data.format != "auto":
         return data.format
     if data.prompts.startswith("hf://"):
@@ -84,6 +85,8 @@ def source_format(data: DataConfig) -> str:
         return fmt
     if storage.is_dir(data.prompts):
         return "hf"
+    if not sniff:
+        return "file"
     return "jsonl" if _starts_with_a_json_object(data.prompts) else "text"
 
 
@@ -107,7 +110,7 @@ def source_digest(data: DataConfig) -> str:
 
 
 def _source_digest(data: DataConfig) -> str:
-    if source_format(data) != "hf":
+    if source_format(data, sniff=False) != "hf":  # a file's digest is its bytes', whatever it is read as
         return spec_digest(data.prompts)
     if _is_hub(data):
         return _hub_digest(data)

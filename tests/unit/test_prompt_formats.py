@@ -406,3 +406,13 @@ def test_an_id_a_row_was_given_that_another_row_names_is_explained(tmp_path):
     write_jsonl(tmp_path / "p.jsonl", [{"prompt": "first"}, {"id": "line0000001", "prompt": "second"}])
     one_line_error(DataConfig(prompts=str(tmp_path / "p.jsonl")), "line 2 has the prompt id 'line0000001' of "
                    f"prompts file {tmp_path / 'p.jsonl'} line 1 (a row without an id is given one by its position)")
+
+
+def test_the_cache_key_of_a_file_of_unknown_suffix_does_not_read_its_first_line(tmp_path, monkeypatch):
+    """Every stage context digests the prompts: a file's digest is its bytes' (one stat or HEAD for an s3:// object),
+    so the first-line sniff that picks JSONL or text is left to the reader."""
+    from rlaif.io import prompt_sources
+
+    (tmp_path / "notes").write_text('{"prompt": "a"}\n')
+    monkeypatch.setattr(prompt_sources, "_starts_with_a_json_object", lambda url: pytest.fail("sniffed"))
+    assert prompt_sources.source_digest(DataConfig(prompts=str(tmp_path / "notes")))
