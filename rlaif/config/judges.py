@@ -147,6 +147,19 @@ class JudgeSettings(Strict):
                                  f"{'it' if len(ignored) == 1 else 'them'} or set judge to hf or openai")
         return self
 
+    def cache_key_view(self, keyed: dict) -> dict:
+        """Another judge's section (hf, openai, rules) and the embedding judge's weight are left out where this judge
+        never reads them, so a config may keep them while switching judges. (`reference` stays: label grades against
+        references whatever its judge.)"""
+        unread = {"hf", "openai", "rules"} - {self.judge}
+        unread |= {"relevance_weight"} if self.judge != "embedding" else set()
+        return {name: value for name, value in keyed.items() if name not in unread}
+
+    @property
+    def setting(self) -> str:
+        """Where these settings live in the config, for errors (label's; an evaluation judge's says its name)."""
+        return "label"
+
     @property
     def pod_judge(self) -> str:
         """This judge as the pod plan sees it: `served` for an hf judge whose model runs in a service (the label pod

@@ -24,9 +24,17 @@ def user_read_errors(url: str, what: str, fix: str):
         raise UserError(f"{what} not found: {url} ({fix})") from None
     except (PermissionError, IsADirectoryError, NotADirectoryError) as exc:
         inside = f" at {exc.filename}" if exc.filename and str(exc.filename) not in url else ""  # a run's file
-        raise UserError(f"{what} {url} cannot be read ({type(exc).__name__}{inside}): {fix}") from None
+        raise UserError(f"{what} {url} cannot be read ({type(exc).__name__}{inside}): {_fix_for(url, fix)}") from None
     except (OSError, *botocore_errors()) as exc:
-        raise UserError(f"{what} {url} cannot be read ({first_line(exc)[:200]}): {fix}") from None
+        raise UserError(f"{what} {url} cannot be read ({first_line(exc)[:200]}): {_fix_for(url, fix)}") from None
+
+
+def _fix_for(url: str, fix: str) -> str:
+    """An s3:// object that exists but cannot be read is a matter of access, not of the file: say where to look."""
+    if is_local(url):
+        return fix
+    return (f"check the AWS_* credentials, the endpoint (storage.endpoint_url or AWS_ENDPOINT_URL) and the bucket's "
+            f"policy, or {fix}")
 
 
 def read_user_bytes(url: str, what: str, fix: str) -> bytes:

@@ -22,7 +22,7 @@ from rlaif.models.generation import (
     sample,
     token_logprobs,
 )
-from rlaif.models.loading import load_causal_lm, load_tokenizer, resolve
+from rlaif.models.loading import check_length_fits, load_causal_lm, load_tokenizer, resolve
 
 
 def answer_token(tokenizer, cue: str, answer: str) -> int:
@@ -35,6 +35,13 @@ def answer_token(tokenizer, cue: str, answer: str) -> int:
         raise UserError(f"the judge's tokenizer has no single token for the answer {answer.strip()!r} after "
                         f"{cue.strip()!r}: use a judge model whose tokenizer has one (most chat LMs do)")
     return extra[0]
+
+
+def check_answer_tokens(path, trust_remote_code: bool) -> None:
+    """Before any work (launch's model checks): the judge's tokenizer has the answer tokens the judge reads."""
+    tokenizer = load_tokenizer(path, trust_remote_code, padding_side="left")
+    for answer in prompting.ANSWERS:
+        answer_token(tokenizer, prompting.ANSWER_CUE, answer)
 
 
 def answer_probability(answer_logprobs: torch.Tensor) -> torch.Tensor:
@@ -76,6 +83,8 @@ class HFJudge:
         if not settings.hf.model:
             raise UserError("judge 'hf' needs a model: set label.hf.model to a Hugging Face causal-LM directory")
         path = resolve(settings.hf.model, "judge model")
+        check_length_fits(path, settings.hf.max_length, f"{settings.setting}.hf.max_length", "judge model",
+                          settings.hf.trust_remote_code)
         self.name = f"hf:{path.name}"
         self.settings = settings
         self.batch_size = batch_size

@@ -18,6 +18,14 @@ def unwrapped(model):
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
+def stores_weights_transposed(model) -> bool:
+    """GPT-2-style Conv1D layers keep their weights as [in, out]: LoRA over them needs peft's fan_in_fan_out (which
+    peft would otherwise switch on per layer, warning at every wrap)."""
+    from transformers.pytorch_utils import Conv1D
+
+    return any(isinstance(module, Conv1D) for module in model.modules())
+
+
 def _not_nested(layers: list) -> list:
     """adapter_folded and adapter_fused each replace the layers' forward: inside one another they would fold the
     adapter twice."""

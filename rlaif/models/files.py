@@ -9,6 +9,9 @@ from rlaif.errors import UserError
 
 
 def check_model_dir(path: Path, what: str) -> Path:
+    if path.is_file():
+        raise UserError(f"{what} {path} is a file: give the Hugging Face model directory that holds it "
+                        f"({path.parent})")
     if not path.is_dir():
         hub = f"org/name or hf://{path}" if len(path.parts) == 1 and not path.is_absolute() else "org/name"
         raise UserError(f"{what} directory not found: {path} (give a Hugging Face model directory, or a hub model as "

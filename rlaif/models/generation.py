@@ -10,6 +10,7 @@ from rlaif.config.loading import switch
 from rlaif.errors import UserError
 from rlaif.models.adapters import unwrapped
 from rlaif.models.decode import decode_static, forward_takes, supports_static_decode
+from rlaif.models.loading import config_position_limit
 from rlaif.models.packing import packs, response_states
 
 
@@ -90,13 +91,6 @@ def static_decoder_applies(model, enc: dict, decoder: str, stop=()) -> bool:
 def position_limit(model) -> int | None:
     """The longest sequence a model's position embeddings cover (None where its config names no limit)."""
     return config_position_limit(getattr(unwrapped(model), "config", None))
-
-
-def config_position_limit(config) -> int | None:
-    for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
-        if isinstance(limit := getattr(config, name, None), int) and limit > 0:
-            return limit
-    return None
 
 
 def check_fits(model, prompt_tokens: int, max_new_tokens: int, what: str = "a prompt",

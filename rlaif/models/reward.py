@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from rlaif.errors import UserError
+from rlaif.models.adapters import stores_weights_transposed
 from rlaif.models.loading import check_match, float32_weights, load_tokenizer
 from rlaif.models.packing import enable_packing, packed_scores
 
@@ -33,7 +34,8 @@ def load_reward_model(path: Path, lora_rank: int = 0, lora_alpha: int = 32):
         from peft import LoraConfig, get_peft_model
 
         model = get_peft_model(model, LoraConfig(task_type="SEQ_CLS", r=lora_rank, lora_alpha=lora_alpha,
-                                                 target_modules="all-linear"))
+                                                 target_modules="all-linear",
+                                                 fan_in_fan_out=stores_weights_transposed(model)))
     # A pairwise loss sees only r(a) - r(b): the score head's bias gets no true gradient, and Adam would turn the
     # rounding noise in it into lr-sized steps. It stays at its initial value.
     for module in model.modules():

@@ -162,18 +162,24 @@ def check_models(cfg: PipelineConfig) -> None:
     from rlaif.models.files import check_model_files
     from rlaif.models.loading import (
         CAUSAL_LM_ROLES,
+        MINILM,
         TINY_LLAMA,
         check_builtin,
         check_causal_lm,
+        check_length_fits,
         check_tokenizer_files,
+        minilm_dir,
     )
 
-    named = [("policy model", cfg.policy.model, cfg.policy.trust_remote_code),
-             ("reward-model backbone", cfg.train_rm.backbone, False),
-             *(("judge model", j.hf.model, j.hf.trust_remote_code) for j in (cfg.label, *cfg.evaluate.judges)
-               if j.judge == "hf")]
-    for what, spec, trust_remote_code in named:
+    # (role, spec, trust_remote_code, the setting that truncates its inputs and its value; the policy's are checked
+    # against each prompt by check_prompts_fit)
+    named = [("policy model", cfg.policy.model, cfg.policy.trust_remote_code, "", 0),
+             ("reward-model backbone", cfg.train_rm.backbone, False, "train_rm.max_length", cfg.train_rm.max_length),
+             *(("judge model", j.hf.model, j.hf.trust_remote_code, f"{j.setting}.hf.max_length", j.hf.max_length)
+               for j in (cfg.label, *cfg.evaluate.judges) if j.judge == "hf")]
+    for what, spec, trust_remote_code, setting, length in named:
         check_builtin(spec, what)
+        path = minilm_dir() if spec == MINILM else None
         if hub.parse(spec):
             hub.commit(spec, what)
         elif not spec.startswith(("builtin:", "s3://")):
@@ -181,9 +187,15 @@ def check_models(cfg: PipelineConfig) -> None:
             if what in CAUSAL_LM_ROLES:
                 check_causal_lm(path, what)
             check_tokenizer_files(path, what, trust_remote_code)
+        if path is not None and setting:
+            check_length_fits(path, length, setting, what, trust_remote_code)
+        if path is not None and what == "judge model":
+            from rlaif.judges.hf import check_answer_tokens
+
+            check_answer_tokens(path, trust_remote_code)
     if cfg.policy.model == TINY_LLAMA:
         read_demonstrations(cfg.policy.tiny.demonstrations)
-    if not any(spec == "builtin:tiny-llama" or spec.startswith("s3://") for _, spec, _ in named):
+    if not any(spec == TINY_LLAMA or spec.startswith("s3://") for _, spec, *_ in named):
         return  # nothing will be built or downloaded into the cache
     try:
         (cache_dir() / "models").mkdir(parents=True, exist_ok=True)

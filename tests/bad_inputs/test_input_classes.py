@@ -46,7 +46,7 @@ def no_aws_credentials(monkeypatch, tmp_path):
 def test_s3_reads_without_credentials(cli, tmp_path, root, no_aws_credentials):
     cli("run", "--config", "s3://no-bucket/c.yaml", needle="cannot be read (Unable to locate credentials)")
     cli("run", "--config", TINY, *root, "--set", "data.prompts=s3://no-bucket/p.jsonl",
-        needle="cannot be read (Unable to locate credentials)")
+        needle="cannot be read (Unable to locate credentials): check the AWS_* credentials, the endpoint")
     cli("run", "--config", TINY, *root, "--set", "label.constitution=s3://no-bucket/c.yaml",
         needle="cannot be read (Unable to locate credentials)")
     cli("report", "s3://no-bucket/run", needle="run s3://no-bucket/run cannot be read")
@@ -116,11 +116,21 @@ def test_models_that_cannot_play_their_role(cli, tmp_path, root):
         needle="not a built-in model for this role (built-ins here: builtin:minilm)")
     encoder = _encoder_dir(tmp_path / "encoder")
     cli("run", "--config", TINY, *root, "--set", f"policy.model={encoder}", needle="holds a BertModel, not a causal LM")
+    cli("run", "--config", TINY, *root, "--set", f"policy.model={encoder}/model.safetensors",
+        needle=f"policy model {encoder}/model.safetensors is a file: give the Hugging Face model directory that holds")
     cli("run", "--config", TINY, *root, "--set", "label.judge=hf", "--set", f"label.hf.model={encoder}",
         needle="judge model directory")
     assert "holds a BertModel, not a causal LM" in cli(
         "run", "--config", TINY, *root, "--set", "label.judge=hf", "--set", f"label.hf.model={encoder}",
         needle="judge model directory")
+    assert nothing_written(tmp_path / "root")
+
+
+def test_a_truncation_length_past_the_models_positions(cli, tmp_path, root):
+    """train_rm.max_length past the backbone's position embeddings would index out of range mid-training (MiniLM: 512
+    positions): refused before any work, as the policy's prompt lengths are."""
+    cli("run", "--config", TINY, *root, "--set", "train_rm.max_length=1024",
+        needle="train_rm.max_length=1024 is more than the reward-model backbone's 512 positions")
     assert nothing_written(tmp_path / "root")
 
 
@@ -399,6 +409,8 @@ def test_a_full_disk_is_one_line_and_leaves_no_partial_files(cli, tmp_path, monk
     monkeypatch.setattr(storage.shutil, "copyfile", full)
     (tmp_path / "tmp").mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    # torch's kernel cache belongs in the temp directory and stays (runner.stage_scratch); elsewhere in this test
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     line = cli("stage", "generate", "--config", TINY, "--set", f"storage.root=file://{tmp_path}/root",
                needle="No space left on device: free space there")
     assert line.startswith("error: cannot write ") and "generate/.shard-000000.tar." in line

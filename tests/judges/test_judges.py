@@ -154,11 +154,19 @@ def test_judge_errors_are_one_clear_line(tmp_path, judge_model_dir):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    words = Tokenizer(models.WordLevel({"[UNK]": 0, "Preferred": 1, "response:": 2}, unk_token="[UNK]"))
+    words = Tokenizer(models.WordLevel({"[UNK]": 0, "Preferred": 1, "response:": 2, "</s>": 3}, unk_token="[UNK]"))
     words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    no_digits = PreTrainedTokenizerFast(tokenizer_object=words, unk_token="[UNK]")
+    no_digits = PreTrainedTokenizerFast(tokenizer_object=words, unk_token="[UNK]", eos_token="</s>")
     with pytest.raises(UserError, match="no single token for the answer '1'"):
         answer_token(no_digits, prompting.ANSWER_CUE, " 1")
+    import shutil
+
+    from rlaif.orchestration.launch import check_models
+
+    shutil.copytree(judge_model_dir, tmp_path / "digitless")
+    no_digits.save_pretrained(tmp_path / "digitless")  # the same model, a tokenizer without the answers
+    with pytest.raises(UserError, match="no single token for the answer '1'"):  # before any stage runs
+        check_models(load_config("configs/tiny.yaml", ["label.judge=hf", f"label.hf.model={tmp_path}/digitless"]))
     with pytest.raises(UserError, match="label.hf.model"):
         make_judge(settings(judge="hf"), 8)
     with pytest.raises(UserError, match="directory not found"):
@@ -174,3 +182,16 @@ def test_judge_errors_are_one_clear_line(tmp_path, judge_model_dir):
     bad_shots.write_text('{"prompt": "q"}\n')
     with pytest.raises(UserError, match="line 1: needs prompt"):
         prompting.load_few_shot(str(bad_shots))
+
+
+def test_an_hf_judge_whose_max_length_passes_its_positions_is_refused(judge_model_dir):
+    """hf.max_length past the judge's 1,024 positions: one line naming the setting, before the judge runs (where the
+    model loads: a pod, a hub or s3:// judge) and before any stage (launch's model checks)."""
+    from rlaif.orchestration.launch import check_models
+
+    with pytest.raises(UserError, match=r"^label.hf.max_length=2048 is more than the judge model's 1024 positions"):
+        HFJudge(settings(judge="hf", hf={"model": str(judge_model_dir), "max_length": 2048}), batch_size=2)
+    cfg = load_config("configs/tiny.yaml", [
+        f"evaluate.judges=[{{name: strict, judge: hf, hf: {{model: {judge_model_dir}, max_length: 4096}}}}]"])
+    with pytest.raises(UserError, match=r"^evaluate.judges\[strict\].hf.max_length=4096 is more than the judge"):
+        check_models(cfg)

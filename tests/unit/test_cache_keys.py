@@ -186,6 +186,11 @@ def _stage_key(overrides: list[str], stage: str) -> str:
     ("ppo", "ppo.adaptive_kl_horizon=500", ["ppo.algorithm=ppo"], ["ppo.adaptive_kl_target=6"]),
     ("train_rm", "train_rm.lora_alpha=64", ["train_rm.lora_rank=0"], ["train_rm.lora_rank=8"]),
     ("train_rm", "train_rm.data_workers=2", ["train_rm.data_split=batch"], ["train_rm.data_split=shard"]),
+    ("label", "label.hf.max_length=512", ["label.judge=embedding"], ["label.judge=hf", "label.hf.model=/judge"]),
+    ("label", "label.openai.model=m", ["label.judge=rules"], ["label.judge=openai", "label.openai.base_url=http://x"]),
+    ("label", "label.rules.min_words=3", ["label.judge=embedding"], ["label.judge=rules"]),
+    ("label", "label.relevance_weight=1", ["label.judge=rules"], ["label.judge=embedding"]),
+    ("evaluate", "label.hf.max_length=512", ["label.judge=embedding"], ["label.judge=hf", "label.hf.model=/judge"]),
 ])
 def test_a_setting_the_chosen_options_never_read_leaves_the_key_alone(stage, setting, base, other):
     """Where the options read it, the same setting changes the key (the view drops nothing it should keep)."""

@@ -43,8 +43,12 @@ def test_llama_policies_adapt_the_seven_projections(llama_dir):
 
 
 def test_a_gpt2_policy_adapts_its_linear_layers_and_trains(gpt2_dir):
+    import warnings
+
     cfg = load_config("configs/tiny.yaml", [f"policy.model={gpt2_dir}", "ppo.lora_rank=4"])
-    tokenizer, policy, reference_logprobs = build_policy(cfg, torch.device("cpu"))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*fan_in_fan_out")  # GPT-2's Conv1D layers: set, not corrected
+        tokenizer, policy, reference_logprobs = build_policy(cfg, torch.device("cpu"))
     assert adapted(policy) == {"c_attn", "c_proj", "c_fc"}  # attention and MLP; never lm_head
     prompts = torch.tensor([[5, 6, 7], [8, 9, 10]])
     responses = torch.tensor([[11, 12], [13, 14]])
