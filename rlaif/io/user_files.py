@@ -31,7 +31,7 @@ def user_read_errors(url: str, what: str, fix: str):
 
 def _fix_for(url: str, fix: str) -> str:
     """An s3:// object that exists but cannot be read is a matter of access, not of the file: say where to look."""
-    if is_local(url):
+    if not url.startswith("s3://"):
         return fix
     return (f"check the AWS_* credentials, the endpoint (storage.endpoint_url or AWS_ENDPOINT_URL) and the bucket's "
             f"policy, or {fix}")

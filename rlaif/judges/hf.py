@@ -22,7 +22,7 @@ from rlaif.models.generation import (
     sample,
     token_logprobs,
 )
-from rlaif.models.loading import check_length_fits, load_causal_lm, load_tokenizer, resolve
+from rlaif.models.loading import load_causal_lm, load_tokenizer, resolve
 
 
 def answer_token(tokenizer, cue: str, answer: str) -> int:
@@ -53,12 +53,12 @@ def answer_probability(answer_logprobs: torch.Tensor) -> torch.Tensor:
 TOP_LOGPROBS = 20  # asked of a judge service: the answers are among a judge's 20 likeliest next tokens
 
 
-def served_judge(hf):
-    """A client of the judge service, once it is known to serve this judge model."""
+def served_judge(hf, setting: str = "label.hf"):
+    """A client of the judge service, once it is known to serve this judge model (`setting`: where `hf` lives)."""
     from rlaif.serving.client import ServiceClient
     from rlaif.serving.identity import check_service, judge_digest
 
-    client = ServiceClient(hf.endpoint, "label.hf.endpoint")
+    client = ServiceClient(hf.endpoint, f"{setting}.endpoint")
     check_service(client, "judge", judge_digest(hf), "transformers")
     return client
 
@@ -81,10 +81,9 @@ class HFJudge:
 
     def __init__(self, settings, batch_size: int):
         if not settings.hf.model:
-            raise UserError("judge 'hf' needs a model: set label.hf.model to a Hugging Face causal-LM directory")
+            raise UserError(f"judge 'hf' needs a model: set {settings.setting}.hf.model to a Hugging Face causal-LM "
+                            "directory")
         path = resolve(settings.hf.model, "judge model")
-        check_length_fits(path, settings.hf.max_length, f"{settings.setting}.hf.max_length", "judge model",
-                          settings.hf.trust_remote_code)
         self.name = f"hf:{path.name}"
         self.settings = settings
         self.batch_size = batch_size
@@ -94,7 +93,7 @@ class HFJudge:
         self.device = local_device()
         self.client = self.model = None
         if settings.hf.endpoint.base_url:
-            self.client = served_judge(settings.hf)
+            self.client = served_judge(settings.hf, f"{settings.setting}.hf")
             self.stats = self.client.stats
         else:
             self.model = load_causal_lm(path, settings.hf.trust_remote_code).eval().to(self.device)

@@ -20,10 +20,10 @@ class OpenAIJudge:
     def __init__(self, settings):
         o = settings.openai
         if not o.base_url or not o.model:
-            raise UserError("judge 'openai' needs label.openai.base_url (e.g. http://vllm:8000/v1) "
-                            "and label.openai.model")
+            raise UserError(f"judge 'openai' needs {settings.setting}.openai.base_url (e.g. http://vllm:8000/v1) "
+                            f"and {settings.setting}.openai.model")
         self.settings, self.cfg = settings, o
-        self.client = ServiceClient(o, "label.openai")
+        self.client = ServiceClient(o, f"{settings.setting}.openai")
         self.path = "/completions" if o.api == "completions" else "/chat/completions"
         self.url = self.client.base_url + self.path
         self.name = f"openai:{o.model}"
@@ -40,7 +40,7 @@ class OpenAIJudge:
         answered = sum(self.stats[k] for k in ("answers_from_logprobs", "answers_parsed", "answers_unreadable"))
         if answered >= UNREADABLE_CHECKED_AFTER and self.stats["answers_unreadable"] == answered:
             raise UserError(f"judge endpoint {self.url} answered none of its first {answered} comparisons with 1 or 2 "
-                            f"(every label would be 0.5): check label.openai.model and label.openai.api (chat models "
+                            f"(every label would be 0.5): check {s.setting}.openai.model and .api (chat models "
                             f"need `chat`)")
         return labels
 

@@ -70,18 +70,34 @@ def config_position_limit(config) -> int | None:
     return None
 
 
-def check_length_fits(path: Path, length: int, setting: str, what: str, trust_remote_code: bool = False) -> None:
-    """A truncation length (`setting`) within the model's positions: past them learned position embeddings index out
-    of range (GPT-2, BERT) and rotary ones give noise. Checked before any work and again where the model loads."""
+def encoder_position_limit(config) -> int | None:
+    """The longest input an encoder's learned absolute positions cover: None for relative positions (DeBERTa v2/v3);
+    RoBERTa-style models count their positions from padding_idx + 1 (514 embeddings, 512 tokens)."""
+    if getattr(config, "position_biased_input", True) is False:
+        return None
+    limit = config_position_limit(config)
+    if limit is not None and any(family in getattr(config, "model_type", "") for family in ("roberta", "camembert")):
+        limit -= (getattr(config, "pad_token_id", None) or 0) + 1
+    return limit
+
+
+def check_backbone_lengths(settings, path: Path) -> None:
+    """train_rm's truncation lengths (the reward model's; a student's, built from the same backbone) within the
+    backbone's positions: past them its learned position embeddings index out of range mid-training. Checked before
+    any work and again where the backbone loads."""
     from transformers import AutoConfig
 
     try:
-        limit = config_position_limit(AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code))
+        limit = encoder_position_limit(AutoConfig.from_pretrained(str(path)))
     except (OSError, ValueError):
         return  # the loader refuses such a directory with its own message
-    if limit is not None and length > limit:
-        raise UserError(f"{setting}={length} is more than the {what}'s {limit} positions ({path}): set it to "
-                        f"{limit} or less")
+    lengths = {"train_rm.max_length": settings.max_length}
+    if settings.student.layers and settings.student.max_length is not None:
+        lengths["train_rm.student.max_length"] = settings.student.max_length
+    for setting, length in lengths.items():
+        if limit is not None and length > limit:
+            raise UserError(f"{setting}={length} is more than the reward-model backbone's {limit} positions ({path}): "
+                            f"set it to {limit} or less")
 
 
 def minilm_dir() -> Path:

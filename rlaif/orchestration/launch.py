@@ -164,20 +164,18 @@ def check_models(cfg: PipelineConfig) -> None:
         CAUSAL_LM_ROLES,
         MINILM,
         TINY_LLAMA,
+        check_backbone_lengths,
         check_builtin,
         check_causal_lm,
-        check_length_fits,
         check_tokenizer_files,
         minilm_dir,
     )
 
-    # (role, spec, trust_remote_code, the setting that truncates its inputs and its value; the policy's are checked
-    # against each prompt by check_prompts_fit)
-    named = [("policy model", cfg.policy.model, cfg.policy.trust_remote_code, "", 0),
-             ("reward-model backbone", cfg.train_rm.backbone, False, "train_rm.max_length", cfg.train_rm.max_length),
-             *(("judge model", j.hf.model, j.hf.trust_remote_code, f"{j.setting}.hf.max_length", j.hf.max_length)
-               for j in (cfg.label, *cfg.evaluate.judges) if j.judge == "hf")]
-    for what, spec, trust_remote_code, setting, length in named:
+    named = [("policy model", cfg.policy.model, cfg.policy.trust_remote_code),
+             ("reward-model backbone", cfg.train_rm.backbone, False),
+             *(("judge model", j.hf.model, j.hf.trust_remote_code) for j in (cfg.label, *cfg.evaluate.judges)
+               if j.judge == "hf")]
+    for what, spec, trust_remote_code in named:
         check_builtin(spec, what)
         path = minilm_dir() if spec == MINILM else None
         if hub.parse(spec):
@@ -187,8 +185,8 @@ def check_models(cfg: PipelineConfig) -> None:
             if what in CAUSAL_LM_ROLES:
                 check_causal_lm(path, what)
             check_tokenizer_files(path, what, trust_remote_code)
-        if path is not None and setting:
-            check_length_fits(path, length, setting, what, trust_remote_code)
+        if path is not None and what == "reward-model backbone":  # the policy's lengths: check_prompts_fit
+            check_backbone_lengths(cfg.train_rm, path)
         if path is not None and what == "judge model":
             from rlaif.judges.hf import check_answer_tokens
 
@@ -287,7 +285,7 @@ def launch(cfg: PipelineConfig, name: str, config_url: str, rerun: bool = False)
     with StageLock(ctx.url, f"stage '{name}' of run '{cfg.run_id}'"):
         if not rerun and (hit := _cache_hit(ctx, report=False)) is not None:  # another launcher finished it meanwhile
             return hit
-        run_locked(cfg, stage, config_url, ctx.config_hash)
+        run_locked(cfg, stage, config_url, ctx.config_hash, rerun)
     return manifest.require(ctx.url, name)
 
 
@@ -298,7 +296,8 @@ def _cache_hit(ctx, report: bool = True) -> dict | None:
     return hit
 
 
-def run_locked(cfg: PipelineConfig, stage: Stage, config_url: str, config_hash: str) -> None:
+def run_locked(cfg: PipelineConfig, stage: Stage, config_url: str, config_hash: str, rerun: bool = False) -> None:
+    """Runs the stage in its own process(es); `rerun`: from the start, not from a checkpoint of this config."""
     name = stage.name
     nodes = getattr(getattr(cfg, name), "nodes", 1)
     start = time.time()
@@ -308,7 +307,8 @@ def run_locked(cfg: PipelineConfig, stage: Stage, config_url: str, config_hash: 
         nproc = processes_per_node(stage, cfg)
         cmd = command(stage, config_url, nproc)
         # The stage's process skips the cache check that this one just made for the same key (under the lock).
-        env = dict(os.environ, PYTHONUNBUFFERED="1", RLAIF_CACHE_CHECKED=config_hash)
+        env = dict(os.environ, PYTHONUNBUFFERED="1", RLAIF_CACHE_CHECKED=config_hash,
+                   **({common.FRESH_START: "1"} if rerun else {}))
         if stage.resources.torchrun and "OMP_NUM_THREADS" not in env:  # ranks share this machine's cores
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
         print(f"[{name}] running: {shlex.join(cmd[1:])}", flush=True)  # quoted: pastes into a shell as is

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -169,16 +170,20 @@ def cached(ctx: StageContext, report: bool = False) -> dict | None:
     return existing
 
 
+FRESH_START = "RLAIF_FRESH_START"  # set by `--rerun` for the stage's processes: no resuming from a checkpoint
+
+
 def clear_output(ctx: StageContext) -> None:
     """Start of a stage run: its old output stops existing before anything new is written. A run that resumes from a
-    checkpoint of this config keeps the checkpoints and the attempt's metrics and tracker ids; any other start empties
-    the stage's directory but for its lock: another config's files would otherwise stay beside the new ones (a LoRA
-    adapter next to a full policy, two runs' curves in one TensorBoard directory, another config's checkpoints)."""
+    checkpoint of this config keeps the checkpoints and the attempt's metrics and tracker ids; any other start (or a
+    `--rerun`, which asks for the stage to run again, not to pick up where it ended) empties the stage's directory
+    but for its lock: another config's files would otherwise stay beside the new ones (a LoRA adapter next to a full
+    policy, two runs' curves in one TensorBoard directory, another config's checkpoints)."""
     from rlaif.io.lock import LOCK
     from rlaif.training import Checkpoints
 
     manifest.invalidate(ctx.url)
-    if Checkpoints(ctx.url, ctx.config_hash).latest() is not None:
+    if not os.environ.get(FRESH_START) and Checkpoints(ctx.url, ctx.config_hash).latest() is not None:
         return
     entries = sorted({name.split("/", 1)[0] for name in storage.list_files(ctx.url)})
     old = [entry for entry in entries if not entry.startswith(LOCK)]  # the lock and its takeover markers stay

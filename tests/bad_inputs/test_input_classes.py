@@ -131,7 +131,22 @@ def test_a_truncation_length_past_the_models_positions(cli, tmp_path, root):
     positions): refused before any work, as the policy's prompt lengths are."""
     cli("run", "--config", TINY, *root, "--set", "train_rm.max_length=1024",
         needle="train_rm.max_length=1024 is more than the reward-model backbone's 512 positions")
+    cli("run", "--config", TINY, *root, "--set", "train_rm.student.layers=1",
+        "--set", "train_rm.student.max_length=600",
+        needle="train_rm.student.max_length=600 is more than the reward-model backbone's 512 positions")
     assert nothing_written(tmp_path / "root")
+
+
+def test_the_positions_an_encoder_backbone_covers():
+    """Learned absolute positions limit the input; RoBERTa's start after its padding index; DeBERTa v3's relative
+    positions limit nothing (a longer train_rm.max_length is valid there)."""
+    from transformers import BertConfig, DebertaV2Config, RobertaConfig
+
+    from rlaif.models.loading import encoder_position_limit
+
+    assert encoder_position_limit(BertConfig(max_position_embeddings=512)) == 512
+    assert encoder_position_limit(RobertaConfig(max_position_embeddings=514, pad_token_id=1)) == 512
+    assert encoder_position_limit(DebertaV2Config(max_position_embeddings=512, position_biased_input=False)) is None
 
 
 @pytest.mark.parametrize("content, needle", [

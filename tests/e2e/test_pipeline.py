@@ -130,9 +130,17 @@ def test_file_storage_run_then_cache_hits(tmp_path):
     assert "[generate] cache hit" in forced.stdout
 
     # A changed PPO setting re-runs ppo and evaluate only.
-    third = rlaif("run", "--config", "configs/tiny.yaml", "--storage-root", root, "--set", "ppo.lr=2e-3", timeout=600)
+    # (checkpoint_every is not part of the key: a checkpoint per iteration, for the --rerun below)
+    third = rlaif("run", "--config", "configs/tiny.yaml", "--storage-root", root, "--set", "ppo.lr=2e-3",
+                  "--set", "ppo.checkpoint_every=1", timeout=600)
     assert third.returncode == 0, third.stderr[-3000:]
     assert [s.name for s in STAGES if f"[{s.name}] running" in third.stdout] == ["ppo", "evaluate"]
+    # --rerun runs the stage again from its start, not from its last checkpoint; the same output leaves evaluate cached
+    again = rlaif("run", "--config", "configs/tiny.yaml", "--storage-root", root, "--set", "ppo.lr=2e-3",
+                  "--rerun", "ppo", timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "[ppo] starting afresh: removing the previous output (" in again.stdout
+    assert "resumed from checkpoint" not in again.stdout and "[evaluate] cache hit" in again.stdout
 
     # A quality gate that fails: exit 2 with the reason, the report shows it, and no evaluate manifest is written.
     gated = rlaif("run", "--config", "configs/tiny.yaml", "--storage-root", root, "--set", "ppo.lr=2e-3",

@@ -183,15 +183,3 @@ def test_judge_errors_are_one_clear_line(tmp_path, judge_model_dir):
     with pytest.raises(UserError, match="line 1: needs prompt"):
         prompting.load_few_shot(str(bad_shots))
 
-
-def test_an_hf_judge_whose_max_length_passes_its_positions_is_refused(judge_model_dir):
-    """hf.max_length past the judge's 1,024 positions: one line naming the setting, before the judge runs (where the
-    model loads: a pod, a hub or s3:// judge) and before any stage (launch's model checks)."""
-    from rlaif.orchestration.launch import check_models
-
-    with pytest.raises(UserError, match=r"^label.hf.max_length=2048 is more than the judge model's 1024 positions"):
-        HFJudge(settings(judge="hf", hf={"model": str(judge_model_dir), "max_length": 2048}), batch_size=2)
-    cfg = load_config("configs/tiny.yaml", [
-        f"evaluate.judges=[{{name: strict, judge: hf, hf: {{model: {judge_model_dir}, max_length: 4096}}}}]"])
-    with pytest.raises(UserError, match=r"^evaluate.judges\[strict\].hf.max_length=4096 is more than the judge"):
-        check_models(cfg)
