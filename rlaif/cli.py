@@ -57,7 +57,8 @@ def _launch_parser(sub, config_args) -> None:
     launch.add_argument("--pipeline", action="store_true", help="a step of a whole run (the DAGs pass it): both "
                         "prompt splits must hold prompts")
     launch.add_argument("--rerun", action="store_true",
-                        help="run the stage even where its output exists for this config")
+                        help="run the stage from its start even where its output or a checkpoint exists for this "
+                        "config")
     launch.add_argument("--manifest-out", metavar="FILE",
                         help="when done, write the stage's manifest URL, digest and run id to this local JSON file "
                              "(what an Airflow task publishes as its asset event)")
@@ -81,8 +82,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--run-id", help="shorthand for --set run_id=...")
     run.add_argument("--storage-root", help="shorthand for --set storage.root=...")
     run.add_argument("--rerun", action="append", default=[], choices=list(STAGE_BY_NAME), metavar="STAGE",
-                     help="run this stage even where its output exists for this config (repeatable), e.g. after a "
-                          "file of it was damaged; later stages rerun only if its output changes")
+                     help="run this stage from its start even where its output or a checkpoint exists for this config "
+                          "(repeatable), e.g. after a file of it was damaged; later stages rerun only if its output "
+                          "changes")
 
     _launch_parser(sub, config_args)
 
