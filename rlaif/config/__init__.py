@@ -1,6 +1,8 @@
-"""Pipeline configuration: one pydantic model per stage (`stages.py`), the judges' settings (`judges.py`), and loading
-YAML with overrides (`loading.py`). Import from here: `from rlaif.config import PipelineConfig, load_config`."""
+"""Pipeline configuration: one pydantic model per stage (`stages.py`, `ppo.py`), the data and storage settings
+(`data.py`), the judges' settings (`judges.py`), and loading YAML with overrides (`loading.py`). Import from here:
+`from rlaif.config import PipelineConfig, load_config`."""
 from rlaif.config.base import Strict, cache_key_dump, no_credentials, runtime_field
+from rlaif.config.data import DataConfig, PromptColumns, StorageConfig
 from rlaif.config.judges import (
     DEFAULT_PREAMBLE,
     DEFAULT_RUDE_TERMS,
@@ -27,14 +29,11 @@ from rlaif.config.loading import (
 from rlaif.config.ppo import PPOConfig
 from rlaif.config.serving import ServeConfig, ServiceEndpoint
 from rlaif.config.stages import (
-    DataConfig,
     EvaluateConfig,
     GenerateConfig,
     LabelConfig,
     PipelineConfig,
     PolicyConfig,
-    PromptColumns,
-    StorageConfig,
     TinyPolicyConfig,
     TrackingConfig,
     TrainRMConfig,

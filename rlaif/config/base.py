@@ -51,6 +51,11 @@ def runtime_field(default, **kwargs):
     return Field(default, json_schema_extra=RUNTIME, **kwargs)
 
 
+def without(keyed: dict, unread: set[str]) -> dict:
+    """A section's cache-key dump without the settings its options never read (a cache_key_view's usual result)."""
+    return {name: value for name, value in keyed.items() if name not in unread}
+
+
 def cache_key_dump(model: BaseModel) -> dict:
     """`model_dump(mode="json")` without the runtime fields, at any depth."""
     out = {}

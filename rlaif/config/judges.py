@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from rlaif.config.base import Phrase, Strict, runtime_field, service_url
+from rlaif.config.base import Phrase, Strict, runtime_field, service_url, without
 from rlaif.config.serving import ServiceEndpoint
 
 DEFAULT_PREAMBLE = ("You compare two responses to a request. A better response follows the principle below more "
@@ -153,7 +153,7 @@ class JudgeSettings(Strict):
         references whatever its judge.)"""
         unread = {"hf", "openai", "rules"} - {self.judge}
         unread |= {"relevance_weight"} if self.judge != "embedding" else set()
-        return {name: value for name, value in keyed.items() if name not in unread}
+        return without(keyed, unread)
 
     @property
     def setting(self) -> str:

@@ -5,7 +5,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from rlaif.config.base import Strict, Temperature, runtime_field
+from rlaif.config.base import Strict, Temperature, runtime_field, without
 from rlaif.errors import UserError
 
 # Processes: one per GPU on GPU machines, else ppo.nproc (or train_rm.nproc)
@@ -128,7 +128,7 @@ class PPOConfig(Strict):
     def cache_key_view(self, keyed: dict) -> dict:
         """Settings the chosen algorithm and options never read are left out, so changing them re-runs nothing."""
         unread = {"zero_stage"} if self.strategy == "ddp" else set()
-        if self.algorithm == "grpo":  # no critic, no GAE, no KL controller
+        if self.algorithm == "grpo":  # no critic, no GAE, no adaptive KL controller
             unread |= {"gamma", "lam", "value_clip", "vf_coef", "adaptive_kl_horizon"}
         else:
             unread |= {"group_size", "group_minibatches"}
@@ -138,7 +138,7 @@ class PPOConfig(Strict):
             unread.add("lora_alpha")
         if self.kl_coef == 0 and self.adaptive_kl_target is None:  # no reference: no KL to estimate
             unread.add("kl_estimator")
-        return {name: value for name, value in keyed.items() if name not in unread}
+        return without(keyed, unread)
 
     @model_validator(mode="after")
     def _sizes(self):
@@ -148,6 +148,9 @@ class PPOConfig(Strict):
         if self.fixed_length and self.missing_eos_penalty:
             raise ValueError("missing_eos_penalty would penalise every response under fixed_length (no response "
                              "ends with EOS): set one of them off")
+        if self.algorithm == "grpo" and self.adaptive_kl_target is not None:
+            raise ValueError("adaptive_kl_target adapts PPO's KL penalty; GRPO's KL loss weight is kl_coef, fixed: "
+                             "remove adaptive_kl_target, or set algorithm ppo")
         if self.algorithm == "grpo" and self.rollout_batch_size % self.group_size:
             raise ValueError(f"rollout_batch_size {self.rollout_batch_size} must be a multiple of "
                              f"group_size {self.group_size}")

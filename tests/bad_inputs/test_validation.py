@@ -253,3 +253,11 @@ def test_prompt_datasets(cli, tmp_path):
     assert nothing_written(tmp_path / "root")
     cli("launch", "label", "--config", TINY, *root, "--set", f"data.prompts={tmp_path}/p.parquet", "--set",
         "data.columns.prompt=question", needle="generate/manifest.json does not exist")
+
+
+def test_an_adaptive_kl_target_under_grpo_is_refused():
+    """GRPO's KL loss weight is fixed: an adaptive target would only switch the reference pass on, unread."""
+    from rlaif.errors import UserError
+
+    with pytest.raises(UserError, match="adaptive_kl_target adapts PPO's KL penalty"):
+        load_config("configs/tiny.yaml", ["ppo.algorithm=grpo", "ppo.adaptive_kl_target=6"])
