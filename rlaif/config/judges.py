@@ -161,6 +161,12 @@ class JudgeSettings(Strict):
         return "label"
 
     @property
+    def reads_constitution(self) -> bool:
+        """Whether the constitution setting is read at all (label's is, to sample the principles its labels record,
+        whatever the judge)."""
+        return True
+
+    @property
     def pod_judge(self) -> str:
         """This judge as the pod plan sees it: `served` for an hf judge whose model runs in a service (the label pod
         then needs no GPU), else the judge's name."""
@@ -177,5 +183,14 @@ class JudgeSpec(JudgeSettings):
     def setting(self) -> str:
         """Where this judge's settings live in the config, for errors: the training judge's are label's."""
         return "label" if self.name == "training" else f"evaluate.judges[{self.name}]"
+
+    @property
+    def reads_constitution(self) -> bool:
+        """An evaluation's reference judge grades key points and reads no constitution."""
+        return self.judge != "reference"
+
+    def cache_key_view(self, keyed: dict) -> dict:
+        keyed = super().cache_key_view(keyed)
+        return keyed if self.reads_constitution else without(keyed, {"constitution", "principles"})
 
 

@@ -138,6 +138,8 @@ class PPOConfig(Strict):
             unread.add("lora_alpha")
         if self.kl_coef == 0 and self.adaptive_kl_target is None:  # no reference: no KL to estimate
             unread.add("kl_estimator")
+        if self.reward == "judge":  # no reward model in the loop
+            unread |= {"reward_model", "reward_inputs"}
         return without(keyed, unread)
 
     @model_validator(mode="after")

@@ -24,10 +24,11 @@ PRINCIPLE_KEYS = ("name", "text", "contrast")
 JUDGES_WITHOUT_PRINCIPLES = ("rules", "reference")  # their verdicts read no principle's text
 
 
-def judge_principles(settings, setting: str = "label.constitution") -> list[dict]:
-    """The principles `settings`' judge applies (label's settings or an evaluation judge's; `setting` names its
-    constitution key in errors). The rules and reference judges read none: with `constitution: ''` they run under one
-    empty principle named after the judge; given a file, its principles are checked and recorded as for any judge."""
+def judge_principles(settings) -> list[dict]:
+    """The principles `settings`' judge applies (label's settings or an evaluation judge's, whose errors name their
+    own constitution key). The rules and reference judges read none: with `constitution: ''` they run under one empty
+    principle named after the judge; given a file, its principles are checked and recorded as for any judge."""
+    setting = f"{settings.setting}.constitution"
     if settings.constitution:
         return load_constitution(settings.constitution, setting, settings.judge in JUDGES_WITHOUT_PRINCIPLES)
     if settings.judge in JUDGES_WITHOUT_PRINCIPLES:

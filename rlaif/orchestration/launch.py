@@ -120,8 +120,8 @@ def check_judges(cfg: PipelineConfig, prompts: list[dict]) -> None:
     from rlaif.judges.prompting import load_few_shot
 
     for where, judge in (("label", cfg.label), *((j.setting, j) for j in cfg.evaluate.judges)):
-        if judge.judge != "reference" or where == "label":  # an evaluation's reference judge reads no constitution
-            judge_principles(judge, f"{where}.constitution")
+        if judge.reads_constitution:
+            judge_principles(judge)
         if judge.judge in ("hf", "openai"):
             load_few_shot(judge.few_shot)
         if judge.judge == "hf" and not judge.hf.model:

@@ -61,7 +61,7 @@ class StageContext:
 
 
 def _judge_files(judge) -> dict[str, str]:
-    files = {"constitution": judge.constitution} if judge.constitution else {}
+    files = {"constitution": judge.constitution} if judge.constitution and judge.reads_constitution else {}
     if judge.few_shot:
         files["few_shot"] = judge.few_shot
     if judge.judge == "hf":

@@ -184,6 +184,7 @@ def _stage_key(overrides: list[str], stage: str) -> str:
     ("ppo", "ppo.zero_stage=3", ["ppo.strategy=ddp"], ["ppo.strategy=deepspeed"]),
     ("ppo", "ppo.kl_estimator=k3", ["ppo.kl_coef=0"], ["ppo.kl_coef=0.05"]),
     ("ppo", "ppo.adaptive_kl_horizon=500", ["ppo.algorithm=ppo"], ["ppo.adaptive_kl_target=6"]),
+    ("ppo", "ppo.reward_inputs=text", ["ppo.reward=judge", "label.judge=rules"], ["ppo.reward=reward_model"]),
     ("train_rm", "train_rm.lora_alpha=64", ["train_rm.lora_rank=0"], ["train_rm.lora_rank=8"]),
     ("train_rm", "train_rm.data_workers=2", ["train_rm.data_split=batch"], ["train_rm.data_split=shard"]),
     ("label", "label.hf.max_length=512", ["label.judge=embedding"], ["label.judge=hf", "label.hf.model=/judge"]),
@@ -191,8 +192,19 @@ def _stage_key(overrides: list[str], stage: str) -> str:
     ("label", "label.rules.min_words=3", ["label.judge=embedding"], ["label.judge=rules"]),
     ("label", "label.relevance_weight=1", ["label.judge=rules"], ["label.judge=embedding"]),
     ("evaluate", "label.hf.max_length=512", ["label.judge=embedding"], ["label.judge=hf", "label.hf.model=/judge"]),
+    ("evaluate", "evaluate.judges=[{name: graded, judge: reference, constitution: /c.yaml, principles: all}]",
+     ["evaluate.judges=[{name: graded, judge: reference}]"], ["evaluate.judges=[{name: graded, judge: rules}]"]),
 ])
 def test_a_setting_the_chosen_options_never_read_leaves_the_key_alone(stage, setting, base, other):
     """Where the options read it, the same setting changes the key (the view drops nothing it should keep)."""
     assert _stage_key(base, stage) == _stage_key([*base, setting], stage)
     assert _stage_key(other, stage) != _stage_key([*other, setting], stage)
+
+
+def test_an_evaluation_reference_judge_keys_no_constitution_file():
+    from rlaif.stages.common import config_files
+
+    graded = "evaluate.judges=[{name: graded, judge: reference, constitution: /c.yaml}]"
+    cfg = load_config("configs/demo.yaml", [graded])
+    assert "evaluate.graded.constitution" not in config_files(cfg, "evaluate")
+    assert "label.constitution" in config_files(cfg, "evaluate")  # label's judge reads it
