@@ -112,8 +112,8 @@ class JudgeSettings(Strict):
     """`sample`: one principle per comparison, seeded by the pair (Constitutional AI). `all`: every principle judges
     every comparison and the preferences are averaged (an ensemble: k times the judge calls, less label noise)."""
     temperature: float = Field(0.05, ge=1e-4, le=100)
-    """Soft-label temperature of the score-based judges (embedding, rules):
-    p(a) = sigmoid((s_a - s_b) / temperature)."""
+    """Soft-label temperature of the score-based judges (embedding, rules, reference) and of label.mode=score with
+    any judge: p(a) = sigmoid((s_a - s_b) / temperature). Unread (and out of the cache key) otherwise."""
     relevance_weight: float = Field(0.5, ge=0, le=10)
     """Weight of response-prompt similarity in the embedding judge's score."""
     preamble: str = DEFAULT_PREAMBLE
@@ -148,12 +148,20 @@ class JudgeSettings(Strict):
         return self
 
     def cache_key_view(self, keyed: dict) -> dict:
-        """Another judge's section (hf, openai, rules) and the embedding judge's weight are left out where this judge
-        never reads them, so a config may keep them while switching judges. (`reference` stays: label grades against
-        references whatever its judge.)"""
+        """Another judge's section (hf, openai, rules), the embedding judge's weight and the score-based judges'
+        temperature are left out where this judge never reads them, so a config may keep them while switching
+        judges. (label's `reference` stays: label and train_rm grade against references whatever the judge, and
+        evaluate's added reference judge takes label's.)"""
         unread = {"hf", "openai", "rules"} - {self.judge}
         unread |= {"relevance_weight"} if self.judge != "embedding" else set()
+        unread |= set() if self.reads_temperature else {"temperature"}
         return without(keyed, unread)
+
+    @property
+    def reads_temperature(self) -> bool:
+        """The soft-label temperature applies to score differences: an hf or openai judge compares a pair by the
+        model's own answer."""
+        return self.judge not in ("hf", "openai")
 
     @property
     def setting(self) -> str:
@@ -190,7 +198,9 @@ class JudgeSpec(JudgeSettings):
         return self.judge != "reference"
 
     def cache_key_view(self, keyed: dict) -> dict:
+        """As label's, and an evaluation judge reads its `reference` section only as the reference judge."""
         keyed = super().cache_key_view(keyed)
+        keyed = keyed if self.judge == "reference" else without(keyed, {"reference"})
         return keyed if self.reads_constitution else without(keyed, {"constitution", "principles"})
 
 

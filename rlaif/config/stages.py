@@ -166,6 +166,14 @@ class LabelConfig(JudgeSettings):
     """With streaming: fail when generate writes no new shard for this long (it died without a trace, or never
     started). A generate that fails says so and the label stops at once."""
 
+    @property
+    def reads_temperature(self) -> bool:
+        """Score mode turns any judge's two scores into a label through the temperature."""
+        return self.mode == "score" or super().reads_temperature
+
+
+TRAIN_RM_PROCESSES = "the processes (train_rm.nproc on CPUs; one per GPU on GPUs, times the nodes)"
+
 
 class TrainRMConfig(Strict):
     backbone: str = "builtin:minilm"
@@ -232,11 +240,10 @@ class TrainRMConfig(Strict):
         if self.batch_size % (world * self.grad_accum_steps):
             raise UserError(f"train_rm.batch_size={self.batch_size} must be divisible by processes x "
                             f"grad_accum_steps ({world} x {self.grad_accum_steps}): change it, "
-                            "train_rm.grad_accum_steps or the processes (train_rm.nproc on CPUs; one per GPU on GPUs, "
-                            "times the nodes)")
+                            f"train_rm.grad_accum_steps or {TRAIN_RM_PROCESSES}")
         if self.student.layers and self.student.batch_size % world:
             raise UserError(f"train_rm.student.batch_size={self.student.batch_size} must be divisible by the {world} "
-                            "processes: change it, or the processes (train_rm.nproc on CPUs; one per GPU on GPUs)")
+                            f"processes: change it, or {TRAIN_RM_PROCESSES}")
 
     def cache_key_view(self, keyed: dict) -> dict:
         """Settings these options never read are left out: no student (layers 0), no adapter (lora_rank 0), DDP (no

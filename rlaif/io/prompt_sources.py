@@ -51,17 +51,19 @@ STORAGE_FIX = "check data.prompts and the storage credentials"
 
 
 def read_source(data: DataConfig) -> Source:
-    """The raw rows of data.prompts, read as data.format says (auto: see source_format)."""
+    """The raw rows of data.prompts, read as data.format says. auto: as its name implies (named_format); another
+    file is jsonl when its first line is a JSON object (a JSONL file by another name would otherwise be read as
+    prompts of raw JSON), else text."""
     with user_files.user_read_errors(data.prompts, "prompts", STORAGE_FIX):
-        fmt = source_format(data)
+        named = named_format(data)
+        fmt = named or ("jsonl" if _starts_with_a_json_object(data.prompts) else "text")
         if fmt != "hf" and data.split != "train":  # a file of one kind has no splits: the setting would be ignored
             raise UserError(f"data.split {data.split!r} picks a split of a Hugging Face dataset, and {data.prompts} is "
                             f"read as one {fmt} file with no splits: unset data.split, or give the split's own file")
         if fmt == "text":
             return _read_text(data)
         if fmt == "jsonl":
-            return _read_jsonl(data.prompts, sniffed=data.format == "auto" and _suffix(data.prompts) not in
-                               SUFFIX_FORMATS)
+            return _read_jsonl(data.prompts, sniffed=named is None)
         if fmt == "parquet":
             return _read_parquet(data)
         if fmt == "csv":
@@ -69,10 +71,9 @@ def read_source(data: DataConfig) -> Source:
         return _read_hf(data)
 
 
-def source_format(data: DataConfig, sniff: bool = True) -> str:
-    """data.format, or for auto: by suffix, hf for an hf:// URL or a directory; another file is jsonl when its first
-    line is a JSON object (a JSONL file by another name would otherwise be read as prompts of raw JSON), else text.
-    `sniff` False: "file" instead of reading that first line (where only hf or not matters)."""
+def named_format(data: DataConfig) -> str | None:
+    """The format data.format or the prompts' name implies (suffix, hf:// URL, directory); None for a file of another
+    name, whose first line decides (read_source)."""
     if data.format != "auto":
         return data.format
     if data.prompts.startswith("hf://"):
@@ -83,11 +84,7 @@ def source_format(data: DataConfig, sniff: bool = True) -> str:
                         f"({COMPRESSED[suffix]}) and point data.prompts at the result")
     if (fmt := SUFFIX_FORMATS.get(suffix)) is not None:
         return fmt
-    if storage.is_dir(data.prompts):
-        return "hf"
-    if not sniff:
-        return "file"
-    return "jsonl" if _starts_with_a_json_object(data.prompts) else "text"
+    return "hf" if storage.is_dir(data.prompts) else None
 
 
 def _starts_with_a_json_object(url: str) -> bool:
@@ -110,7 +107,7 @@ def source_digest(data: DataConfig) -> str:
 
 
 def _source_digest(data: DataConfig) -> str:
-    if source_format(data, sniff=False) != "hf":  # a file's digest is its bytes', whatever it is read as
+    if named_format(data) != "hf":  # a file's digest is its bytes', whatever it is read as
         return spec_digest(data.prompts)
     if _is_hub(data):
         return _hub_digest(data)

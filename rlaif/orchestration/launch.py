@@ -4,6 +4,7 @@ a training stage runs under torchrun (one process per GPU, or the config's nproc
 becomes a Kubeflow TrainJob/PyTorchJob that this process creates and waits for."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shlex
@@ -157,44 +158,63 @@ def check_models(cfg: PipelineConfig) -> None:
     """Local model directories the stages will load (policy, hf judges, reward-model backbone), checked before any
     work; hub models are resolved to a commit now (downloaded by the stage that loads them); s3:// ones are checked
     when downloaded. The model cache must be writable (the built-in policy lives there)."""
+    from rlaif.models.loading import TINY_LLAMA, check_backbone_lengths
+
+    # (role, model setting, trust_remote_code, what else a local copy must pass for that role)
+    roles = [("policy model", cfg.policy.model, cfg.policy.trust_remote_code, None),
+             ("reward-model backbone", cfg.train_rm.backbone, False,
+              lambda path: check_backbone_lengths(cfg.train_rm, path)),  # the policy's lengths: check_prompts_fit
+             *(("judge model", judge.hf.model, judge.hf.trust_remote_code,
+                functools.partial(check_judge_answer_tokens, trust_remote_code=judge.hf.trust_remote_code))
+               for judge in (cfg.label, *cfg.evaluate.judges) if judge.judge == "hf")]
+    for role, spec, trust_remote_code, role_check in roles:
+        path = checked_model(role, spec, trust_remote_code)
+        if path is not None and role_check is not None:
+            role_check(path)
+    if cfg.policy.model == TINY_LLAMA:
+        read_demonstrations(cfg.policy.tiny.demonstrations)
+    if any(spec == TINY_LLAMA or spec.startswith("s3://") for _, spec, *_ in roles):
+        check_model_cache_writable()  # the built-in policy is built there, s3:// models are downloaded there
+
+
+def checked_model(role: str, spec: str, trust_remote_code: bool) -> Path | None:
+    """The local directory of model setting `spec` once its files pass the checks for `role` (the built-in MiniLM's
+    too); None for a hub id (resolved to a commit now), an s3:// path (checked when downloaded) or a built-in model
+    that is built later."""
     from rlaif.io import hub
-    from rlaif.io.storage import cache_dir
     from rlaif.models.files import check_model_files
     from rlaif.models.loading import (
         CAUSAL_LM_ROLES,
         MINILM,
-        TINY_LLAMA,
-        check_backbone_lengths,
         check_builtin,
         check_causal_lm,
         check_tokenizer_files,
         minilm_dir,
     )
 
-    named = [("policy model", cfg.policy.model, cfg.policy.trust_remote_code),
-             ("reward-model backbone", cfg.train_rm.backbone, False),
-             *(("judge model", j.hf.model, j.hf.trust_remote_code) for j in (cfg.label, *cfg.evaluate.judges)
-               if j.judge == "hf")]
-    for what, spec, trust_remote_code in named:
-        check_builtin(spec, what)
-        path = minilm_dir() if spec == MINILM else None
-        if hub.parse(spec):
-            hub.commit(spec, what)
-        elif not spec.startswith(("builtin:", "s3://")):
-            path = check_model_files(Path(spec.removeprefix("file://")).expanduser(), what)
-            if what in CAUSAL_LM_ROLES:
-                check_causal_lm(path, what)
-            check_tokenizer_files(path, what, trust_remote_code)
-        if path is not None and what == "reward-model backbone":  # the policy's lengths: check_prompts_fit
-            check_backbone_lengths(cfg.train_rm, path)
-        if path is not None and what == "judge model":
-            from rlaif.judges.hf import check_answer_tokens
+    check_builtin(spec, role)
+    if hub.parse(spec):
+        hub.commit(spec, role)
+        return None
+    if spec.startswith("builtin:") or spec.startswith("s3://"):
+        return minilm_dir() if spec == MINILM else None
+    path = check_model_files(Path(spec.removeprefix("file://")).expanduser(), role)
+    if role in CAUSAL_LM_ROLES:
+        check_causal_lm(path, role)
+    check_tokenizer_files(path, role, trust_remote_code)
+    return path
 
-            check_answer_tokens(path, trust_remote_code)
-    if cfg.policy.model == TINY_LLAMA:
-        read_demonstrations(cfg.policy.tiny.demonstrations)
-    if not any(spec == TINY_LLAMA or spec.startswith("s3://") for _, spec, *_ in named):
-        return  # nothing will be built or downloaded into the cache
+
+def check_judge_answer_tokens(path: Path, trust_remote_code: bool) -> None:
+    from rlaif.judges.hf import check_answer_tokens  # imports torch: only where a local hf judge is configured
+
+    check_answer_tokens(path, trust_remote_code)
+
+
+def check_model_cache_writable() -> None:
+    """The model cache (RLAIF_CACHE) can be written, before any stage builds or downloads a model into it."""
+    from rlaif.io.storage import cache_dir
+
     try:
         (cache_dir() / "models").mkdir(parents=True, exist_ok=True)
         probe = cache_dir() / f".write-test-{os.getpid()}"

@@ -191,14 +191,36 @@ def _stage_key(overrides: list[str], stage: str) -> str:
     ("label", "label.openai.model=m", ["label.judge=rules"], ["label.judge=openai", "label.openai.base_url=http://x"]),
     ("label", "label.rules.min_words=3", ["label.judge=embedding"], ["label.judge=rules"]),
     ("label", "label.relevance_weight=1", ["label.judge=rules"], ["label.judge=embedding"]),
+    ("label", "label.temperature=1", ["label.judge=hf", "label.hf.model=/judge"],
+     ["label.judge=hf", "label.hf.model=/judge", "label.mode=score"]),
+    ("label", "label.temperature=1", ["label.judge=openai", "label.openai.base_url=http://x", "label.openai.model=m"],
+     ["label.judge=embedding"]),
     ("evaluate", "label.hf.max_length=512", ["label.judge=embedding"], ["label.judge=hf", "label.hf.model=/judge"]),
-    ("evaluate", "evaluate.judges=[{name: graded, judge: reference, constitution: /c.yaml, principles: all}]",
-     ["evaluate.judges=[{name: graded, judge: reference}]"], ["evaluate.judges=[{name: graded, judge: rules}]"]),
 ])
 def test_a_setting_the_chosen_options_never_read_leaves_the_key_alone(stage, setting, base, other):
     """Where the options read it, the same setting changes the key (the view drops nothing it should keep)."""
     assert _stage_key(base, stage) == _stage_key([*base, setting], stage)
     assert _stage_key(other, stage) != _stage_key([*other, setting], stage)
+
+
+@pytest.mark.parametrize("judge, setting, read", [
+    ("judge: reference", "constitution: /c.yaml, principles: all", False),
+    ("judge: rules", "constitution: /c.yaml, principles: all", True),
+    ("judge: rules", "reference: {rude_penalty: 2}", False),
+    ("judge: reference", "reference: {rude_penalty: 2}", True),
+    ("judge: hf, hf: {model: /judge}", "temperature: 1", False),
+    ("judge: embedding", "temperature: 1", True),
+])
+def test_an_evaluation_judge_keys_only_the_settings_it_reads(judge, setting, read):
+    plain, tuned = (f"evaluate.judges=[{{name: held, {judge}{extra}}}]" for extra in ("", ", " + setting))
+    assert (_stage_key([plain], "evaluate") != _stage_key([tuned], "evaluate")) is read
+
+
+def test_labels_reference_settings_stay_keyed_whatever_the_judge():
+    """label grades against references whatever its judge, and evaluate's added reference judge reads them too."""
+    for stage in ("label", "evaluate"):
+        assert _stage_key(["label.judge=rules"], stage) != _stage_key(
+            ["label.judge=rules", "label.reference.rude_penalty=2"], stage)
 
 
 def test_an_evaluation_reference_judge_keys_no_constitution_file():
