@@ -17,7 +17,8 @@ class HFJudgeConfig(Strict):
     model: str = ""
     """The judge: a Hugging Face causal-LM directory (local path or s3:// URL). Required for judge `hf`."""
     max_length: int = Field(1024, ge=16)
-    """Longest judge input in tokens; longer inputs lose their beginning (the question at the end is kept)."""
+    """Longest judge input in tokens, and never more than the judge model's positions (less the rationale's tokens
+    with chain of thought); longer inputs lose their beginning (the question at the end is kept)."""
     trust_remote_code: bool = False
     """Allow the judge directory's own Python code to run."""
     endpoint: ServiceEndpoint = runtime_field(ServiceEndpoint())

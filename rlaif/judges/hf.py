@@ -22,7 +22,9 @@ from rlaif.models.generation import (
     sample,
     token_logprobs,
 )
-from rlaif.models.loading import load_causal_lm, load_tokenizer, resolve
+from rlaif.models.loading import config_position_limit, load_causal_lm, load_tokenizer, resolve
+
+SHORTEST_INPUT = 16  # tokens: hf.max_length's floor, and the least room a judge model's positions must leave
 
 
 def answer_token(tokenizer, cue: str, answer: str) -> int:
@@ -35,6 +37,21 @@ def answer_token(tokenizer, cue: str, answer: str) -> int:
         raise UserError(f"the judge's tokenizer has no single token for the answer {answer.strip()!r} after "
                         f"{cue.strip()!r}: use a judge model whose tokenizer has one (most chat LMs do)")
     return extra[0]
+
+
+def judge_positions(settings, path) -> int | None:
+    """The judge model's positions (None where its config names no limit): its inputs are cut to fit them, less the
+    rationale's tokens (chain of thought), so a model shorter than hf.max_length neither indexes past its learned
+    position embeddings (GPT-2) nor reads text longer than it was trained on (rotary)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(path), trust_remote_code=settings.hf.trust_remote_code)
+    limit = config_position_limit(config)
+    rationale = settings.rationale_tokens if settings.chain_of_thought else 0
+    if limit is not None and limit - rationale < SHORTEST_INPUT:
+        raise UserError(f"{settings.setting}.rationale_tokens={rationale} leaves the judge model's {limit} positions "
+                        f"less than {SHORTEST_INPUT} tokens for its input ({path}): lower it")
+    return limit
 
 
 def check_answer_tokens(path, trust_remote_code: bool) -> None:
@@ -88,6 +105,7 @@ class HFJudge:
         self.settings = settings
         self.batch_size = batch_size
         self.max_length = settings.hf.max_length
+        self.positions = judge_positions(settings, path)
         self.tokenizer = load_tokenizer(path, settings.hf.trust_remote_code, padding_side="left")
         self.bos = [bos] if (bos := leading_bos(self.tokenizer)) is not None else []  # put back on a cut prompt
         self.device = local_device()
@@ -100,11 +118,13 @@ class HFJudge:
         self.answer_ids = [answer_token(self.tokenizer, prompting.ANSWER_CUE, a) for a in prompting.ANSWERS]
         self.examples = prompting.load_few_shot(settings.few_shot)
 
-    def _encode(self, texts: list[str]) -> dict:
+    def _encode(self, texts: list[str], room: int = 0) -> dict:
         """Left-padded judge prompts, BOS first where the judge's tokenizer starts with one (as the policy's prompts,
-        generation.prompt_token_ids); one longer than hf.max_length loses its start, keeping the question and the
+        generation.prompt_token_ids); one longer than hf.max_length, or than the judge model's positions less the
+        `room` for what follows it (a rationale, a score's tokens), loses its start, keeping the question and the
         answer cue at its end (and its BOS)."""
-        rows = [row if len(row) <= self.max_length else self.bos + row[len(row) - self.max_length + len(self.bos):]
+        longest = self.max_length if self.positions is None else min(self.max_length, self.positions - room)
+        rows = [row if len(row) <= longest else self.bos + row[len(row) - longest + len(self.bos):]
                 for row in prompt_token_ids(self.tokenizer, texts)]
         enc = self.tokenizer.pad({"input_ids": rows}, padding=True, return_tensors="pt")
         return {k: enc[k].to(self.device) for k in ("input_ids", "attention_mask")}
@@ -118,7 +138,7 @@ class HFJudge:
 
     @torch.no_grad()
     def _rationales(self, texts: list[str]) -> list[str]:
-        enc = self._encode(texts)
+        enc = self._encode(texts, room=self.settings.rationale_tokens)
         if self.client:
             text = [c["text"] for c in self._served(enc, max_tokens=self.settings.rationale_tokens, seed=0)]
         else:
@@ -171,7 +191,7 @@ class HFJudge:
         for i in range(0, len(prompts), step):
             texts = [prompting.score_prompt(self.settings.preamble, pr, p, r)
                      for p, r, pr in zip(prompts[i : i + step], responses[i : i + step], principles[i : i + step])]
-            enc = self._encode(texts)
+            enc = self._encode(texts, room=width)
             rows = len(texts)
             ids = enc["input_ids"].repeat_interleave(n_cand, 0)
             mask = enc["attention_mask"].repeat_interleave(n_cand, 0)

@@ -165,7 +165,7 @@ def check_models(cfg: PipelineConfig) -> None:
              ("reward-model backbone", cfg.train_rm.backbone, False,
               lambda path: check_backbone_lengths(cfg.train_rm, path)),  # the policy's lengths: check_prompts_fit
              *(("judge model", judge.hf.model, judge.hf.trust_remote_code,
-                functools.partial(check_judge_answer_tokens, trust_remote_code=judge.hf.trust_remote_code))
+                functools.partial(check_judge_model, settings=judge))
                for judge in (cfg.label, *cfg.evaluate.judges) if judge.judge == "hf")]
     for role, spec, trust_remote_code, role_check in roles:
         path = checked_model(role, spec, trust_remote_code)
@@ -205,10 +205,12 @@ def checked_model(role: str, spec: str, trust_remote_code: bool) -> Path | None:
     return path
 
 
-def check_judge_answer_tokens(path: Path, trust_remote_code: bool) -> None:
-    from rlaif.judges.hf import check_answer_tokens  # imports torch: only where a local hf judge is configured
+def check_judge_model(path: Path, settings) -> None:
+    """An hf judge's answer tokens, and room in its positions for the rationale it writes."""
+    from rlaif.judges.hf import check_answer_tokens, judge_positions  # imports torch: only for a local hf judge
 
-    check_answer_tokens(path, trust_remote_code)
+    check_answer_tokens(path, settings.hf.trust_remote_code)
+    judge_positions(settings, path)
 
 
 def check_model_cache_writable() -> None:

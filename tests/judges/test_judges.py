@@ -66,6 +66,32 @@ def test_a_judge_whose_tokenizer_starts_with_bos_reads_it_first_and_keeps_the_cu
     assert 0 < judge.prefer_first(PROMPTS[:2], FIRST[:2], SECOND[:2], PRINCIPLES[:2]).min() < 1
 
 
+def test_a_judge_model_with_fewer_positions_than_max_length_gets_inputs_that_fit(judge_model_dir, tmp_path):
+    """hf.max_length (default 1024) is capped at the judge model's positions, less the rationale's tokens where it
+    writes one; a rationale that leaves the input too little room is refused before any work."""
+    import json
+    import shutil
+
+    from rlaif.orchestration.launch import check_judge_model
+
+    shutil.copytree(judge_model_dir, tmp_path / "judge")
+    config = json.loads((tmp_path / "judge" / "config.json").read_text())
+    (tmp_path / "judge" / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 48}))
+    long = " ".join(f"answer {i}" for i in range(60)) + prompting.ANSWER_CUE
+    judge = HFJudge(settings(judge="hf", chain_of_thought=True, rationale_tokens=8,
+                             hf={"model": str(tmp_path / "judge")}), batch_size=2)
+    for room, width in ((0, 48), (8, 40)):
+        enc = judge._encode([long, "question 3"], room=room)
+        assert enc["input_ids"].shape[1] == width and enc["attention_mask"][0].all()
+    p = judge.prefer_first([long, PROMPTS[0]], [long, FIRST[0]], SECOND[:2], PRINCIPLES[:2])
+    assert ((p > 0) & (p < 1)).all()
+    assert ((judge.direct_score([long], [long], PRINCIPLES[:1]).abs()) <= 1).all()
+    cramped = settings(judge="hf", chain_of_thought=True, rationale_tokens=40, hf={"model": str(tmp_path / "judge")})
+    for build in (lambda: HFJudge(cramped, batch_size=2), lambda: check_judge_model(tmp_path / "judge", cramped)):
+        with pytest.raises(UserError, match=r"label.rationale_tokens=40 leaves the judge model's 48 positions"):
+            build()
+
+
 def test_swapping_the_responses_gives_one_minus_p(hf_judge):
     p_ab, *_ = debiased(hf_judge, PROMPTS, FIRST, SECOND, PRINCIPLES)
     p_ba, *_ = debiased(hf_judge, PROMPTS, SECOND, FIRST, PRINCIPLES)
