@@ -51,6 +51,11 @@ def runtime_field(default, **kwargs):
     return Field(default, json_schema_extra=RUNTIME, **kwargs)
 
 
+def processes(stage: str) -> str:
+    """How a stage's process count is set, for the errors of settings that must divide by it."""
+    return f"the processes ({stage}.nproc on CPUs; one per GPU on GPUs, times the nodes)"
+
+
 def without(keyed: dict, unread: set[str]) -> dict:
     """A section's cache-key dump without the settings its options never read (a cache_key_view's usual result)."""
     return {name: value for name, value in keyed.items() if name not in unread}

@@ -13,10 +13,13 @@ DEFAULT_PREAMBLE = ("You compare two responses to a request. A better response f
                     "closely, and answers the request.")
 
 
+SHORTEST_JUDGE_INPUT = 16  # tokens: hf.max_length's floor, and the least room a judge model's positions must leave
+
+
 class HFJudgeConfig(Strict):
     model: str = ""
     """The judge: a Hugging Face causal-LM directory (local path or s3:// URL). Required for judge `hf`."""
-    max_length: int = Field(1024, ge=16)
+    max_length: int = Field(1024, ge=SHORTEST_JUDGE_INPUT)
     """Longest judge input in tokens, and never more than the judge model's positions (less the rationale's tokens
     with chain of thought); longer inputs lose their beginning (the question at the end is kept)."""
     trust_remote_code: bool = False

@@ -5,11 +5,11 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from rlaif.config.base import Strict, Temperature, runtime_field, without
+from rlaif.config.base import Strict, Temperature, processes, runtime_field, without
 from rlaif.errors import UserError
 
 # Processes: one per GPU on GPU machines, else ppo.nproc (or train_rm.nproc)
-WORLD_FIX = "change it, or the processes (ppo.nproc on CPUs; one per GPU on GPUs, times the nodes)"
+WORLD_FIX = f"change it, or {processes('ppo')}"
 
 
 class PPOConfig(Strict):

@@ -13,6 +13,7 @@ from rlaif.config.base import (
     Temperature,
     TemperatureOrGreedy,
     no_credentials,
+    processes,
     runtime_field,
     without,
 )
@@ -172,9 +173,6 @@ class LabelConfig(JudgeSettings):
         return self.mode == "score" or super().reads_temperature
 
 
-TRAIN_RM_PROCESSES = "the processes (train_rm.nproc on CPUs; one per GPU on GPUs, times the nodes)"
-
-
 class TrainRMConfig(Strict):
     backbone: str = "builtin:minilm"
     """Reward-model backbone: a HF directory or `builtin:minilm` (pretrained all-MiniLM-L6-v2 from
@@ -240,10 +238,10 @@ class TrainRMConfig(Strict):
         if self.batch_size % (world * self.grad_accum_steps):
             raise UserError(f"train_rm.batch_size={self.batch_size} must be divisible by processes x "
                             f"grad_accum_steps ({world} x {self.grad_accum_steps}): change it, "
-                            f"train_rm.grad_accum_steps or {TRAIN_RM_PROCESSES}")
+                            f"train_rm.grad_accum_steps or {processes('train_rm')}")
         if self.student.layers and self.student.batch_size % world:
             raise UserError(f"train_rm.student.batch_size={self.student.batch_size} must be divisible by the {world} "
-                            f"processes: change it, or {TRAIN_RM_PROCESSES}")
+                            f"processes: change it, or {processes('train_rm')}")
 
     def cache_key_view(self, keyed: dict) -> dict:
         """Settings these options never read are left out: no student (layers 0), no adapter (lora_rank 0), DDP (no

@@ -26,10 +26,11 @@ JUDGES_WITHOUT_PRINCIPLES = ("rules", "reference")  # their verdicts read no pri
 
 def judge_principles(settings) -> list[dict]:
     """The principles `settings`' judge applies (label's settings or an evaluation judge's, whose errors name their
-    own constitution key). The rules and reference judges read none: with `constitution: ''` they run under one empty
-    principle named after the judge; given a file, its principles are checked and recorded as for any judge."""
+    own constitution key). The rules and reference judges read none: with `constitution: ''`, or as an evaluation's
+    reference judge (whose constitution is never read), they run under one empty principle named after the judge;
+    given a file that is read, its principles are checked and recorded as for any judge."""
     setting = f"{settings.setting}.constitution"
-    if settings.constitution:
+    if settings.constitution and settings.reads_constitution:
         return load_constitution(settings.constitution, setting, settings.judge in JUDGES_WITHOUT_PRINCIPLES)
     if settings.judge in JUDGES_WITHOUT_PRINCIPLES:
         return [{"name": settings.judge, "text": ""}]

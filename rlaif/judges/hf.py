@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from rlaif.config.judges import SHORTEST_JUDGE_INPUT
 from rlaif.distributed import local_device
 from rlaif.errors import UserError
 from rlaif.judges import prompting
@@ -23,8 +24,6 @@ from rlaif.models.generation import (
     token_logprobs,
 )
 from rlaif.models.loading import config_position_limit, load_causal_lm, load_tokenizer, resolve
-
-SHORTEST_INPUT = 16  # tokens: hf.max_length's floor, and the least room a judge model's positions must leave
 
 
 def answer_token(tokenizer, cue: str, answer: str) -> int:
@@ -48,9 +47,9 @@ def judge_positions(settings, path) -> int | None:
     config = AutoConfig.from_pretrained(str(path), trust_remote_code=settings.hf.trust_remote_code)
     limit = config_position_limit(config)
     rationale = settings.rationale_tokens if settings.chain_of_thought else 0
-    if limit is not None and limit - rationale < SHORTEST_INPUT:
+    if limit is not None and limit - rationale < SHORTEST_JUDGE_INPUT:
         raise UserError(f"{settings.setting}.rationale_tokens={rationale} leaves the judge model's {limit} positions "
-                        f"less than {SHORTEST_INPUT} tokens for its input ({path}): lower it")
+                        f"less than {SHORTEST_JUDGE_INPUT} tokens for its input ({path}): lower it")
     return limit
 
 

@@ -121,8 +121,7 @@ def check_judges(cfg: PipelineConfig, prompts: list[dict]) -> None:
     from rlaif.judges.prompting import load_few_shot
 
     for where, judge in (("label", cfg.label), *((j.setting, j) for j in cfg.evaluate.judges)):
-        if judge.reads_constitution:
-            judge_principles(judge)
+        judge_principles(judge)
         if judge.judge in ("hf", "openai"):
             load_few_shot(judge.few_shot)
         if judge.judge == "hf" and not judge.hf.model:

@@ -101,7 +101,7 @@ def judge_all(cfg, prompts, tuned: Answers, start: Answers) -> tuple[dict, dict]
     results, p_by_judge = {}, {}
     for spec in judge_specs(cfg, references):
         judge = make_judge(spec, cfg.label.batch_size, references)
-        principles = judge_principles(spec) if spec.reads_constitution else [{"name": "reference", "text": ""}]
+        principles = judge_principles(spec)
         p_tuned, _, _, consistent, _ = compare(judge, principles, spec.principles, cfg.seed + 1,
                                                [p["id"] for p in prompts], [p["prompt"] for p in prompts],
                                                tuned.text, start.text)

@@ -208,4 +208,3 @@ def test_judge_errors_are_one_clear_line(tmp_path, judge_model_dir):
     bad_shots.write_text('{"prompt": "q"}\n')
     with pytest.raises(UserError, match="line 1: needs prompt"):
         prompting.load_few_shot(str(bad_shots))
-
