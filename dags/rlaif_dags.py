@@ -37,7 +37,8 @@ SPEC = cluster.load(os.environ.get("RLAIF_CLUSTER_CONFIG"))
 JUDGE = judge_from_env(os.environ.get("RLAIF_LABEL_JUDGE"))
 # The graph's streaming edges (label <- generate) are dropped and the streaming stage launched with streaming on.
 STREAMING = flag_from_env("RLAIF_LABEL_STREAMING", os.environ.get("RLAIF_LABEL_STREAMING"))
-RUN_ID = "{{ params.run_id or dag_run.run_id }}"  # `rlaif launch` makes it a safe path segment
+RUN_ID = "{{ params.run_id }}"  # checked by `rlaif launch`; empty: this DAG run's id below
+DAG_RUN_ID = "{{ dag_run.run_id }}"  # `rlaif launch --default-run-id` makes it a safe path segment
 LOCK_OWNER = "airflow:{{ dag.dag_id }}:{{ dag_run.run_id }}:{{ task.task_id }}"  # a retry of a task takes its lock back
 
 PARAMS = {
@@ -74,7 +75,8 @@ def _launch_args(stage) -> list[str]:
     """`rlaif launch` arguments, templated by Airflow: the same for a pod and for a local process."""
     streams = ["--set", f"{stage.name}.streaming=true"] if STREAMING and stage.streams_from else []
     return ["launch", stage.name, "--config", "{{ params.config }}", "--set-json", "{{ params.overrides | tojson }}",
-            "--run-id", RUN_ID, "--storage-root", "{{ params.storage_root }}", "--pipeline", *streams]
+            "--run-id", RUN_ID, "--default-run-id", DAG_RUN_ID, "--storage-root", "{{ params.storage_root }}",
+            "--pipeline", *streams]
 
 
 def _pod_task(stage) -> KubernetesPodOperator:

@@ -52,7 +52,10 @@ def _launch_parser(sub, config_args) -> None:
     config_args(launch)
     launch.add_argument("--set-json", default="[]", metavar="JSON",
                         help='overrides as a JSON list, e.g. \'["ppo.lr=1e-5"]\' (what the DAGs pass)')
-    launch.add_argument("--run-id", default="", help="run id; empty: the config's")
+    launch.add_argument("--run-id", default="", help="run id; empty: --default-run-id, else the config's")
+    launch.add_argument("--default-run-id", default="", metavar="NAME",
+                        help="an orchestrator's run name (e.g. Airflow's dag_run.run_id), made a safe directory name: "
+                             "the run id where --run-id is empty")
     launch.add_argument("--storage-root", default="", help="storage root; empty: the config's")
     launch.add_argument("--pipeline", action="store_true", help="a step of a whole run (the DAGs pass it): both "
                         "prompt splits must hold prompts")
@@ -226,7 +229,7 @@ def _launch(args) -> int:
         extra = None
     if not isinstance(extra, list) or not all(isinstance(x, str) for x in extra):
         raise UserError(f"--set-json must be a JSON list of KEY=VALUE strings, got {args.set_json!r}")
-    run_id = safe_run_id(args.run_id) if args.run_id else ""
+    run_id = args.run_id or (safe_run_id(args.default_run_id) if args.default_run_id else "")
     if args.manifest_out:
         from rlaif.io.user_files import check_output_file
 
@@ -294,8 +297,24 @@ def _stopped(how: str) -> None:
         print(how, file=sys.stderr)
 
 
+def check_run_id(args) -> None:
+    """Every command's --run-id, checked here by the config's own rule (run_id names a directory under the storage
+    root) and refused, never rewritten: a rewritten id (`../escape` -> `escape`) is a directory the user did not name.
+    Empty means the command's default (the config's, the KFP run's name)."""
+    from rlaif.config import PipelineConfig
+
+    value = getattr(args, "run_id", None)
+    if not value:
+        return
+    try:
+        PipelineConfig._run_id(value)  # the run_id field's validator: one rule for flags, configs and --set
+    except ValueError as exc:
+        raise UserError(f"--run-id {value!r}: {exc}") from None
+
+
 def _dispatch(args) -> int:
     try:
+        check_run_id(args)
         if args.command not in ("graph", "config"):
             from rlaif.io import storage
 

@@ -102,7 +102,26 @@ def check_settings(settings) -> None:
     label have run): an MLflow server named. (W&B's key can live in a netrc entry for any host or its settings file:
     its own start, in the stage, is the check.)"""
     if "mlflow" in settings.report_to:
-        mlflow_uri(settings)
+        check_mlflow_answers(mlflow_uri(settings))
+
+
+def check_mlflow_answers(uri: str, timeout_s: float = 10.0) -> None:
+    """An MLflow server (http or https URI) answers its health check: a server that is down or never answers is a
+    one-line error now, not after generate and label have run."""
+    if not uri.startswith(("http://", "https://")):
+        return  # databricks, file stores: the client's own start in the stage is the check
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s):
+            return
+    except urllib.error.HTTPError:
+        return  # it answered (an older server without /health, a proxy asking for credentials): the stage checks
+    except (OSError, ValueError) as exc:  # refused, unresolvable, timed out, a malformed URL
+        reason = " ".join(str(getattr(exc, "reason", exc)).split())[:120]
+        raise UserError(f"MLflow server {uri} did not answer ({reason}): start it, or fix "
+                        "tracking.mlflow_tracking_uri / $MLFLOW_TRACKING_URI") from None
 
 
 class WandbRun:

@@ -78,10 +78,20 @@ class RulesJudgeConfig(Strict):
     def _compiles(cls, v: str | None) -> str | None:
         if v is not None:
             try:
-                re.compile(v)
+                compiled = re.compile(v)
             except re.error as exc:
                 raise ValueError(f"is not a valid regular expression: {exc}") from None
+            if compiled.search(""):
+                raise ValueError(f"{v!r} matches the empty string, so every response passes it: give a pattern "
+                                 "that needs something, or leave it out")
         return v
+
+    @model_validator(mode="after")
+    def _length_range(self):
+        if self.max_words is not None and self.min_words > self.max_words:
+            raise ValueError(f"min_words={self.min_words} is above max_words={self.max_words}: no response could "
+                             "pass the length check")
+        return self
 
 
 DEFAULT_RUDE_TERMS = ["stupid", "idiot", "dumb", "shut up", "figure it out yourself", "look it up", "ask someone else",

@@ -80,6 +80,9 @@ def _suggest(key: str) -> str:
     import difflib
 
     keys = [k for k, *_ in config_fields()]
+    if key in keys:  # a dotted name written as one YAML key: 'ppo.iterations: 3' at the top level
+        section, _, name = key.rpartition(".")
+        return f" (a dotted name is one key in YAML: nest it, '{section}:' then '  {name}: ...' under it)"
     sections = {k.rsplit(".", 1)[0] for k in keys if "." in k}
     close = difflib.get_close_matches(key, keys + sorted(sections), n=1, cutoff=0.8)
     return f" (did you mean '{close[0]}'?)" if close else ""
@@ -98,6 +101,9 @@ def _describe(err: ValidationError) -> str:
     message = f"bad value for config key '{key}': {first['msg'].removeprefix('Value error, ')}"
     if first["type"] == "string_type" and isinstance(first.get("input"), (bool, int, float, datetime.date)):
         message += ": put it in quotes to keep it text (YAML reads yes/no/on/off, numbers and dates as such)"
+    elif (first["type"] in ("list_type", "dict_type", "model_type") and isinstance(first.get("input"), str)
+          and first["input"].lstrip().startswith(("[", "{"))):  # _parse_value kept the text: it is not YAML
+        message += ": it was read as text, not as a YAML list or mapping: check its brackets, commas and quotes"
     elif "input" in first and first["input"] is None:
         message += ": it was given no value (empty, or null): write one, or leave the key out for its default"
     return message

@@ -2,6 +2,7 @@
 [{id, prompt, key_points?, reference?}]; and the stable held-out split."""
 from __future__ import annotations
 
+import difflib
 import hashlib
 import re
 
@@ -28,6 +29,7 @@ def _prompt_id(record: dict, column: str, default_id: str, where: str) -> str:
 
 def _references(record: dict, columns: PromptColumns, where: str) -> dict:
     """A row's optional ground truth for the reference judge: key points (a list of strings), a reference (text)."""
+    _no_near_miss(record, (columns.key_points, columns.reference), where)
     out = {}
     points = record.get(columns.key_points)
     if points is not None:
@@ -43,6 +45,19 @@ def _references(record: dict, columns: PromptColumns, where: str) -> dict:
                             "has none)")
         out["reference"] = reference
     return out
+
+
+def _no_near_miss(record: dict, columns: tuple[str, ...], where: str) -> None:
+    """A field spelled almost as an optional column ('keypoints', 'refrence') is refused: read as absent, it would
+    quietly leave the reference judge without its ground truth."""
+    for column in columns:
+        if column in record:
+            continue
+        keys = {key.lower(): key for key in record if isinstance(key, str)}
+        near = difflib.get_close_matches(column.lower(), keys, n=1, cutoff=0.8)
+        if near:
+            raise UserError(f"{where} has a field {keys[near[0]]!r} where {column!r} is read: rename it, or point "
+                            f"data.columns at it")
 
 
 JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
@@ -138,12 +153,22 @@ def check_splits(data: DataConfig, rows: list[dict]) -> None:
 
 
 def split_rows(rows: list[dict], data: DataConfig, which: str) -> list[dict]:
-    """The rows of one split ("train" or "eval") of the prompts `load_prompts` read."""
-    held = [r for r in rows if is_held_out(r["id"], data.eval_fraction) == (which == "eval")]
+    """The rows of one split ("train" or "eval") of the prompts `load_prompts` read. A text given more than once (under
+    other ids, or differing only in case and spacing) goes where its first row's id sends it: the held-out prompts
+    stay unseen by training."""
+    deciding_id: dict[str, str] = {}
+    for row in rows:
+        deciding_id.setdefault(_same_text(row["prompt"]), row["id"])
+    held = [r for r in rows
+            if is_held_out(deciding_id[_same_text(r["prompt"])], data.eval_fraction) == (which == "eval")]
     if not held:
         raise UserError(f"the {which} split of {data.prompts} is empty ({len(rows)} prompts, "
                         f"data.eval_fraction={data.eval_fraction}): add prompts or adjust data.eval_fraction")
     return held
+
+
+def _same_text(prompt: str) -> str:
+    return " ".join(prompt.split()).casefold()
 
 
 def read_demonstrations(path: str) -> list[dict]:

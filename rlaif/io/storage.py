@@ -82,6 +82,9 @@ def normalize(url: str) -> str:
         return "file://" + str(Path(url).expanduser().resolve())
     scheme, rest = url.split("://", 1)
     if scheme == "file":
+        if not rest:
+            raise UserError(f"storage URL {url!r} has no path: write file:///absolute/path, file://relative/path or "
+                            "a plain local path")
         return "file://" + str(Path(rest).expanduser().resolve())
     if scheme != "s3":
         raise UserError(f"storage URL {url!r}: only file:// and s3:// are supported")
@@ -97,7 +100,9 @@ def browsable(url: str) -> str:
 
 
 def join(url: str, *parts: str) -> str:
-    return "/".join([url.rstrip("/"), *[p.strip("/") for p in parts]])
+    scheme, separator, path = url.partition("://") if "://" in url else ("", "", url)
+    # Only the path's trailing slashes go: file:/// (the filesystem root) joins to file:///part, not file:/part.
+    return "/".join([scheme + separator + path.rstrip("/"), *[p.strip("/") for p in parts]])
 
 
 def filesystem(url: str):

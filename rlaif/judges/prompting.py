@@ -17,18 +17,44 @@ def score_candidate(k: int) -> str:
     return f" {k}/10"
 
 
+FEW_SHOT_TEXTS = ("prompt", "response_1", "response_2")
+FEW_SHOT_KEYS = (*FEW_SHOT_TEXTS, "preferred", "rationale")
+
+
 def load_few_shot(path: str | None) -> list[dict]:
+    """The worked examples of label.few_shot (JSONL: prompt, response_1, response_2, preferred 1 or 2, optional
+    rationale); every row checked, since a judge reads them into every prompt it writes."""
     if not path:
         return []
     rows = [row for _, row in read_user_jsonl(path, "few-shot file",
                                               "set label.few_shot to a JSONL file of worked examples")]
-    for i, row in enumerate(rows):
-        texts = ("prompt", "response_1", "response_2")
-        if (not isinstance(row, dict) or not {*texts, "preferred"} <= set(row) or row["preferred"] not in (1, 2)
-                or not all(isinstance(row[k], str) for k in texts)):
-            raise UserError(f"few-shot file {path}, line {i + 1}: needs prompt, response_1, response_2 "
-                            "and preferred (1 or 2)")
+    if not rows:
+        raise UserError(f"few-shot file {path} has no examples: add JSONL rows of {', '.join(FEW_SHOT_KEYS[:4])}, "
+                        "or leave label.few_shot out for a zero-shot judge")
+    for line, row in enumerate(rows, 1):
+        problem = few_shot_problem(row)
+        if problem:
+            raise UserError(f"few-shot file {path}, line {line}: {problem}")
     return rows
+
+
+def few_shot_problem(row) -> str | None:
+    """What is wrong with one worked example, or None."""
+    if not isinstance(row, dict):
+        return f"a row must be a JSON object of {', '.join(FEW_SHOT_KEYS[:4])}"
+    unknown = sorted(set(row) - set(FEW_SHOT_KEYS))
+    if unknown:
+        return f"unknown key {unknown[0]!r}: a worked example has {', '.join(FEW_SHOT_KEYS)} (optional)"
+    missing = [key for key in (*FEW_SHOT_TEXTS, "preferred") if key not in row]
+    if missing:
+        return f"needs {missing[0]!r}: a worked example has prompt, response_1, response_2 and preferred (1 or 2)"
+    if not all(isinstance(row[key], str) and row[key].strip() for key in FEW_SHOT_TEXTS):
+        return "prompt, response_1 and response_2 must be non-empty strings"
+    if type(row["preferred"]) is not int or row["preferred"] not in (1, 2):  # not True, not 2.0: written as given
+        return f"preferred must be the number 1 or 2, got {row['preferred']!r}"
+    if "rationale" in row and not (isinstance(row["rationale"], str) and row["rationale"].strip()):
+        return "rationale, where given, must be a non-empty string"
+    return None
 
 
 def _comparison(prompt: str, first: str, second: str) -> str:

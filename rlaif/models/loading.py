@@ -81,16 +81,17 @@ def encoder_position_limit(config) -> int | None:
     return limit
 
 
-def check_backbone_lengths(settings, path: Path) -> None:
+def check_backbone_fits(settings, path: Path) -> None:
     """train_rm's truncation lengths (the reward model's; a student's, built from the same backbone) within the
-    backbone's positions: past them its learned position embeddings index out of range mid-training. Checked before
-    any work and again where the backbone loads."""
+    backbone's positions (past them its learned position embeddings index out of range mid-training), and a student's
+    layers fewer than the backbone's. Checked before any work and again where the backbone loads."""
     from transformers import AutoConfig
 
     try:
-        limit = encoder_position_limit(AutoConfig.from_pretrained(str(path)))
+        config = AutoConfig.from_pretrained(str(path))
     except (OSError, ValueError):
         return  # the loader refuses such a directory with its own message
+    limit = encoder_position_limit(config)
     lengths = {"train_rm.max_length": settings.max_length}
     if settings.student.layers and settings.student.max_length is not None:
         lengths["train_rm.student.max_length"] = settings.student.max_length
@@ -98,6 +99,10 @@ def check_backbone_lengths(settings, path: Path) -> None:
         if limit is not None and length > limit:
             raise UserError(f"{setting}={length} is more than the reward-model backbone's {limit} positions ({path}): "
                             f"set it to {limit} or less")
+    layers = getattr(config, "num_hidden_layers", None)
+    if settings.student.layers and isinstance(layers, int) and settings.student.layers >= layers:
+        raise UserError(f"train_rm.student.layers={settings.student.layers} must be fewer than the reward-model "
+                        f"backbone's {layers} layers ({path}): set it between 1 and {layers - 1}")
 
 
 def minilm_dir() -> Path:

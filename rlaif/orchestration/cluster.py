@@ -24,12 +24,24 @@ class SecretEnv:
     """Pods still start when the secret is absent (e.g. a judge key that only some configs need)."""
 
 
+TOLERATION_OPERATORS = ("Exists", "Equal")
+TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
 @dataclass(frozen=True)
 class Toleration:
     key: str
     operator: str = "Exists"
     value: str | None = None
     effect: str | None = "NoSchedule"
+
+    def __post_init__(self):
+        # Kubernetes refuses these only when the pod is created: in the first pod of a run, not at compile time.
+        if self.operator not in TOLERATION_OPERATORS:
+            raise ValueError(f"gpu_tolerations: operator {self.operator!r} of {self.key!r} must be Exists or Equal")
+        if self.effect not in (None, "", *TOLERATION_EFFECTS):
+            raise ValueError(f"gpu_tolerations: effect {self.effect!r} of {self.key!r} must be one of "
+                             f"{', '.join(TOLERATION_EFFECTS)}, or left out for all effects")
 
 
 @dataclass(frozen=True)
@@ -60,7 +72,8 @@ class ClusterSpec:
     gpu_resource: str = "nvidia.com/gpu"
     """Extended resource name of the GPUs."""
     gpus_per_node: int | None = None
-    """GPUs per pod for the GPU stages; None: graph.py's per-stage default."""
+    """GPUs per pod for the GPU stages; None: graph.py's per-stage default; 0: they run on CPU, as with use_gpus
+    false (the CPU image, their config's nproc ranks over gloo)."""
     gpu_node_selector: dict[str, str] = field(default_factory=dict)
     """Node labels that pick the GPU type, e.g. {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}."""
     gpu_tolerations: tuple[Toleration, ...] = (Toleration(key="nvidia.com/gpu"),)
@@ -111,6 +124,11 @@ class ClusterSpec:
 K8S_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # DNS-1123 label (63 at most): namespaces
 K8S_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")  # 253: secrets, accounts
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# A container image reference as the distribution spec writes it: [registry[:port]/]path[:tag][@algorithm:digest].
+_IMAGE_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_REGISTRY = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*(?::[0-9]+)?/)?"
+IMAGE_REF = re.compile(rf"{_REGISTRY}{_IMAGE_PART}(?:/{_IMAGE_PART})*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?"
+                       r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?")
 SECRET_WORDS = {"SECRET", "TOKEN", "PASSWORD", "PASSWD"}  # whole words of a variable's name
 SECRET_PAIRS = ("API_KEY", "ACCESS_KEY")
 
@@ -143,6 +161,10 @@ def _check_types(spec: ClusterSpec) -> None:
                              "quotes")
     if not spec.image or not spec.gpu_image:
         raise ValueError("image and gpu_image must name container images")
+    for name, image in (("image", spec.image), ("gpu_image", spec.gpu_image)):
+        if not IMAGE_REF.fullmatch(image):
+            raise ValueError(f"{name} {image!r} is not a container image reference: write it as "
+                             "registry/name:tag, e.g. ghcr.io/rlaif/rlaif:0.1.0 (no spaces, lowercase name)")
     for name, value, low, high in (("gpus_per_node", spec.gpus_per_node, 0, 64), ("shm_gib", spec.shm_gib, 1, 4096),
                                    ("retries", spec.retries, 0, 100), ("run_as_user", spec.run_as_user, 0, 2**31 - 1)):
         if value is not None and not low <= value <= high:
@@ -156,12 +178,24 @@ def _check_types(spec: ClusterSpec) -> None:
     for secret in spec.secrets:
         if not all(isinstance(k, str) and ENV_NAME.fullmatch(k) and isinstance(v, str) for k, v in secret.env.items()):
             raise ValueError(f"secret {secret.name}: env must map variable names to the secret's keys (text)")
+    _check_secret_variables_unique(spec.secrets)
     for name in spec.env:
         if not ENV_NAME.fullmatch(name):
             raise ValueError(f"env: {name!r} is not an environment variable name")
         if _looks_secret(name):
             raise ValueError(f"env: {name} looks like a credential, which `env` would write into the pipeline in "
                              "plain text: put it in a Kubernetes secret and map it under `secrets`")
+
+
+def _check_secret_variables_unique(secrets: tuple[SecretEnv, ...]) -> None:
+    """One secret per environment variable: with two, the pod would get whichever Kubernetes applies last."""
+    owner: dict[str, str] = {}
+    for secret in secrets:
+        for variable in secret.env:
+            if variable in owner:
+                raise ValueError(f"secrets: {variable} is mapped by both {owner[variable]} and {secret.name}: keep "
+                                 "one of them")
+            owner[variable] = secret.name
 
 
 def from_dict(raw: dict) -> ClusterSpec:

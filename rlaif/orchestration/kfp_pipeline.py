@@ -7,6 +7,7 @@ Components pass the small manifest artifacts; the shards and models stay in obje
 from typing import List
 from urllib.parse import urlsplit
 
+import kfp
 from kfp import compiler, dsl, kubernetes
 from rlaif_components.evaluate.component import evaluate
 from rlaif_components.generate.component import generate
@@ -142,13 +143,75 @@ def _check_components_dir(root) -> None:
         raise UserError(f"--components-dir {root}: {existing} is a file, not a directory: name another directory")
 
 
-def submit(endpoint: str, config: str | None, overrides: list[str], run_id: str, storage_root: str,
-           cluster: str | None, experiment: str, client=None) -> str:
-    """Submits one run through kfp.Client. A local config file is sent inline (the pods cannot read this machine's
-    files); an s3:// URL is passed as is."""
-    import warnings
+KFP_TIMEOUT_S = 15.0  # seconds one request to the KFP API server may take (urllib3 retries a GET up to 3 times)
+HEALTHZ = "/apis/v2beta1/healthz"
 
-    import kfp
+
+def check_answers(endpoint: str, timeout_s: float) -> None:
+    """One bounded GET of the API server's healthz before kfp.Client is made: the client's own first request (in its
+    constructor) has no time limit, so an endpoint that accepts connections and never answers would hang forever."""
+    import http.client
+    import urllib.error
+    import urllib.request
+
+    from rlaif.errors import UserError, redact
+
+    parts = urlsplit(endpoint.strip())
+    url = parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1]).geturl().rstrip("/") + HEALTHZ  # no credentials
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # kfp.Client ignores $HTTP_PROXY too
+    try:
+        with opener.open(url, timeout=timeout_s):
+            return
+    except urllib.error.HTTPError:  # an answer (e.g. an auth proxy's 401): kfp.Client reports what it means
+        return
+    except (OSError, ValueError, http.client.HTTPException) as exc:  # URLError and TimeoutError are OSErrors
+        reason = getattr(exc, "reason", exc)
+        what = (f"did not answer within {timeout_s:g}s" if isinstance(reason, TimeoutError)
+                else f"cannot be reached ({type(reason).__name__}: {' '.join(str(reason).split())[:120]})")
+        raise UserError(f"KFP endpoint {redact(endpoint)} {what}: check --endpoint (the KFP API server's URL) and "
+                        "that the server is up and reachable from here") from None
+
+
+def bound_requests(api_client, timeout_s: float) -> None:
+    """kfp.Client has no timeout setting, and its REST client passes urllib3 `timeout=None` (no limit) to every
+    request not given one: each request of this client gets (connect, read) limits instead."""
+    rest = api_client.rest_client
+    if getattr(rest, "rlaif_timeout_s", None) is not None:
+        return
+    unbounded = rest.request
+
+    def bounded(*args, _request_timeout=None, **kwargs):
+        return unbounded(*args, _request_timeout=_request_timeout or (timeout_s, timeout_s), **kwargs)
+
+    rest.request, rest.rlaif_timeout_s = bounded, timeout_s
+
+
+def _timed_out(exc: Exception) -> bool:
+    """A request of the kfp client that reached its time limit (urllib3 wraps it in MaxRetryError after retries)."""
+    import urllib3
+
+    return isinstance(exc, urllib3.exceptions.TimeoutError) or isinstance(
+        getattr(exc, "reason", None), urllib3.exceptions.TimeoutError)
+
+
+class BoundedClient(kfp.Client):
+    """kfp.Client whose every request to the API server is bounded by `timeout_s`, the constructor's healthz too."""
+
+    def __init__(self, host: str, timeout_s: float):
+        self._timeout_s = timeout_s
+        super().__init__(host=host)
+        bound_requests(self._healthz_api.api_client, timeout_s)  # where a namespace is set, the constructor asked none
+
+    def get_kfp_healthz(self, sleep_duration: int = 5):
+        bound_requests(self._healthz_api.api_client, self._timeout_s)  # all the APIs share this client
+        return super().get_kfp_healthz(sleep_duration)
+
+
+def submit(endpoint: str, config: str | None, overrides: list[str], run_id: str, storage_root: str,
+           cluster: str | None, experiment: str, client=None, timeout_s: float = KFP_TIMEOUT_S) -> str:
+    """Submits one run through kfp.Client. A local config file is sent inline (the pods cannot read this machine's
+    files); an s3:// URL is passed as is. Each request to the API server may take `timeout_s` seconds."""
+    import warnings
 
     from rlaif.errors import UserError, redact
     from rlaif.io import storage, user_files
@@ -164,10 +227,12 @@ def submit(endpoint: str, config: str | None, overrides: list[str], run_id: str,
     cfg = load_config_source(config, overrides, run_id, storage_root)
     storage.normalize(cfg.storage.root)  # a malformed root (s3:/bucket) is refused as `rlaif run` refuses it
     pipeline = build_pipeline(load(cluster), cfg.label.pod_judge, cfg.label.streaming)
+    if client is None:
+        check_answers(endpoint, timeout_s)
     try:
         with warnings.catch_warnings():  # kfp.Client warns about server versions on every construction
             warnings.simplefilter("ignore")  # and about hosts it rewrites: a failure is reported below
-            client = client or kfp.Client(host=endpoint)
+            client = client or BoundedClient(endpoint, timeout_s)
         run = client.create_run_from_pipeline_func(
             pipeline, experiment_name=experiment,
             arguments={"config": config or "configs/demo.yaml", "overrides": list(overrides), "run_id": run_id,
@@ -176,6 +241,9 @@ def submit(endpoint: str, config: str | None, overrides: list[str], run_id: str,
     except Exception as exc:  # urllib3/kfp_server_api raise many types for one cause: the server did not answer
         if isinstance(exc, UserError):
             raise
+        if _timed_out(exc):
+            raise UserError(f"KFP endpoint {redact(endpoint)} did not answer within {timeout_s:g}s while submitting: "
+                            "check that the KFP API server is up and not overloaded, then submit again") from None
         reason = " ".join(str(exc).split())[:160]
         raise UserError(f"KFP endpoint {redact(endpoint)} did not accept the run ({type(exc).__name__}: "
                         f"{redact(reason)}): check --endpoint and that the KFP API server is reachable") from None

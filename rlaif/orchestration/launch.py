@@ -57,6 +57,7 @@ def prepare(cfg: PipelineConfig, pipeline: bool = False, launched: str | None = 
     prompts = load_prompts(cfg.data)
     check_judges(cfg, prompts)
     check_models(cfg)
+    check_packages(cfg)
     tracking.check_settings(cfg.tracking)
     if pipeline:
         check_splits(cfg.data, prompts)
@@ -157,12 +158,12 @@ def check_models(cfg: PipelineConfig) -> None:
     """Local model directories the stages will load (policy, hf judges, reward-model backbone), checked before any
     work; hub models are resolved to a commit now (downloaded by the stage that loads them); s3:// ones are checked
     when downloaded. The model cache must be writable (the built-in policy lives there)."""
-    from rlaif.models.loading import TINY_LLAMA, check_backbone_lengths
+    from rlaif.models.loading import TINY_LLAMA, check_backbone_fits
 
     # (role, model setting, trust_remote_code, what else a local copy must pass for that role)
     roles = [("policy model", cfg.policy.model, cfg.policy.trust_remote_code, None),
              ("reward-model backbone", cfg.train_rm.backbone, False,
-              lambda path: check_backbone_lengths(cfg.train_rm, path)),  # the policy's lengths: check_prompts_fit
+              lambda path: check_backbone_fits(cfg.train_rm, path)),  # the policy's lengths: check_prompts_fit
              *(("judge model", judge.hf.model, judge.hf.trust_remote_code,
                 functools.partial(check_judge_model, settings=judge))
                for judge in (cfg.label, *cfg.evaluate.judges) if judge.judge == "hf")]
@@ -174,6 +175,26 @@ def check_models(cfg: PipelineConfig) -> None:
         read_demonstrations(cfg.policy.tiny.demonstrations)
     if any(spec == TINY_LLAMA or spec.startswith("s3://") for _, spec, *_ in roles):
         check_model_cache_writable()  # the built-in policy is built there, s3:// models are downloaded there
+
+
+# (setting, the value that needs a package, the package to import, the extra that installs it)
+OPTIONAL_PACKAGES = [("optimizer", "adamw_8bit", "bitsandbytes", "bnb"),
+                     ("strategy", "deepspeed", "deepspeed", "deepspeed")]
+
+
+def check_packages(cfg: PipelineConfig) -> None:
+    """The optional packages the training stages' settings need are installed on this machine, which runs them:
+    refused before generate and label, not where the stage builds its optimizer. (In a pod, where each stage has
+    its own image, the stage checks its own.)"""
+    import importlib.util
+
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return
+    for stage in ("train_rm", "ppo"):
+        for setting, value, package, extra in OPTIONAL_PACKAGES:
+            if getattr(getattr(cfg, stage), setting) == value and importlib.util.find_spec(package) is None:
+                raise UserError(f"{stage}.{setting}={value} needs {package}: pip install 'rlaif[{extra}]', or choose "
+                                f"another {stage}.{setting}")
 
 
 def checked_model(role: str, spec: str, trust_remote_code: bool) -> Path | None:

@@ -134,7 +134,8 @@ def stage_gpus(stage: Stage, cluster: ClusterSpec, judge: str | None = None) -> 
         return override.gpus
     if stage.resources.gpus == 0 or (stage.resources.gpu_for_judge_only and judge in JUDGES_WITHOUT_MODEL):
         return 0
-    return cluster.gpus_per_node or stage.resources.gpus
+    # 0 is a choice (CPU pods: launch then runs the config's nproc ranks over gloo), not "unset"
+    return cluster.gpus_per_node if cluster.gpus_per_node is not None else stage.resources.gpus
 
 
 def pod_plan(stage: Stage, cluster: ClusterSpec, judge: str | None = None) -> PodPlan:

@@ -2,7 +2,10 @@
 proxy, which spreads requests over replicas and replaces a replica that dies. `build` is the application builder a
 KubeRay RayService names in its serveConfigV2 (import_path `rlaif.serving.ray_app:build`); `rlaif serve` runs the same
 application on a local Ray instance."""
+import contextlib
+import os
 import signal
+import socket
 import threading
 import time
 
@@ -12,6 +15,7 @@ from ray import serve
 from starlette.requests import Request as StarletteRequest
 
 from rlaif.config import PipelineConfig, dump_config, parse_config
+from rlaif.errors import UserError
 from rlaif.serving import api
 
 app = FastAPI(title="rlaif model service")
@@ -78,13 +82,93 @@ def start_serve(settings, attempts: int = 5) -> None:
             time.sleep(1.0 + attempt)
 
 
+PREFLIGHT_TIMEOUT_S = 10.0
+# Ray 2.x retries a GCS address that accepts connections but never answers 20 times, ~40 s each, and its per-try
+# timeout (RAY_py_gcs_connect_timeout_s) is fixed once ray is imported; one try (this setting, read by each
+# ray.init) bounds joining such a listener to ~40 s. A user's own setting of it wins.
+GCS_WAIT_ENV = "RAY_gcs_server_port_wait_time_s"
+ADDRESS_FORMS = ("host:port (the head's GCS port, e.g. 10.0.0.5:6379), ray://host:port (Ray Client, e.g. "
+                 "ray://10.0.0.5:10001) or auto (the cluster `ray start` began on this machine)")
+
+
+def target_address(address: str | None) -> tuple[str | None, str]:
+    """The cluster ray.init will join and where that address came from: as Ray does, RAY_ADDRESS stands in for a
+    missing --address or for auto. None: start Ray here."""
+    from_env = os.environ.get("RAY_ADDRESS")
+    if from_env and address in (None, "auto"):
+        return from_env, "RAY_ADDRESS"
+    return address, "--address"
+
+
+def host_port(address: str) -> tuple[str, int] | None:
+    """(host, port) of host:port, [ipv6]:port or ray://either; None for anything else (Ray's own parser takes ports
+    like 'x' or 99999 and hosts with spaces, and fails later or hangs)."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:  # an IPv6 host needs brackets, or its port is ambiguous
+        return None
+    if not sep or not host or any(c.isspace() for c in host) or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    return host, int(port)
+
+
+def preflight(address: str, source: str) -> None:
+    """Refuse, within PREFLIGHT_TIMEOUT_S, a cluster address nothing listens on: ray.init would retry it for
+    minutes."""
+    where = host_port(address)
+    if where is None:
+        raise UserError(f"{source} {address!r} is not a Ray cluster address: give {ADDRESS_FORMS}, or drop it to "
+                        "start Ray here")
+    try:
+        socket.create_connection(where, timeout=PREFLIGHT_TIMEOUT_S).close()
+    except OSError as exc:
+        reason = exc.strerror or f"no answer in {PREFLIGHT_TIMEOUT_S:g} s"
+        raise UserError(f"no Ray cluster answers at {address} ({reason}): start the cluster there (ray start "
+                        f"--head) or fix {source}") from None
+
+
+@contextlib.contextmanager
+def bounded_gcs_wait():
+    """One GCS connect try (unless the user set GCS_WAIT_ENV) while ray.init runs; the environment as it was after."""
+    user_set = GCS_WAIT_ENV in os.environ
+    os.environ.setdefault(GCS_WAIT_ENV, "1")
+    try:
+        yield
+    finally:
+        if not user_set:
+            os.environ.pop(GCS_WAIT_ENV, None)
+
+
+def connect(address: str | None) -> str | None:
+    """ray.init: join the cluster at `address` (or RAY_ADDRESS), or start Ray here when there is none. Returns the
+    cluster joined (None: started here). A cluster that is not there ends in one UserError line, in bounded time."""
+    import ray
+
+    target, source = target_address(address)
+    if target is not None and target != "auto":
+        preflight(target, source)
+    options = {"include_dashboard": False, "log_to_driver": False, "ignore_reinit_error": True}
+    if target is None:
+        ray.init(**options)
+        return None
+    try:
+        with bounded_gcs_wait():
+            ray.init(address=target, **options)
+    except (ConnectionError, ValueError, TimeoutError, RuntimeError) as exc:
+        problem = (str(exc).strip().splitlines() or [type(exc).__name__])[0].split(". ")[0].rstrip(".")
+        raise UserError(f"could not join the Ray cluster at {target} ({source}): {problem}; start the cluster "
+                        f"(ray start --head) or fix {source}") from None
+    return target
+
+
 def run(cfg: PipelineConfig, address: str | None) -> None:
     """Start Ray (or join the cluster at `address`), deploy the service and block until SIGINT/SIGTERM; then remove
     it (and stop Ray when this process started it)."""
     import ray
 
     settings = cfg.serve
-    ray.init(address=address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    joined = connect(address)  # a cluster's address, RAY_ADDRESS's included; None: Ray started here
     start_serve(settings)
     serve.run(application(cfg), name=settings.service_name, route_prefix=settings.route_prefix, blocking=False)
     replicas = (f"{settings.min_replicas}-{settings.max_replicas} replicas (autoscaling)" if settings.autoscale
@@ -95,7 +179,7 @@ def run(cfg: PipelineConfig, address: str | None) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
-    if address:  # a shared cluster: remove only this service
+    if joined:  # a shared cluster: remove only this service
         serve.delete(settings.service_name)
     else:
         serve.shutdown()

@@ -55,13 +55,14 @@ class Tally:
 
     def __init__(self):
         self.histogram = [0] * HISTOGRAM_BINS
-        self.seen = self.kept = self.consistent = 0
+        self.seen = self.kept = self.consistent = self.kept_ties = 0
         self.p_sum = 0.0
         self.reference_clear = self.reference_agree = self.reference_graded = 0
 
     def add(self, label: dict, kept: bool, p_reference: float | None) -> None:
         self.seen += 1
         self.kept += kept
+        self.kept_ties += kept and label["p_a"] == 0.5
         self.histogram[min(int(label["p_a"] * HISTOGRAM_BINS), HISTOGRAM_BINS - 1)] += 1
         self.consistent += label.get("position_consistent", True)
         self.p_sum += label["p_a"]
@@ -90,6 +91,17 @@ def pair_shards(ctx: StageContext, pairs_url: str) -> tuple[Iterable[dict], int 
                                "label.stream_timeout_s")
     print(f"label: streaming generate's shards from {pairs_url} as they land", flush=True)
     return follower.shards(), None, follower
+
+
+def check_informative(tally: Tally, judge: str, min_confidence: float) -> None:
+    """Labels a reward model can learn from: some kept, not every one a tie."""
+    if tally.kept == 0:
+        raise UserError(f"label: all {tally.seen} pairs were dropped as low-confidence: lower label.min_confidence "
+                        f"(now {min_confidence})")
+    if tally.kept_ties == tally.kept:
+        raise UserError(f"label: judge '{judge}' preferred neither response in every one of the {tally.kept} "
+                        "kept pairs (all labels 0.5), so the reward model has nothing to learn: check the judge's "
+                        "settings (label.*; a rules judge needs checks the responses differ on) and its answers")
 
 
 def run(ctx: StageContext) -> dict:
@@ -130,9 +142,7 @@ def run(ctx: StageContext) -> dict:
                 flush()
         if batch:
             flush()
-    if tally.kept == 0:
-        raise UserError(f"label: all {tally.seen} pairs were dropped as low-confidence: lower label.min_confidence "
-                        f"(now {settings.min_confidence})")
+    check_informative(tally, judge.name, settings.min_confidence)
     if follower:  # generate has committed: the cache key a sequential run computes
         ctx = resolved(ctx, {"generate": follower.manifest})
     summary = {**tally.metrics(), "judge": judge.name, "mode": settings.mode, "principles": settings.principles,

@@ -37,7 +37,7 @@ from rlaif.judges.reference import grader as reference_grader
 from rlaif.models import card
 from rlaif.models.distill import distill_student, save_student
 from rlaif.models.files import save_tokenizer
-from rlaif.models.loading import check_backbone_lengths, resolve
+from rlaif.models.loading import check_backbone_fits, resolve
 from rlaif.models.reward import batched_rewards, load_reward_model, reward
 from rlaif.progress import progress
 from rlaif.stages.common import StageContext
@@ -124,7 +124,7 @@ def run(ctx: StageContext) -> dict:
 
     torch.manual_seed(ctx.cfg.seed)
     backbone = resolve(settings.backbone, "reward-model backbone")
-    check_backbone_lengths(settings, backbone)
+    check_backbone_fits(settings, backbone)
     tokenizer, model = load_reward_model(backbone, settings.lora_rank, settings.lora_alpha)
     model.to(device).train()
     engine = Engine(model, strategy=settings.strategy, zero_stage=settings.zero_stage, optimizer=settings.optimizer,

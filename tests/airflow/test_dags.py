@@ -89,7 +89,8 @@ def test_pod_spec_of_every_stage_is_the_pod_plan(dagbag):
         args = _rendered(task, overrides=["ppo.lr=1e-5"], storage_root="s3://bucket/rlaif")
         assert args[:2] == ["launch", stage.name]
         assert json.loads(args[args.index("--set-json") + 1]) == ["ppo.lr=1e-5"]
-        assert args[args.index("--run-id") + 1] == "scheduled__2026-11-22T00:00:00+00:00"  # launch sanitises it
+        assert args[args.index("--run-id") + 1] == ""  # no run_id param: launch takes the DAG run's, made safe
+        assert args[args.index("--default-run-id") + 1] == "scheduled__2026-11-22T00:00:00+00:00"
         assert args[args.index("--storage-root") + 1] == "s3://bucket/rlaif"
         assert _rendered(task, run_id="exp-7")[args.index("--run-id") + 1] == "exp-7"
     assert "nvidia.com/gpu" not in dag.get_task("label").container_resources.limits  # RLAIF_LABEL_JUDGE=rules

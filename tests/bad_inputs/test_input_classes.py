@@ -126,6 +126,18 @@ def test_models_that_cannot_play_their_role(cli, tmp_path, root):
     assert nothing_written(tmp_path / "root")
 
 
+def test_an_optional_package_a_setting_needs_is_checked_before_any_work(cli, tmp_path, root, monkeypatch):
+    """adamw_8bit without bitsandbytes was refused by the training stage, after generate and label had run."""
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name == "bitsandbytes" else find_spec(name, *args))
+    cli("run", "--config", TINY, *root, "--set", "ppo.optimizer=adamw_8bit",
+        needle="ppo.optimizer=adamw_8bit needs bitsandbytes: pip install 'rlaif[bnb]'")
+    assert nothing_written(tmp_path / "root")
+
+
 def test_a_truncation_length_past_the_models_positions(cli, tmp_path, root):
     """train_rm.max_length past the backbone's position embeddings would index out of range mid-training (MiniLM: 512
     positions): refused before any work, as the policy's prompt lengths are."""
@@ -134,6 +146,9 @@ def test_a_truncation_length_past_the_models_positions(cli, tmp_path, root):
     cli("run", "--config", TINY, *root, "--set", "train_rm.student.layers=1",
         "--set", "train_rm.student.max_length=600",
         needle="train_rm.student.max_length=600 is more than the reward-model backbone's 512 positions")
+    # a student as deep as its teacher (MiniLM: 6 layers) was refused after generate, label and the teacher's training
+    cli("run", "--config", TINY, *root, "--set", "train_rm.student.layers=6",
+        needle="train_rm.student.layers=6 must be fewer than the reward-model backbone's 6 layers")
     assert nothing_written(tmp_path / "root")
 
 
@@ -181,6 +196,24 @@ def test_mlflow_server_checked_before_any_work(cli, tmp_path, root, monkeypatch)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     cli("run", "--config", TINY, *root, "--set", "tracking.report_to=[mlflow]", needle="mlflow but no server")
     assert nothing_written(tmp_path / "root")
+
+
+def test_an_mlflow_server_that_is_down_or_silent_is_refused_before_any_work(cli, tmp_path, root, monkeypatch):
+    """Not after generate and label have run: a closed port at once, a server that accepts and never answers within
+    the check's bound."""
+    import socket
+
+    from rlaif import tracking
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    cli("run", "--config", TINY, *root, "--set", "tracking.report_to=[mlflow]", "--set",
+        "tracking.mlflow_tracking_uri=http://127.0.0.1:9", needle="MLflow server http://127.0.0.1:9 did not answer")
+    assert nothing_written(tmp_path / "root")
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)
+        with pytest.raises(tracking.UserError, match="did not answer .*timed out"):
+            tracking.check_mlflow_answers(f"http://127.0.0.1:{silent.getsockname()[1]}", timeout_s=0.5)
 
 
 @pytest.mark.parametrize("override, needle", [

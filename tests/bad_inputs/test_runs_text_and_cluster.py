@@ -160,6 +160,14 @@ def test_config_file_numbers_written_in_decimal(tmp_path):
     ({"namespace": 5}, "namespace must be text, not 5"),
     ({"gpus_per_node": -1}, "gpus_per_node must be between 0 and 64, not -1"),  # a kfp traceback at compile
     ({"shm_gib": -5}, "shm_gib must be between 1 and 4096"), ({"retries": -1}, "retries must be between 0 and 100"),
+    ({"image": "ghcr.io/rlaif/rlaif :0.1.0"}, "image 'ghcr.io/rlaif/rlaif :0.1.0' is not a container image reference"),
+    ({"gpu_image": "ghcr.io/rlaif/rlaif:0.1.0 cuda"}, "gpu_image 'ghcr.io/rlaif/rlaif:0.1.0 cuda' is not a container"),
+    ({"gpu_image": "ghcr.io/rlaif/rlaif::cuda"}, "is not a container image reference"),
+    ({"gpu_tolerations": [{"key": "nvidia.com/gpu", "operator": "Exist"}]}, "operator 'Exist' of 'nvidia.com/gpu' "
+                                                                            "must be Exists or Equal"),
+    ({"gpu_tolerations": [{"key": "gpu", "effect": "NoScheduel"}]}, "effect 'NoScheduel' of 'gpu' must be one of"),
+    ({"secrets": [{"name": "a", "env": {"HF_TOKEN": "t"}}, {"name": "b", "env": {"HF_TOKEN": "token"}}]},
+     "secrets: HF_TOKEN is mapped by both a and b: keep one of them"),
 ])
 def test_cluster_settings_kubernetes_would_refuse(settings, needle):
     with pytest.raises(ValueError) as refused:
@@ -175,6 +183,11 @@ def test_cluster_settings_that_stay_valid():
                               "service_account": "pipeline-runner.sa",
                               "secrets": [{"name": "rlaif.judge", "env": {"RLAIF_JUDGE_API_KEY": "api_key"}}]})
     assert spec.env == plain and spec.namespace == "ml-team" and spec.secrets[0].name == "rlaif.judge"
+    images = {"image": "localhost:5000/team/rlaif:0.1.0", "gpu_image": f"nvcr.io/team/rlaif@sha256:{'a' * 64}"}
+    assert cluster.from_dict(images).image == images["image"]
+    tolerations = [{"key": "a", "operator": "Equal", "value": "x", "effect": "NoExecute"}, {"key": "b", "effect": None},
+                   {"key": "c", "effect": ""}, {"key": "d", "effect": "PreferNoSchedule"}]
+    assert len(cluster.from_dict({"gpu_tolerations": tolerations}).gpu_tolerations) == 4
     with pytest.raises(ValueError, match="use_gpus must be true or false, not 'false'"):
         cluster.from_dict({"use_gpus": "false"})
 

@@ -42,9 +42,13 @@ def nothing_written(root) -> bool:
     ("policy.prompt_template={prompt[a]}", "'policy.prompt_template'"),
     ("evaluate.judges=[{name: reference}]", "the name 'reference' is the reference judge's"),
     ("label.rules.pattern=(", "not a valid regular expression"),
+    ("label.rules.pattern=x*", "matches the empty string"), ("label.rules.pattern=''", "matches the empty string"),
+    ("label.rules={min_words: 10, max_words: 5}", "min_words=10 is above max_words=5"),
     ("run_id=..", "'run_id'"), ("run_id=.", "'run_id'"), ("run_id=a/b", "'run_id'"), ("run_id=", "'run_id'"),
     ("run_id=" + "x" * 129, "'run_id'"), ("run_id=tab\there", "'run_id'"),
     ("storage.root=s3://", "needs a bucket"), ("storage.root=s3:///prefix", "needs a bucket"),
+    ("storage.root=file://", "has no path"),
+    ("evaluate.judges=[{name: x, judge: rules", "read as text, not as a YAML list or mapping"),
     (f"storage.root=s3://user:{SECRET}@bucket/x", "must not contain a user name or password"),
     (f"label.openai.base_url=http://u:{SECRET}@judge:8000/v1", "must not contain a user name or password"),
     ("evaluate.judges=[{name: training}]", "the name 'training' is the label stage's judge"),
@@ -184,7 +188,7 @@ def test_output_paths_and_endpoints(cli, tmp_path):
     cli("compile", "kfp", "--output", str(tmp_path / "missing-dir/p.yaml"), needle="does not exist")
     cli("compile", "kfp", "--output", str(tmp_path), needle="name the pipeline YAML file")
     cli("submit", "kfp", "--endpoint", f"http://user:{SECRET}@127.0.0.1:9", "--config", TINY,
-        needle="did not accept the run")
+        needle="KFP endpoint http://***@127.0.0.1:9 cannot be reached")
     cli("report", str(tmp_path / "no-run"), needle="not found")
     metrics = tmp_path / "run/evaluate/metrics.json"
     metrics.parent.mkdir(parents=True)

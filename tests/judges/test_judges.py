@@ -206,5 +206,31 @@ def test_judge_errors_are_one_clear_line(tmp_path, judge_model_dir):
         load_config(None, ["label.judge=rules", "label.rules.pattern=("])
     bad_shots = tmp_path / "bad.jsonl"
     bad_shots.write_text('{"prompt": "q"}\n')
-    with pytest.raises(UserError, match="line 1: needs prompt"):
+    with pytest.raises(UserError, match="line 1: needs 'response_1'"):
         prompting.load_few_shot(str(bad_shots))
+
+
+GOOD_SHOT = '{"prompt": "q", "response_1": "a", "response_2": "b", "preferred": 1}'
+
+
+@pytest.mark.parametrize("bad_row, problem", [
+    ('{"prompt": "q", "response_1": "a", "response_2": "b", "preferred": true}', "preferred must be the number 1 or 2"),
+    ('{"prompt": "q", "response_1": "a", "response_2": "b", "preferred": 2.0}', "preferred must be the number 1 or 2"),
+    ('{"prompt": "q", "response_1": "a", "response_2": "b", "preferred": "1"}', "preferred must be the number 1 or 2"),
+    ('{"prompt": "q", "response_1": "a", "response_2": "b", "preferred": 1, "rationle": "x"}', "unknown key 'rationle"),
+    ('{"prompt": "q", "response_1": " ", "response_2": "b", "preferred": 1}', "non-empty strings"),
+    ('{"prompt": "q", "response_1": "a", "response_2": "b", "preferred": 1, "rationale": 3}', "rationale, where given"),
+    ('["q", "a", "b", 1]', "must be a JSON object"),
+])
+def test_few_shot_rows_are_checked_whole(tmp_path, bad_row, problem):
+    """A worked example goes into every judge prompt: one malformed row (a bool or float preference that prints as
+    'True' or '2.0', a misspelled rationale dropped without a word) is refused, naming the line."""
+    shots = tmp_path / "shots.jsonl"
+    shots.write_text(f"{GOOD_SHOT}\n{bad_row}\n")
+    with pytest.raises(UserError, match=f"line 2: .*{problem}"):
+        prompting.load_few_shot(str(shots))
+    shots.write_text("\n")
+    with pytest.raises(UserError, match="has no examples"):
+        prompting.load_few_shot(str(shots))
+    shots.write_text(f"{GOOD_SHOT}\n")
+    assert prompting.load_few_shot(str(shots))[0]["preferred"] == 1

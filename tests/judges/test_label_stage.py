@@ -49,6 +49,10 @@ def test_low_confidence_pairs_are_dropped_and_counted(tmp_path):
     with pytest.raises(UserError, match="all 6 pairs were dropped as low-confidence"):
         # all ties
         label(tmp_path / "all", "label.min_confidence=0.1", "label.rules.required=[]", "label.rules.min_words=1")
+    with pytest.raises(UserError, match="preferred neither response in every one of the 6 kept pairs"):
+        # the same ties kept (min_confidence 0): nothing for the reward model to learn, and no manifest
+        label(tmp_path / "ties", "label.rules.required=[]", "label.rules.min_words=1")
+    assert manifest.read(f"file://{tmp_path}/ties/{load_config(None, []).run_id}/label") is None
 
 
 def test_score_mode_records_each_response_score(tmp_path):

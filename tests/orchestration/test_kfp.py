@@ -1,8 +1,12 @@
 """The Kubeflow pipeline: generated from graph.py, compiled copy fresh, resources and secrets wired, and the whole
 pipeline executed by KFP itself through kfp.local on the tiny config."""
+import contextlib
+import http.server
 import json
 import os
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -151,6 +155,62 @@ def test_submit_sends_the_config_inline_and_validates_it_first(tmp_path):
 
     with pytest.raises(UserError, match="answered without a run id"):
         kfp_pipeline.submit("http://kfp.invalid", "configs/tiny.yaml", [], "", "", None, "x", client=LoginPage())
+
+
+@contextlib.contextmanager
+def silent_server(answer_healthz: bool):
+    """A local KFP endpoint that accepts connections and never answers (with `answer_healthz`: only its healthz
+    answers, as a server that hangs after the first request); yields its URL."""
+    stop = threading.Event()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            if answer_healthz and self.path.endswith(kfp_pipeline.HEALTHZ):
+                body = b'{"multi_user": false}'
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            stop.wait()  # never answers while the test runs
+
+        do_POST = do_GET
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        stop.set()
+        server.shutdown()
+        server.server_close()
+
+
+def test_submit_to_an_endpoint_that_never_answers_ends_in_time():
+    from rlaif.errors import UserError
+
+    with silent_server(answer_healthz=False) as endpoint:
+        started = time.monotonic()
+        with pytest.raises(UserError, match=rf"KFP endpoint {endpoint} did not answer within 0.5s: check --endpoint"):
+            kfp_pipeline.submit(endpoint, "configs/tiny.yaml", [], "", "", None, "x", timeout_s=0.5)
+    assert time.monotonic() - started < 10
+
+
+def test_every_kfp_client_request_is_bounded(monkeypatch, tmp_path):
+    """Past a healthz that answers, the client's own requests (the experiment, the run) end in time too."""
+    from rlaif.errors import UserError
+
+    monkeypatch.setenv("HOME", str(tmp_path))  # no kfp context file: the client asks healthz in its constructor
+    with silent_server(answer_healthz=True) as endpoint:
+        started = time.monotonic()
+        with pytest.raises(UserError, match=rf"KFP endpoint {endpoint} did not answer within 0.5s while submitting"):
+            kfp_pipeline.submit(endpoint, "configs/tiny.yaml", [], "", "", None, "x", timeout_s=0.5)
+    assert time.monotonic() - started < 20  # urllib3 retries a GET 3 times
 
 
 @pytest.mark.slow

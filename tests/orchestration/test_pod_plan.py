@@ -120,6 +120,23 @@ def test_gpus_follow_the_judge_and_the_cluster_settings():
     assert all(pod_plan(s, no_gpus).gpus == 0 and pod_plan(s, no_gpus).image == no_gpus.image for s in STAGES)
 
 
+def test_gpus_per_node_zero_means_cpu_pods(tmp_path):
+    """0 is not "unset": the GPU stages get CPU pods (the CPU image, no GPU limit, no GPU scheduling), where launch
+    runs the config's nproc ranks over gloo."""
+    spec_file = tmp_path / "c.yaml"
+    spec_file.write_text("gpus_per_node: 0\ngpu_node_selector: {nvidia.com/gpu.product: H100}\n")
+    spec = cluster.load(str(spec_file))
+    for stage in STAGES:
+        plan = pod_plan(stage, spec)
+        assert plan.gpus == 0 and plan.image == spec.image and plan.tolerations == () and plan.node_selector == {}
+        assert "nvidia.com/gpu" not in plan.resources()["limits"]
+    cfg = load_config("configs/tiny.yaml", ["run_id=exp"])
+    job = jobs.job_manifest(STAGE_BY_NAME["ppo"], cfg, "u", 2, spec, "ns")
+    assert job["spec"]["trainer"]["numProcPerNode"] == cfg.ppo.nproc  # CPU ranks, as with use_gpus: false
+    sized = ClusterSpec(gpus_per_node=0, stages={"ppo": StageResources(gpus=2)})
+    assert pod_plan(STAGE_BY_NAME["ppo"], sized).gpus == 2  # a stage's own size still wins
+
+
 def test_every_judge_is_classified():
     judges = set(LabelConfig.model_fields["judge"].annotation.__args__) | {"served"}  # served: JudgeSettings.pod_judge
     assert set(JUDGES_WITHOUT_MODEL) < judges  # a renamed judge must not silently get a GPU again

@@ -30,6 +30,14 @@ def test_unknown_keys_suggest_the_nearest(capsys):
     assert "did you mean" not in capsys.readouterr().err  # nothing close enough: no guess
 
 
+def test_a_dotted_key_written_in_yaml_is_told_to_nest(tmp_path, capsys):
+    config = tmp_path / "c.yaml"
+    config.write_text("ppo.iterations: 3\n")  # one YAML key named 'ppo.iterations', not ppo's iterations
+    assert main(["run", "--config", str(config)]) == 2
+    assert "unknown config key 'ppo.iterations' (a dotted name is one key in YAML: nest it, 'ppo:' then" \
+        in capsys.readouterr().err
+
+
 def test_version(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--version"])

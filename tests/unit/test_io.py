@@ -106,6 +106,33 @@ def test_prompt_split_is_stable_and_disjoint():
     assert prompts.is_held_out("p00001", 0.1) == prompts.is_held_out("p00001", 0.1)
 
 
+def test_join_keeps_the_scheme_whole():
+    """A root at the filesystem's root (storage root / or file:///) joins to file:///run, not file:/run (a relative
+    path that wrote into the working directory)."""
+    assert storage.join(storage.normalize("/"), "run", "generate/") == "file:///run/generate"
+    assert storage.join("file:///", "run") == "file:///run" and storage.join("s3://bucket/", "/run") == "s3://bucket/run"
+    assert storage.join("/tmp/x/", "run") == "/tmp/x/run"
+
+
+def test_a_repeated_prompt_text_stays_in_one_split(tmp_path):
+    """A text given twice under other ids (or in other case and spacing) would train on held-out prompts if each id
+    drew its own split: every copy follows its first row's."""
+    texts = [f"Question number {i}?" for i in range(60)]
+    rows = [{"id": f"p{i}a", "prompt": t} for i, t in enumerate(texts)]
+    rows += [{"id": f"p{i}b", "prompt": f"  {t.upper()} "} for i, t in enumerate(texts)]
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = DataConfig(prompts=str(path), eval_fraction=0.3)
+    train, held = prompts.split(data, "train"), prompts.split(data, "eval")
+    def same(row):
+        return " ".join(row["prompt"].split()).casefold()
+    assert held and not {same(r) for r in train} & {same(r) for r in held}
+    assert len(train) + len(held) == 120 and len(held) % 2 == 0
+    # Without repeats the split is the ids' own, as before.
+    assert [r["id"] for r in held if r["id"].endswith("a")] == [
+        r["id"] for r in rows[:60] if prompts.is_held_out(r["id"], 0.3)]
+
+
 @pytest.mark.parametrize("content,needle", [
     (b"", "holds no prompts"),
     (b"\xff\xfe bad", "not UTF-8"),
@@ -113,6 +140,9 @@ def test_prompt_split_is_stable_and_disjoint():
     (b"not json\n", "not valid JSON"),
     (b'{"prompt": "' + b"x" * 50 + b'"}\n', "exceeds data.max_prompt_chars"),
     (b'{"id": "a", "prompt": "x"}\n{"id": "a", "prompt": "y"}\n', "line 2 has the prompt id 'a' of"),
+    (b'{"prompt": "x", "keypoints": ["a"]}\n', "has a field 'keypoints' where 'key_points' is read"),
+    (b'{"prompt": "x", "Key_Points": ["a"]}\n', "has a field 'Key_Points' where 'key_points' is read"),
+    (b'{"prompt": "x", "refrence": "a"}\n', "has a field 'refrence' where 'reference' is read"),
 ])
 def test_bad_prompt_files(tmp_path, content, needle):
     path = tmp_path / "p.jsonl"

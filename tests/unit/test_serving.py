@@ -1,6 +1,10 @@
 """The model service's pieces without Ray: the request subset it honours, its identity check, the cache keys of runs
 that use it, and the Kubernetes manifests (each object read back by the Kubernetes client's models, the serve config
 by Ray Serve's own schema)."""
+import os
+import socket
+import time
+
 import pytest
 import yaml
 
@@ -196,6 +200,97 @@ def test_a_service_that_loses_the_race_for_serves_controller_joins_the_winner(mo
     monkeypatch.setattr(ray_app.serve, "start", broken)
     with pytest.raises(TimeoutError):
         ray_app.start_serve(settings)
+
+
+
+def closed_port() -> int:
+    """A local port nothing listens on (bound a moment, then freed)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def ray_init_forbidden(monkeypatch):
+    """The address must be refused before ray.init: no Ray is started or joined (nor RAY_ADDRESS read)."""
+    import ray
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(ray, "init", lambda *args, **kwargs: pytest.fail(f"ray.init reached: {args} {kwargs}"))
+
+
+@pytest.mark.parametrize("scheme", ["", "ray://"])
+def test_a_ray_address_nobody_listens_on_is_refused_at_once(capsys, ray_init_forbidden, scheme):
+    """`rlaif serve --address host:port` with nothing there ran for minutes in ray.init's GCS retries."""
+    address = f"{scheme}127.0.0.1:{closed_port()}"
+    started = time.monotonic()
+    assert main(["serve", "--config", "configs/tiny.yaml", "--address", address]) == 2
+    assert time.monotonic() - started < 15  # the preflight's timeout is 10 s; a refused port answers at once
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: no Ray cluster answers at {address} (Connection refused): start the cluster there (ray start "
+        "--head) or fix --address"]
+
+
+def test_ray_address_from_the_environment_is_checked_too(monkeypatch, ray_init_forbidden):
+    from rlaif.serving import ray_app
+
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{closed_port()}")
+    for address in (None, "auto"):  # as in ray.init, RAY_ADDRESS stands in for these
+        with pytest.raises(UserError, match="no Ray cluster answers at .* or fix RAY_ADDRESS$"):
+            ray_app.connect(address)
+
+
+@pytest.mark.parametrize("address", ["notanaddress", "10.0.0.5:x", "10.0.0.5:99999", "10.0.0.5:0", "::1:6379",
+                                     ":6379", "bad host:6379", "ray://10.0.0.5", "http://10.0.0.5:8265", "local", ""])
+def test_addresses_that_are_not_ray_cluster_addresses_are_refused(capsys, ray_init_forbidden, address):
+    assert main(["serve", "--config", "configs/tiny.yaml", "--address", address]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: --address {address!r} is not a Ray cluster address: give "
+                                               "host:port"), err
+
+
+def test_ray_address_forms_it_takes():
+    from rlaif.serving.ray_app import host_port
+
+    assert host_port("10.0.0.5:6379") == ("10.0.0.5", 6379)
+    assert host_port("ray://head.svc:10001") == ("head.svc", 10001)
+    assert host_port("[::1]:6379") == ("::1", 6379)
+
+
+@pytest.mark.parametrize("error", [
+    ConnectionError("Could not find any running Ray instance. Please specify the one to connect to by setting "
+                    "`--address` flag or `RAY_ADDRESS` environment variable."),
+    ConnectionError("Failed to connect to Ray cluster at 10.0.0.5:6379"), ValueError("Invalid address format: x"),
+    TimeoutError("Timed out while waiting for GCS"), ConnectionError("ray client connection timeout")])
+def test_rays_own_errors_joining_a_cluster_are_one_line(monkeypatch, error):
+    """`--address auto` with no cluster (Ray's ConnectionError) and Ray's other join failures; and ray.init joins
+    with one GCS connect try (RAY_gcs_server_port_wait_time_s), bounding an address that accepts but never answers,
+    without changing the environment after it or overriding the user's own setting."""
+    import ray
+
+    from rlaif.serving import ray_app
+
+    seen = []
+
+    def failing_init(address, **options):
+        seen.append(os.environ.get(ray_app.GCS_WAIT_ENV))
+        raise error
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv(ray_app.GCS_WAIT_ENV, raising=False)
+    monkeypatch.setattr(ray, "init", failing_init)
+    with pytest.raises(UserError, match=r"^could not join the Ray cluster at auto \(--address\): [^\n]+; start "
+                                        r"the cluster \(ray start --head\) or fix --address$") as refused:
+        ray_app.connect("auto")
+    assert "Please specify" not in str(refused.value)  # the first sentence of Ray's message only
+    monkeypatch.setenv(ray_app.GCS_WAIT_ENV, "30")
+    with pytest.raises(UserError):
+        ray_app.connect("auto")
+    assert seen == ["1", "30"] and os.environ[ray_app.GCS_WAIT_ENV] == "30"
+    monkeypatch.delenv(ray_app.GCS_WAIT_ENV)
+    with pytest.raises(UserError):
+        ray_app.connect("auto")
+    assert ray_app.GCS_WAIT_ENV not in os.environ
 
 
 def test_deployment_service_and_hpa_manifests():
