@@ -16,7 +16,7 @@ import time
 import uuid
 from pathlib import Path
 
-from rlaif.errors import UserError
+from rlaif.errors import UserError, redact
 from rlaif.io import storage, user_files
 from rlaif.io.manifest import json_line
 
@@ -55,7 +55,7 @@ class MLflowRun:
             self.client = mlflow.MlflowClient(tracking_uri=uri)
             self.run_id = run_id or self._create(ctx, settings.mlflow_experiment, params)
         except Exception as exc:  # MlflowException or requests' errors, for one cause: the server
-            raise UserError(f"MLflow server {uri} did not answer ({type(exc).__name__}): check "
+            raise UserError(f"MLflow server {redact(uri)} did not answer ({type(exc).__name__}): check "
                             "tracking.mlflow_tracking_uri and the server") from None
 
     def _create(self, ctx, experiment_name: str, params: dict) -> str:
@@ -120,7 +120,7 @@ def check_mlflow_answers(uri: str, timeout_s: float = 10.0) -> None:
         return  # it answered (an older server without /health, a proxy asking for credentials): the stage checks
     except (OSError, ValueError) as exc:  # refused, unresolvable, timed out, a malformed URL
         reason = " ".join(str(getattr(exc, "reason", exc)).split())[:120]
-        raise UserError(f"MLflow server {uri} did not answer ({reason}): start it, or fix "
+        raise UserError(f"MLflow server {redact(uri)} did not answer ({redact(reason)}): start it, or fix "
                         "tracking.mlflow_tracking_uri / $MLFLOW_TRACKING_URI") from None
 
 

@@ -214,6 +214,9 @@ def test_an_mlflow_server_that_is_down_or_silent_is_refused_before_any_work(cli,
         silent.listen(1)
         with pytest.raises(tracking.UserError, match="did not answer .*timed out"):
             tracking.check_mlflow_answers(f"http://127.0.0.1:{silent.getsockname()[1]}", timeout_s=0.5)
+    with pytest.raises(tracking.UserError) as refused:  # a URI's credentials never reach an error line
+        tracking.check_mlflow_answers("http://user:hunter2@127.0.0.1:9")
+    assert "http://***@127.0.0.1:9" in str(refused.value) and "hunter2" not in str(refused.value)
 
 
 @pytest.mark.parametrize("override, needle", [
