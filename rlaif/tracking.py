@@ -107,20 +107,16 @@ def check_settings(settings) -> None:
 
 def check_mlflow_answers(uri: str, timeout_s: float = 10.0) -> None:
     """An MLflow server (http or https URI) answers its health check: a server that is down or never answers is a
-    one-line error now, not after generate and label have run."""
+    one-line error now, not after generate and label have run. Any HTTP answer counts (an older server without
+    /health, a proxy asking for credentials): the stage's client checks the rest."""
     if not uri.startswith(("http://", "https://")):
         return  # databricks, file stores: the client's own start in the stage is the check
-    import urllib.error
-    import urllib.request
+    from rlaif.io import endpoint as http
 
     try:
-        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s):
-            return
-    except urllib.error.HTTPError:
-        return  # it answered (an older server without /health, a proxy asking for credentials): the stage checks
-    except (OSError, ValueError) as exc:  # refused, unresolvable, timed out, a malformed URL
-        reason = " ".join(str(getattr(exc, "reason", exc)).split())[:120]
-        raise UserError(f"MLflow server {redact(uri)} did not answer ({redact(reason)}): start it, or fix "
+        http.get(http.without_credentials(uri).rstrip("/") + "/health", timeout_s)
+    except http.NoAnswer as why:
+        raise UserError(f"MLflow server {redact(uri)} {why}: start it, or fix "
                         "tracking.mlflow_tracking_uri / $MLFLOW_TRACKING_URI") from None
 
 

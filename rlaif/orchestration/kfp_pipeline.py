@@ -149,26 +149,16 @@ HEALTHZ = "/apis/v2beta1/healthz"
 
 def check_answers(endpoint: str, timeout_s: float) -> None:
     """One bounded GET of the API server's healthz before kfp.Client is made: the client's own first request (in its
-    constructor) has no time limit, so an endpoint that accepts connections and never answers would hang forever."""
-    import http.client
-    import urllib.error
-    import urllib.request
-
+    constructor) has no time limit, so an endpoint that accepts connections and never answers would hang forever.
+    Any HTTP answer counts (an auth proxy's 401: kfp.Client reports what it means). Direct, as kfp.Client ignores
+    $HTTP_PROXY too."""
     from rlaif.errors import UserError, redact
+    from rlaif.io import endpoint as http
 
-    parts = urlsplit(endpoint.strip())
-    url = parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1]).geturl().rstrip("/") + HEALTHZ  # no credentials
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # kfp.Client ignores $HTTP_PROXY too
     try:
-        with opener.open(url, timeout=timeout_s):
-            return
-    except urllib.error.HTTPError:  # an answer (e.g. an auth proxy's 401): kfp.Client reports what it means
-        return
-    except (OSError, ValueError, http.client.HTTPException) as exc:  # URLError and TimeoutError are OSErrors
-        reason = getattr(exc, "reason", exc)
-        what = (f"did not answer within {timeout_s:g}s" if isinstance(reason, TimeoutError)
-                else f"cannot be reached ({type(reason).__name__}: {' '.join(str(reason).split())[:120]})")
-        raise UserError(f"KFP endpoint {redact(endpoint)} {what}: check --endpoint (the KFP API server's URL) and "
+        http.get(http.without_credentials(endpoint).rstrip("/") + HEALTHZ, timeout_s, proxies=False)
+    except http.NoAnswer as why:
+        raise UserError(f"KFP endpoint {redact(endpoint)} {why}: check --endpoint (the KFP API server's URL) and "
                         "that the server is up and reachable from here") from None
 
 

@@ -7,10 +7,8 @@ import asyncio
 import json
 import os
 import random
-import urllib.error
-import urllib.request
 
-from rlaif.errors import UserError
+from rlaif.errors import UserError, redact
 
 RETRYABLE = {429, 500, 502, 503, 504}
 MAX_RESPONSE_BYTES = 64 * 2**20  # far above any completion; a server streaming more is not answering the request
@@ -38,13 +36,20 @@ class ServiceClient:
 
     def get(self, path: str) -> dict:
         """One GET (e.g. /models), for checks before any work; a clear error when the service is not there."""
+        from rlaif.io import endpoint as http
+
         url = self.base_url + path
-        request = urllib.request.Request(url, headers=self.headers())
         try:
-            with urllib.request.urlopen(request, timeout=self.settings.timeout_s) as resp:
-                return json.loads(resp.read())
-        except (urllib.error.URLError, OSError, json.JSONDecodeError) as exc:
-            raise UserError(f"the service at {url} did not answer ({exc}): start it (`rlaif serve`) or fix "
+            status, body = http.get(http.without_credentials(url), self.settings.timeout_s, self.headers())
+        except http.NoAnswer as why:
+            raise UserError(f"the service at {redact(url)} {why}: start it (`rlaif serve`) or fix "
+                            f"{self.section}.base_url") from None
+        try:
+            if status >= 400:
+                raise ValueError(f"HTTP {status}")
+            return json.loads(body)
+        except ValueError as exc:  # json's errors are ValueErrors
+            raise UserError(f"the service at {redact(url)} did not answer as a model service ({exc}): check "
                             f"{self.section}.base_url") from None
 
     def post_all(self, path: str, bodies: list[dict]) -> list[dict]:

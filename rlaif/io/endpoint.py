@@ -1,0 +1,46 @@
+"""One bounded GET, for the checks made before any work (a KFP API server, an MLflow server, a model service): every
+way a server can fail to answer (refused, unresolvable, silent past the time limit, a malformed URL, a broken
+reply) becomes NoAnswer with a few words that say which, any credentials in the URL masked."""
+from __future__ import annotations
+
+import http.client
+import urllib.error
+import urllib.request
+from urllib.parse import urlsplit
+
+from rlaif.errors import redact
+
+MAX_BODY_BYTES = 4 * 2**20  # a health check's or a model list's reply; more is not the answer asked for
+
+
+class NoAnswer(Exception):
+    """A GET that got no HTTP answer; str() says why in a few words."""
+
+
+def without_credentials(url: str) -> str:
+    """The URL with any user:password@ removed (urllib would send them as basic auth, which no caller means)."""
+    parts = urlsplit(url.strip())
+    return parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1]).geturl()
+
+
+def get(url: str, timeout_s: float, headers: dict | None = None, proxies: bool = True) -> tuple[int, bytes]:
+    """(HTTP status, body) of one GET; any status is an answer, 4xx and 5xx included. `proxies=False` goes direct,
+    as clients that ignore $HTTP_PROXY do."""
+    handlers = [] if proxies else [urllib.request.ProxyHandler({})]
+    opener = urllib.request.build_opener(*handlers)
+    try:
+        with opener.open(urllib.request.Request(url, headers=headers or {}), timeout=timeout_s) as response:
+            return response.status, response.read(MAX_BODY_BYTES)
+    except urllib.error.HTTPError as answer:
+        return answer.code, b""
+    except (OSError, ValueError, http.client.HTTPException) as exc:  # URLError and TimeoutError are OSErrors
+        raise NoAnswer(_why(exc, timeout_s)) from None
+
+
+def _why(exc: Exception, timeout_s: float) -> str:
+    reason = getattr(exc, "reason", exc)
+    if isinstance(reason, TimeoutError):
+        return f"did not answer within {timeout_s:g}s"
+    detail = " ".join(str(reason).split())[:120]
+    return redact(f"cannot be reached ({type(reason).__name__}: {detail})" if detail else
+                  f"cannot be reached ({type(reason).__name__})")

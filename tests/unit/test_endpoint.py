@@ -1,0 +1,78 @@
+"""The one bounded GET behind every "does this server answer" check (KFP, MLflow, a model service), against real
+sockets on loopback: an HTTP error status is an answer, silence and refusal are not, and no credential is shown."""
+from __future__ import annotations
+
+import http.server
+import socket
+import threading
+import time
+
+import pytest
+
+from rlaif.errors import UserError
+from rlaif.io import endpoint
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 (the standard library's name)
+        self.send_response(200 if self.path == "/models" else 404)
+        self.end_headers()
+        self.wfile.write(b'{"data": []}' if self.path == "/models" else b"no")
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def server():
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+@pytest.fixture
+def silent():
+    with socket.socket() as listener:  # accepts connections (the kernel's backlog), never answers
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+
+
+def test_any_http_status_is_an_answer(server):
+    assert endpoint.get(server + "/models", 5) == (200, b'{"data": []}')
+    assert endpoint.get(server + "/missing", 5)[0] == 404
+
+
+def test_silence_refusal_and_malformed_urls_are_no_answer(silent):
+    started = time.monotonic()
+    with pytest.raises(endpoint.NoAnswer, match=r"^did not answer within 0.5s$"):
+        endpoint.get(silent, 0.5)
+    assert time.monotonic() - started < 5
+    with pytest.raises(endpoint.NoAnswer, match=r"cannot be reached \(ConnectionRefusedError"):
+        endpoint.get("http://127.0.0.1:9/health", 5)
+    with pytest.raises(endpoint.NoAnswer, match="cannot be reached"):
+        endpoint.get("htp:/nowhere", 5)
+
+
+def test_credentials_never_reach_the_reason_or_the_request():
+    assert endpoint.without_credentials("https://user:secret@host:8443/x") == "https://host:8443/x"
+    with pytest.raises(endpoint.NoAnswer) as refused:
+        endpoint.get("http://user:secret@127.0.0.1:9", 5)
+    assert "secret" not in str(refused.value)
+
+
+def test_the_service_client_check_says_which_failure(server, silent):
+    from types import SimpleNamespace
+
+    from rlaif.serving.client import ServiceClient
+
+    def client(base_url):
+        settings = SimpleNamespace(base_url=base_url, api_key_env=None, timeout_s=0.5)
+        return ServiceClient(settings, "generate.endpoint")
+
+    assert client(server).get("/models") == {"data": []}
+    with pytest.raises(UserError, match=r"did not answer as a model service \(HTTP 404\): check generate.endpoint"):
+        client(server).get("/v1/models")
+    with pytest.raises(UserError, match=r"at http://\*\*\*@127.0.0.1:\d+/models did not answer within 0.5s: start it"):
+        client(silent.replace("http://", "http://me:pw@")).get("/models")
