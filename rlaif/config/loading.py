@@ -54,7 +54,8 @@ def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
         for part in parts[:-1]:
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
-                raise UserError(f"--set {key}: {part!r} is not a section")
+                raise UserError(f"--set {key}: {part!r} is a value, not a section: give its whole value, e.g. "
+                                f"--set {key.rsplit('.', 1)[0]}=[a, b] for a list")
             node = child
         node[parts[-1]] = _parse_value(value)
     return raw
@@ -104,6 +105,10 @@ def _describe(err: ValidationError) -> str:
     elif (first["type"] in ("list_type", "dict_type", "model_type") and isinstance(first.get("input"), str)
           and first["input"].lstrip().startswith(("[", "{"))):  # _parse_value kept the text: it is not YAML
         message += ": it was read as text, not as a YAML list or mapping: check its brackets, commas and quotes"
+    elif first["type"] == "list_type" and isinstance(first.get("input"), dict):  # --set key.0=x made a mapping
+        message += f": items are not set one by one (key.0=...): give the whole list, e.g. {key}=[a, b]"
+    elif first["type"] == "list_type" and isinstance(first.get("input"), (str, int, float)):
+        message += f": write it as a YAML list, e.g. {key}=[{first['input']}]"
     elif "input" in first and first["input"] is None:
         message += ": it was given no value (empty, or null): write one, or leave the key out for its default"
     return message

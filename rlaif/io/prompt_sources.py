@@ -54,7 +54,7 @@ def read_source(data: DataConfig) -> Source:
     """The raw rows of data.prompts, read as data.format says. auto: as its name implies (named_format); another
     file is jsonl when its first line is a JSON object (a JSONL file by another name would otherwise be read as
     prompts of raw JSON), else text."""
-    with user_files.user_read_errors(data.prompts, "prompts", STORAGE_FIX):
+    with user_files.user_read_errors(data.prompts, "prompts", STORAGE_FIX, also=("hf",)):
         named = named_format(data)
         fmt = named or ("jsonl" if _starts_with_a_json_object(data.prompts) else "text")
         if fmt != "hf" and data.split != "train":  # a file of one kind has no splits: the setting would be ignored
@@ -102,7 +102,7 @@ def _starts_with_a_json_object(url: str) -> bool:
 def source_digest(data: DataConfig) -> str:
     """The prompts' content for the cache key: a file's or a saved dataset directory's (s3://: its objects' ETags and
     sizes), every file a glob matches, or a hub dataset's resolved commit."""
-    with user_files.user_read_errors(data.prompts, "prompts", STORAGE_FIX):
+    with user_files.user_read_errors(data.prompts, "prompts", STORAGE_FIX, also=("hf",)):
         return _source_digest(data)
 
 

@@ -12,12 +12,20 @@ import unicodedata
 from rlaif.errors import UserError
 from rlaif.io.storage import botocore_errors, first_line, is_local, local_path, normalize, read_bytes
 
+READ_SCHEMES = ("file", "s3")
+
 
 @contextlib.contextmanager
-def user_read_errors(url: str, what: str, fix: str):
-    """Reading (or listing, globbing, copying) what the user named fails in one line: missing, unreadable, or on
-    s3:// no such bucket, endpoint unreachable, access denied, no credentials (s3fs raises OSError kinds for most of
-    them; botocore's own errors, credentials and connections among them, come through as they are)."""
+def user_read_errors(url: str, what: str, fix: str, also: tuple[str, ...] = ()):
+    """Reading (or listing, globbing, copying) what the user named fails in one line: a URL scheme not read here
+    (`also`: more that the caller reads), missing, unreadable, or on s3:// no such bucket, endpoint unreachable,
+    access denied, no credentials (s3fs raises OSError kinds for most of them; botocore's own errors, credentials
+    and connections among them, come through as they are)."""
+    scheme = url.split("://", 1)[0] if "://" in url else "file"
+    if scheme not in READ_SCHEMES + also:
+        names = ", ".join(f"{name}://" for name in READ_SCHEMES + also)
+        raise UserError(f"{what} {url}: {scheme}:// is not read here (local paths and {names} are): copy it to "
+                        f"local disk or object storage first ({fix})")
     try:
         yield
     except FileNotFoundError:

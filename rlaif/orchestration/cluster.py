@@ -178,17 +178,18 @@ def _check_types(spec: ClusterSpec) -> None:
     for secret in spec.secrets:
         if not all(isinstance(k, str) and ENV_NAME.fullmatch(k) and isinstance(v, str) for k, v in secret.env.items()):
             raise ValueError(f"secret {secret.name}: env must map variable names to the secret's keys (text)")
-    _check_secret_variables_unique(spec.secrets)
     for name in spec.env:
         if not ENV_NAME.fullmatch(name):
             raise ValueError(f"env: {name!r} is not an environment variable name")
         if _looks_secret(name):
             raise ValueError(f"env: {name} looks like a credential, which `env` would write into the pipeline in "
                              "plain text: put it in a Kubernetes secret and map it under `secrets`")
+    _check_variables_unique(spec.secrets, spec.env)
 
 
-def _check_secret_variables_unique(secrets: tuple[SecretEnv, ...]) -> None:
-    """One secret per environment variable: with two, the pod would get whichever Kubernetes applies last."""
+def _check_variables_unique(secrets: tuple[SecretEnv, ...], env: dict[str, str]) -> None:
+    """One source per environment variable (a secret, or plain `env`): with two, the pod would get whichever
+    Kubernetes applies last. RLAIF_CLUSTER_JSON is the pod's own (this file, as the stages read it)."""
     owner: dict[str, str] = {}
     for secret in secrets:
         for variable in secret.env:
@@ -196,6 +197,12 @@ def _check_secret_variables_unique(secrets: tuple[SecretEnv, ...]) -> None:
                 raise ValueError(f"secrets: {variable} is mapped by both {owner[variable]} and {secret.name}: keep "
                                  "one of them")
             owner[variable] = secret.name
+    for variable in env:
+        if variable in owner:
+            raise ValueError(f"env: {variable} is also mapped by secret {owner[variable]}: keep one of them")
+        if variable == "RLAIF_CLUSTER_JSON":
+            raise ValueError("env: RLAIF_CLUSTER_JSON is set by rlaif itself (this cluster file, for the stages): "
+                             "remove it")
 
 
 def from_dict(raw: dict) -> ClusterSpec:

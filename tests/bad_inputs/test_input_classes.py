@@ -552,3 +552,27 @@ def test_a_service_that_could_not_start_is_refused_before_it_says_it_serves(cli)
     for host in ("example.invalid", "999.1.1.1"):
         cli("serve", "--config", TINY, "--no-ray", "--set", f"serve.host={host}",
             needle="is not an address this machine")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("--set", "data.prompts=https://example.com/prompts.jsonl"),
+     "prompts https://example.com/prompts.jsonl: https:// is not read here (local paths and file://, s3://, hf:// "
+     "are)"),
+    (("--set", "label.constitution=gs://bucket/constitution.yaml"),
+     "constitution file gs://bucket/constitution.yaml: gs:// is not read here (local paths and file://, s3:// are)"),
+])
+def test_a_file_behind_a_url_scheme_we_do_not_read_is_named_as_such(cli, root, tmp_path, args, needle):
+    """Not "file not found": the file may well exist, and the fix is to copy it where we read."""
+    cli("run", "--config", TINY, *root, *args, needle=needle)
+    assert nothing_written(tmp_path / "root")
+    cli("run", "--config", "http://example.com/demo.yaml", needle="config file http://example.com/demo.yaml: http://")
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("generate.stop.0=x", "items are not set one by one (key.0=...): give the whole list, e.g. generate.stop=[a, b]"),
+    ("generate.stop=x", "Input should be a valid list: write it as a YAML list, e.g. generate.stop=[x]"),
+])
+def test_a_list_setting_given_an_item_or_a_bare_value_says_how_to_write_the_list(cli, root, override, needle):
+    cli("run", "--config", TINY, *root, "--set", override, needle=needle)
+    cli("run", "--config", TINY, *root, "--set", "generate.stop=['\\n']", "--set", "generate.stop.1=x",
+        needle="--set generate.stop.1: 'stop' is a value, not a section: give its whole value")

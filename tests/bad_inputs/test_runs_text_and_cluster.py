@@ -168,6 +168,9 @@ def test_config_file_numbers_written_in_decimal(tmp_path):
     ({"gpu_tolerations": [{"key": "gpu", "effect": "NoScheduel"}]}, "effect 'NoScheduel' of 'gpu' must be one of"),
     ({"secrets": [{"name": "a", "env": {"HF_TOKEN": "t"}}, {"name": "b", "env": {"HF_TOKEN": "token"}}]},
      "secrets: HF_TOKEN is mapped by both a and b: keep one of them"),
+    ({"secrets": [{"name": "s3", "env": {"AWS_ENDPOINT_URL": "url"}}], "env": {"AWS_ENDPOINT_URL": "http://minio"}},
+     "env: AWS_ENDPOINT_URL is also mapped by secret s3: keep one of them"),
+    ({"env": {"AWS_ACCESS_KEY_ID_FILE": "/k", "RLAIF_CLUSTER_JSON": "{}"}}, "RLAIF_CLUSTER_JSON is set by rlaif"),
 ])
 def test_cluster_settings_kubernetes_would_refuse(settings, needle):
     with pytest.raises(ValueError) as refused:
