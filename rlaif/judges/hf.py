@@ -14,6 +14,7 @@ from rlaif.config.judges import SHORTEST_JUDGE_INPUT
 from rlaif.distributed import local_device
 from rlaif.errors import UserError
 from rlaif.judges import prompting
+from rlaif.models.decode import forward_takes
 from rlaif.models.generation import (
     decode,
     leading_bos,
@@ -153,8 +154,10 @@ class HFJudge:
             return answer_probability(torch.tensor(
                 [answer_logprobs(c, self.answer_ids) for c in self._served(enc, max_tokens=1, logprobs=TOP_LOGPROBS)],
                 dtype=torch.float32))
-        # left padding: the last position is the cue
-        logprobs = torch.log_softmax(self.model(**enc).logits[:, -1].float(), dim=-1)
+        # Left padding: the last position is the cue, the only one whose logits are read (a [rows, length,
+        # vocabulary] tensor would be gigabytes at a 150k vocabulary).
+        keep = {"logits_to_keep": 1} if forward_takes(self.model, "logits_to_keep") else {}
+        logprobs = torch.log_softmax(self.model(**enc, **keep).logits[:, -1].float(), dim=-1)
         return answer_probability(logprobs[:, self.answer_ids]).cpu()
 
     def prefer_first(self, prompts, first, second, principles) -> torch.Tensor:

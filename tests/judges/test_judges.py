@@ -25,8 +25,11 @@ def hf_judge(judge_model_dir):
 
 
 def test_hf_label_is_the_softmax_over_the_two_answer_tokens(hf_judge, judge_model_dir):
+    widths = []  # the judge's output layer runs at the answer cue only, not at every prompt position
+    hook = hf_judge.model.register_forward_hook(lambda module, args, out: widths.append(out.logits.shape[1]))
     p = hf_judge.prefer_first(PROMPTS, FIRST, SECOND, PRINCIPLES)
-    assert p.shape == (4,) and ((p > 0) & (p < 1)).all()
+    hook.remove()
+    assert p.shape == (4,) and ((p > 0) & (p < 1)).all() and widths == [1, 1]
     tok, model = load_tokenizer(judge_model_dir), load_causal_lm(judge_model_dir).eval()
     one, two = (tok(prompting.ANSWER_CUE + a, add_special_tokens=False).input_ids[-1] for a in prompting.ANSWERS)
     for i in range(4):  # one unpadded prompt at a time: batching and left padding must not change the label
