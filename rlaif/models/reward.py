@@ -108,15 +108,27 @@ class NormalisedScorer:
         return (raw - self.mean) / self.std
 
 
+TOKEN_IDS_NEED_ONE_TOKENIZER = ("ppo.reward_inputs=token_ids needs the reward model's tokenizer to be the policy's "
+                                "(same vocabulary, normalisation and added tokens): set ppo.reward_inputs to text or "
+                                "auto")
+
+
 def reward_scorer(path: Path, reward_inputs: str, tokenizer, device) -> NormalisedScorer:
     """PPO's scorer: the normalised reward model, fed the policy's token ids or text as ppo.reward_inputs says."""
     scorer = NormalisedScorer(path, device)
     shared = scorer.shares_tokenizer(tokenizer)
     if reward_inputs == "token_ids" and not shared:
-        raise UserError("ppo.reward_inputs=token_ids needs the reward model's tokenizer to be the policy's (same "
-                        "vocabulary, normalisation and added tokens): set ppo.reward_inputs to text or auto")
+        raise UserError(TOKEN_IDS_NEED_ONE_TOKENIZER)
     scorer.token_ids = shared and reward_inputs != "text"
     return scorer
+
+
+def check_one_tokenizer(policy_tokenizer, backbone: Path) -> None:
+    """Before any work, for ppo.reward_inputs=token_ids: the reward model keeps its backbone's tokenizer, so the
+    backbone's must be the policy's (else the refusal would come only after train_rm)."""
+    mine = tokenizer_identity(load_tokenizer(backbone, padding_side=None))
+    if mine is None or mine != tokenizer_identity(policy_tokenizer):
+        raise UserError(TOKEN_IDS_NEED_ONE_TOKENIZER)
 
 
 def tokenizer_identity(tokenizer) -> dict | None:

@@ -43,14 +43,24 @@ def _train_tokenizer(texts: list[str], vocab_size: int):
     return PreTrainedTokenizerFast(tokenizer_object=tok, **SPECIAL)
 
 
+def _demonstration_texts(cfg: PolicyConfig) -> tuple[list[str], list[str]]:
+    """The warm start's (prompts in the template, responses) that the tokenizer is trained on."""
+    demos = read_demonstrations(cfg.tiny.demonstrations)
+    return [cfg.prompt_template.format(prompt=d["prompt"]) for d in demos], [" " + d["response"] for d in demos]
+
+
+def tiny_tokenizer(cfg: PolicyConfig):
+    """The tokenizer a build of this config trains (the built policy's own), without building the model."""
+    prompts, responses = _demonstration_texts(cfg)
+    return _train_tokenizer(prompts + responses, cfg.tiny.vocab_size)
+
+
 def _build(cfg: PolicyConfig, out: Path) -> None:
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     tiny = cfg.tiny
     torch.manual_seed(0)
-    demos = read_demonstrations(tiny.demonstrations)
-    prompts = [cfg.prompt_template.format(prompt=d["prompt"]) for d in demos]
-    responses = [" " + d["response"] for d in demos]
+    prompts, responses = _demonstration_texts(cfg)
     tokenizer = _train_tokenizer(prompts + responses, tiny.vocab_size)
     model = LlamaForCausalLM(
         LlamaConfig(

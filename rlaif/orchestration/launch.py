@@ -167,14 +167,33 @@ def check_models(cfg: PipelineConfig) -> None:
              *(("judge model", judge.hf.model, judge.hf.trust_remote_code,
                 functools.partial(check_judge_model, settings=judge))
                for judge in (cfg.label, *cfg.evaluate.judges) if judge.judge == "hf")]
+    local = {}
     for role, spec, trust_remote_code, role_check in roles:
-        path = checked_model(role, spec, trust_remote_code)
+        local[role] = path = checked_model(role, spec, trust_remote_code)
         if path is not None and role_check is not None:
             role_check(path)
+    check_reward_inputs(cfg, local["policy model"], local["reward-model backbone"])
     if cfg.policy.model == TINY_LLAMA:
         read_demonstrations(cfg.policy.tiny.demonstrations)
     if any(spec == TINY_LLAMA or spec.startswith("s3://") for _, spec, *_ in roles):
         check_model_cache_writable()  # the built-in policy is built there, s3:// models are downloaded there
+
+
+def check_reward_inputs(cfg: PipelineConfig, policy: Path | None, backbone: Path | None) -> None:
+    """ppo.reward_inputs=token_ids, where both tokenizers are here (a local or built-in policy, built or not, and
+    backbone): one tokenizer, or refused now."""
+    from rlaif.models.loading import TINY_LLAMA, load_tokenizer
+
+    if cfg.ppo.reward_inputs != "token_ids" or cfg.ppo.reward != "reward_model" or backbone is None:
+        return
+    from rlaif.models.reward import check_one_tokenizer
+
+    if policy is not None:
+        check_one_tokenizer(load_tokenizer(policy, cfg.policy.trust_remote_code), backbone)
+    elif cfg.policy.model == TINY_LLAMA:
+        from rlaif.models.tiny import tiny_tokenizer
+
+        check_one_tokenizer(tiny_tokenizer(cfg.policy), backbone)
 
 
 # (setting, the value that needs a package, the package to import, the extra that installs it)

@@ -204,9 +204,12 @@ def test_d_rlaif_reward_from_the_judge_without_the_reward_model(upstream, tmp_pa
 
 def test_a_user_error_inside_torchrun_ranks_exits_2_with_its_message(upstream, tmp_path):
     run = copy_run(upstream, tmp_path, "sizes")
-    proc = launch_ppo(run, "ppo.reward_inputs=token_ids")  # the ranks find the reward model's tokenizer is another
+    # In a pod the stage checks the batch sizes against the world it got (launch does not know it there).
+    proc = launch_ppo(run, "ppo.rollout_batch_size=3", "ppo.minibatch_size=3", "ppo.grad_accum_steps=1",
+                      env={"KUBERNETES_SERVICE_HOST": "10.0.0.1"})
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert proc.stderr.strip().splitlines()[-1].startswith("error: ppo.reward_inputs=token_ids needs the reward")
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: ppo.rollout_batch_size=3 must be divisible by 2 "
+                                                            "processes")
     assert "Traceback" not in proc.stderr
     assert not (run / "ppo/manifest.json").exists()
 

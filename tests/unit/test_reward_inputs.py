@@ -101,3 +101,20 @@ def test_token_ids_with_another_tokenizer_is_refused(policy_dir, policy_tokenize
     assert not reward_scorer(path, "auto", minilm_tokenizer, "cpu").token_ids
     with pytest.raises(UserError, match="ppo.reward_inputs=token_ids needs the reward model's tokenizer"):
         reward_scorer(path, "token_ids", minilm_tokenizer, "cpu")
+
+
+def test_token_ids_with_another_backbone_tokenizer_is_refused_at_launch(policy_dir):
+    """Before any work, not after train_rm: the reward model keeps its backbone's tokenizer. The built-in policy's is
+    trained from its demonstrations where the policy is not built yet (policy None)."""
+    from rlaif.config import load_config
+    from rlaif.models.loading import minilm_dir
+    from rlaif.orchestration.launch import check_reward_inputs
+
+    cfg = load_config("configs/demo.yaml", ["ppo.reward_inputs=token_ids"])
+    check_reward_inputs(cfg, policy_dir, policy_dir)  # a backbone on the policy's own tokenizer
+    with pytest.raises(UserError, match="ppo.reward_inputs=token_ids needs the reward model's tokenizer"):
+        check_reward_inputs(cfg, policy_dir, minilm_dir())
+    check_reward_inputs(cfg, None, policy_dir)  # the unbuilt policy's tokenizer is the one its build trains
+    with pytest.raises(UserError, match="ppo.reward_inputs=token_ids needs the reward model's tokenizer"):
+        check_reward_inputs(cfg, None, minilm_dir())
+    check_reward_inputs(load_config("configs/demo.yaml"), policy_dir, minilm_dir())  # auto: text where they differ
