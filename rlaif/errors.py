@@ -19,8 +19,46 @@ class Terminated(BaseException):
     them running."""
 
 
+SECRET_WORDS = {"SECRET", "TOKEN", "PASSWORD", "PASSWD"}  # whole words of a variable's name
+SECRET_PAIRS = ("API_KEY", "ACCESS_KEY")
+NOT_SECRET = ("_FILE", "_PATH", "_URI", "_URL", "_DIR")  # where a credential is, not the credential
+SHORTEST_SECRET = 8  # shorter values (a test's "x") would mask ordinary words in every message
+_kept_secrets: set[str] = set()
+
+
+def looks_secret(name: str) -> bool:
+    """Does an environment variable's name say it holds a credential (AWS_SECRET_ACCESS_KEY, HF_TOKEN, *_API_KEY)?"""
+    upper = name.upper()
+    if upper.endswith(NOT_SECRET) or "DISABLE" in upper:  # HF_TOKEN_PATH, HF_HUB_DISABLE_IMPLICIT_TOKEN
+        return False
+    return bool(SECRET_WORDS & set(upper.split("_"))) or any(pair in upper for pair in SECRET_PAIRS)
+
+
+def keep_secret(value: str | None) -> None:
+    """A credential this process sends (an API key read from a variable of any name): never shown in an error line,
+    even where a server echoes it back."""
+    if value and len(value) >= SHORTEST_SECRET:
+        _kept_secrets.add(value)
+
+
 def redact(text: str) -> str:
-    """Text with the user and password of any URL in it masked (scheme://user:pass@host -> scheme://***@host)."""
+    """Text fit for an error line: in any URL the user and password and every query or fragment value masked
+    (scheme://user:pass@host/p?token=t -> scheme://***@host/p?token=***), and the value of every credential in the
+    environment (looks_secret) or sent by this process (keep_secret) masked wherever it appears."""
+    import os
     import re
 
-    return re.sub(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/\s@]+@", r"\1***@", text)
+    text = re.sub(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+", lambda url: _masked_url(url.group(0)), text)
+    secrets = _kept_secrets | {value for name, value in os.environ.items()
+                               if len(value) >= SHORTEST_SECRET and looks_secret(name)}
+    for secret in sorted(secrets, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
+
+
+def _masked_url(url: str) -> str:
+    import re
+
+    url = re.sub(r"^([^:]+://)[^/@]+@", r"\1***@", url)
+    address, mark, rest = url.partition("?") if "?" in url else url.partition("#")
+    return address + mark + re.sub(r"=[^&#;)\]}]*", "=***", rest) if mark else url

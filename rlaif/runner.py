@@ -28,6 +28,7 @@ def run(cfg: PipelineConfig, rerun: set[str] = frozenset()) -> dict:
     config_url = launch.prepare(cfg, pipeline=True)
     run_url = common.run_url(cfg)
     print(f"run_dir: {run_url}", flush=True)
+    check_judge_services(cfg, rerun)
     for group in launch_groups(cfg):
         run_group(cfg, group, config_url, rerun)
     result = manifest.require(storage.join(run_url, "evaluate"), "evaluate")["summary"]
@@ -47,6 +48,21 @@ def run(cfg: PipelineConfig, rerun: set[str] = frozenset()) -> dict:
         report_url = report.write(run_url)
     print(f"report: {storage.browsable(report_url)}")
     return {"run_dir": run_url, "evaluation": result}
+
+
+def check_judge_services(cfg: PipelineConfig, rerun: set[str]) -> None:
+    """The judge services of label and evaluate, where either will run, before generate does (each stage's launch
+    checks them again)."""
+    from rlaif.judges import check_services
+
+    for name in ("label", "evaluate"):
+        try:
+            will_run = bool(rerun) or not common.cached(common.context(cfg, name))
+        except UserError:  # an upstream output not made yet
+            will_run = True
+        if will_run:
+            check_services(cfg, name)
+            return
 
 
 def run_group(cfg: PipelineConfig, group: list[str], config_url: str, rerun: set[str] = frozenset()) -> None:

@@ -18,8 +18,8 @@ class StorageConfig(Strict):
 
     @field_validator("root", "endpoint_url")
     @classmethod
-    def _url(cls, v: str | None) -> str | None:
-        no_credentials(v)
+    def _url(cls, v: str | None, info) -> str | None:
+        no_credentials(v, paths=info.field_name == "root")
         if v and v.startswith("s3://") and not v[len("s3://"):].split("/")[0]:
             raise ValueError("an s3:// URL needs a bucket: s3://BUCKET/prefix")
         return v

@@ -52,3 +52,19 @@ def judge_scorer(cfg):
         return score_each(judge, principles, cfg.label.principles, cfg.seed, prompts, prompts, responses)
 
     return score
+
+
+def check_services(cfg, stage: str) -> None:
+    """Before label, or evaluate (which asks label's judge too), runs: every judge behind an HTTP endpoint answers,
+    takes our key and speaks JSON, and a judge service serves this config's judge model. Else label would find out
+    only after generate had run."""
+    from rlaif.serving.client import ServiceClient
+
+    further = [(judge.setting, judge) for judge in cfg.evaluate.judges] if stage == "evaluate" else []
+    for where, judge in [("label", cfg.label), *further]:
+        if judge.judge == "openai":
+            ServiceClient(judge.openai, f"{where}.openai").check_answers()
+        elif judge.pod_judge == "served":
+            from rlaif.judges.hf import served_judge
+
+            served_judge(judge.hf, f"{where}.hf")

@@ -9,6 +9,7 @@ import os
 import re
 from dataclasses import asdict, dataclass, field, fields
 
+from rlaif.errors import looks_secret
 from rlaif.graph import STAGE_BY_NAME
 
 
@@ -129,18 +130,6 @@ _IMAGE_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _REGISTRY = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*(?::[0-9]+)?/)?"
 IMAGE_REF = re.compile(rf"{_REGISTRY}{_IMAGE_PART}(?:/{_IMAGE_PART})*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?"
                        r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?")
-SECRET_WORDS = {"SECRET", "TOKEN", "PASSWORD", "PASSWD"}  # whole words of a variable's name
-SECRET_PAIRS = ("API_KEY", "ACCESS_KEY")
-
-
-NOT_SECRET = ("_FILE", "_PATH", "_URI", "_URL", "_DIR")  # where a credential is, not the credential
-
-
-def _looks_secret(name: str) -> bool:
-    upper = name.upper()
-    if upper.endswith(NOT_SECRET) or "DISABLE" in upper:  # HF_TOKEN_PATH, HF_HUB_DISABLE_IMPLICIT_TOKEN
-        return False
-    return bool(SECRET_WORDS & set(upper.split("_"))) or any(pair in upper for pair in SECRET_PAIRS)
 
 
 def _check_types(spec: ClusterSpec) -> None:
@@ -181,7 +170,7 @@ def _check_types(spec: ClusterSpec) -> None:
     for name in spec.env:
         if not ENV_NAME.fullmatch(name):
             raise ValueError(f"env: {name!r} is not an environment variable name")
-        if _looks_secret(name):
+        if looks_secret(name):
             raise ValueError(f"env: {name} looks like a credential, which `env` would write into the pipeline in "
                              "plain text: put it in a Kubernetes secret and map it under `secrets`")
     _check_variables_unique(spec.secrets, spec.env)

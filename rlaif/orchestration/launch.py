@@ -343,6 +343,10 @@ def launch(cfg: PipelineConfig, name: str, config_url: str, rerun: bool = False)
         print(f"[{name}] streaming: reads {', '.join(ctx.streamed)}'s output as it is written", flush=True)
     if not rerun and (hit := _cache_hit(ctx)) is not None:  # checked before the lock too: a hit needs no lock
         return hit
+    if name in ("label", "evaluate"):
+        from rlaif.judges import check_services
+
+        check_services(cfg, name)
     with StageLock(ctx.url, f"stage '{name}' of run '{cfg.run_id}'"):
         if not rerun and (hit := _cache_hit(ctx, report=False)) is not None:  # another launcher finished it meanwhile
             return hit

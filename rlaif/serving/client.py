@@ -8,7 +8,7 @@ import json
 import os
 import random
 
-from rlaif.errors import UserError, redact
+from rlaif.errors import UserError, keep_secret, redact
 
 RETRYABLE = {429, 500, 502, 503, 504}
 MAX_RESPONSE_BYTES = 64 * 2**20  # far above any completion; a server streaming more is not answering the request
@@ -31,26 +31,44 @@ class ServiceClient:
     def headers(self) -> dict:
         headers = {"Content-Type": "application/json"}
         if self.settings.api_key_env and (key := os.environ.get(self.settings.api_key_env)):
+            keep_secret(key)  # a server may echo it back in an error body, which an error line quotes
             headers["Authorization"] = f"Bearer {key}"
         return headers
 
     def get(self, path: str) -> dict:
         """One GET (e.g. /models), for checks before any work; a clear error when the service is not there."""
-        from rlaif.io import endpoint as http
-
-        url = self.base_url + path
-        try:
-            status, body = http.get(http.without_credentials(url), self.settings.timeout_s, self.headers())
-        except http.NoAnswer as why:
-            raise UserError(f"the service at {redact(url)} {why}: start it (`rlaif serve`) or fix "
-                            f"{self.section}.base_url") from None
+        status, body = self._get(path)
         try:
             if status >= 400:
                 raise ValueError(f"HTTP {status}")
             return json.loads(body)
         except ValueError as exc:  # json's errors are ValueErrors
-            raise UserError(f"the service at {redact(url)} did not answer as a model service ({exc}): check "
-                            f"{self.section}.base_url") from None
+            raise UserError(f"the service at {redact(self.base_url + path)} did not answer as a model service ({exc}): "
+                            f"check {self.section}.base_url") from None
+
+    def check_answers(self) -> None:
+        """Before any work: the service answers its /models, takes our key, and speaks JSON. One without /models (an
+        HTTP 404 or 405) passes: the first request will tell."""
+        status, body = self._get("/models")
+        url = redact(self.base_url + "/models")
+        if status in (401, 403):
+            key = f"${self.settings.api_key_env}" if self.settings.api_key_env else "no key (api_key_env is empty)"
+            raise UserError(f"{url} refused the request with HTTP {status}: check the API key ({key}) and "
+                            f"{self.section}.base_url")
+        try:
+            if status == 200:
+                json.loads(body)
+        except ValueError:
+            raise self._not_json(url, body) from None
+
+    def _get(self, path: str) -> tuple[int, bytes]:
+        from rlaif.io import endpoint as http
+
+        url = self.base_url + path
+        try:
+            return http.get(http.without_credentials(url), min(self.settings.timeout_s, 30.0), self.headers())
+        except http.NoAnswer as why:
+            raise UserError(f"the service at {redact(url)} {why}: start it or fix {self.section}.base_url") from None
 
     def post_all(self, path: str, bodies: list[dict]) -> list[dict]:
         """POST every body (at most `concurrency` in flight); the responses in the order of `bodies`."""
@@ -97,12 +115,19 @@ class ServiceClient:
             await asyncio.sleep(self._delay(attempt, retry_after))
         raise AssertionError("the loop returns or raises")
 
-    @staticmethod
-    def _json(url: str, data: bytes):
+    def _json(self, url: str, data: bytes):
+        """A 200's body; one that is not JSON (an HTML page at a URL short of the API root) is no hiccup to retry."""
         if len(data) > MAX_RESPONSE_BYTES:
             raise UserError(f"{url} answered with more than {MAX_RESPONSE_BYTES >> 20} MiB: is it an OpenAI-compatible "
                             "service?")
-        return json.loads(data)
+        try:
+            return json.loads(data)
+        except ValueError:
+            raise self._not_json(url, data) from None
+
+    def _not_json(self, url: str, body: bytes) -> UserError:
+        return UserError(f"{url} answered with something other than JSON ({body[:60]!r}): set {self.section}.base_url "
+                         "to the API root of an OpenAI-compatible service, e.g. http://vllm:8000/v1")
 
     def _delay(self, attempt: int, retry_after: str | None) -> float:
         try:

@@ -1,0 +1,101 @@
+"""Credentials never reach an error line (a URL's user, password, query and fragment values; any credential in the
+environment or sent by us, even where a server echoes it back), URLs that would carry them are refused in the
+config, and a judge behind an HTTP endpoint that is down, refuses our key or is no API is refused before generate."""
+import http.server
+import json
+import threading
+
+import pytest
+
+from rlaif.errors import keep_secret, redact
+
+TINY = "configs/tiny.yaml"
+KEY = "sk-verysecret-0042"
+
+
+class _EchoingServer(http.server.BaseHTTPRequestHandler):
+    """401 with the Authorization header echoed back (as some gateways do), or a web page with HTTP 200."""
+    mode = "401"
+
+    def do_GET(self):  # noqa: N802 (the standard library's name)
+        if self.mode == "401":
+            self.send_response(401)
+            self.end_headers()
+            self.wfile.write(json.dumps({"error": {"message": f"bad key {self.headers['Authorization']}"}}).encode())
+        else:
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"<html>welcome</html>")
+
+    do_POST = do_GET
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def server():
+    def start(mode: str) -> str:
+        handler = type("Handler", (_EchoingServer,), {"mode": mode})
+        httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        started.append(httpd)
+        return f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+
+    started = []
+    yield start
+    for httpd in started:
+        httpd.shutdown()
+
+
+def test_error_lines_mask_urls_credentials_and_every_secret_value(monkeypatch):
+    monkeypatch.setenv("MY_SERVICE_TOKEN", "tok-123456789")
+    monkeypatch.setenv("SHORT_TOKEN", "x")  # too short to mask: it would blank ordinary words
+    line = redact("http://u:pw@h:5000/p?token=abc&sig=def#frag=ghi): tok-123456789 x http://h/docs#usage")
+    assert line == "http://***@h:5000/p?token=***&sig=***#frag=***): *** x http://h/docs#usage"
+    keep_secret("custom-credential-77")  # a key read from a variable of any name, once sent
+    assert redact("server said: Bearer custom-credential-77") == "server said: Bearer ***"
+
+
+@pytest.mark.parametrize("override", ["label.openai.base_url=http://h:8000/v1?api_key=SECRETQUERY",
+                                      "storage.endpoint_url=http://minio:9000/?X-Amz-Signature=SECRETSIG",
+                                      "tracking.mlflow_tracking_uri=http://mlflow:5000/#token=SECRETFRAG"])
+def test_urls_with_a_query_or_fragment_are_refused_in_the_config(cli, tmp_path, override):
+    line = cli("run", "--config", TINY, "--storage-root", f"file://{tmp_path}/root", "--set", override,
+               needle="must not carry a query (?...) or fragment (#...)")
+    assert "SECRET" not in line and not (tmp_path / "root").exists()
+
+
+@pytest.mark.parametrize("mode, needle", [
+    ("401", "/v1/models refused the request with HTTP 401: check the API key ($RLAIF_JUDGE_API_KEY) and "
+            "label.openai.base_url"),
+    ("html", "/v1/models answered with something other than JSON (b'<html>welcome</html>'): set label.openai.base_url "
+             "to the API root"),
+    ("down", "/v1/models cannot be reached (ConnectionRefusedError"),
+])
+def test_an_endpoint_judge_that_cannot_serve_is_refused_before_generate(cli, tmp_path, server, monkeypatch, mode,
+                                                                         needle):
+    monkeypatch.setenv("RLAIF_JUDGE_API_KEY", KEY)
+    base_url = "http://127.0.0.1:9/v1" if mode == "down" else server(mode)
+    line = cli("run", "--config", TINY, "--storage-root", f"file://{tmp_path}/root", "--set", "label.judge=openai",
+               "--set", f"label.openai.base_url={base_url}", "--set", "label.openai.model=m", needle=needle)
+    assert KEY not in line
+    assert not list((tmp_path / "root").rglob("manifest.json")) and not (tmp_path / "root/tiny/generate").exists()
+
+
+def test_a_key_the_server_echoes_back_is_masked(server, monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    from rlaif.cli import _user_error
+    from rlaif.errors import UserError
+    from rlaif.serving.client import ServiceClient
+
+    monkeypatch.setenv("JUDGE_CREDENTIAL", KEY)  # a name that does not look like a credential's
+    settings = SimpleNamespace(base_url=server("401"), api_key_env="JUDGE_CREDENTIAL", timeout_s=5, concurrency=1,
+                               max_retries=0, backoff_s=0)
+    with pytest.raises(UserError) as refused:
+        ServiceClient(settings, "label.openai").post_all("/completions", [{"prompt": "x"}])
+    assert f"bad key Bearer {KEY}" in str(refused.value)  # the server's own words, as the client got them
+    assert _user_error(str(refused.value)) == 2
+    printed = capsys.readouterr().err
+    assert "bad key Bearer ***" in printed and KEY not in printed
