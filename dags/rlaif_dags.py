@@ -42,7 +42,7 @@ DAG_RUN_ID = "{{ dag_run.run_id }}"  # `rlaif launch --default-run-id` makes it 
 LOCK_OWNER = "airflow:{{ dag.dag_id }}:{{ dag_run.run_id }}:{{ task.task_id }}"  # a retry of a task takes its lock back
 
 PARAMS = {
-    "config": Param("configs/demo.yaml", type="string",
+    "config": Param("configs/demo.yaml", type="string", minLength=1,
                     description="Config path/URL (paths resolve in the image's or worker's working directory), "
                                 "or the YAML itself"),
     "overrides": Param([], type="array", items={"type": "string"},

@@ -2,7 +2,6 @@
 exit code 2."""
 from __future__ import annotations
 
-import argparse
 import errno
 import os
 import signal
@@ -10,141 +9,29 @@ import sys
 import threading
 from pathlib import Path
 
-from rlaif import __version__
+from rlaif import cli_args
 from rlaif.config import safe_run_id
 from rlaif.errors import StageFailed, Terminated, UserError, redact
-from rlaif.graph import STAGE_BY_NAME
-
-
-def _count(least: int, most: int | None = None):
-    """An argparse type: a whole number in [least, most] (argparse then prints usage and exits 2 on anything else)."""
-    def parse(text: str) -> int:
-        try:
-            number = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if number < least:
-            raise argparse.ArgumentTypeError(f"{number} is below {least}")
-        if most is not None and number > most:
-            raise argparse.ArgumentTypeError(f"{number} is above {most}")
-        return number
-    return parse
-
-
-def _serve_parser(sub, config_args) -> None:
-    serve = sub.add_parser("serve", help="serve the policy or the judge as an OpenAI-compatible completions service "
-                                         "(Ray Serve; replicas and autoscaling from the config's serve section)")
-    config_args(serve)
-    serve.add_argument("--address", help="join this Ray cluster (e.g. auto) instead of starting Ray here")
-    serve.add_argument("--no-ray", action="store_true",
-                       help="one replica in this process, without Ray (each pod of the plain Kubernetes Deployment)")
-    serve.add_argument("--manifest", choices=["rayservice", "deployment"],
-                       help="print the Kubernetes manifests of this service (KubeRay RayService, or Deployment + "
-                            "Service + HPA) instead of serving")
-    serve.add_argument("--cluster", help="cluster settings YAML for --manifest (images, selectors, secrets)")
-
-
-
-def _launch_parser(sub, config_args) -> None:
-    launch = sub.add_parser("launch",
-                            help="run one stage as an orchestrator does: cache check, torchrun, multi-node job")
-    launch.add_argument("name", choices=list(STAGE_BY_NAME))
-    config_args(launch)
-    launch.add_argument("--set-json", default="[]", metavar="JSON",
-                        help='overrides as a JSON list, e.g. \'["ppo.lr=1e-5"]\' (what the DAGs pass)')
-    launch.add_argument("--run-id", default="", help="run id; empty: --default-run-id, else the config's")
-    launch.add_argument("--default-run-id", default="", metavar="NAME",
-                        help="an orchestrator's run name (e.g. Airflow's dag_run.run_id), made a safe directory name: "
-                             "the run id where --run-id is empty")
-    launch.add_argument("--storage-root", default="", help="storage root; empty: the config's")
-    launch.add_argument("--pipeline", action="store_true", help="a step of a whole run (the DAGs pass it): both "
-                        "prompt splits must hold prompts")
-    launch.add_argument("--rerun", action="store_true",
-                        help="run the stage from its start even where its output or a checkpoint exists for this "
-                        "config")
-    launch.add_argument("--manifest-out", metavar="FILE",
-                        help="when done, write the stage's manifest URL, digest and run id to this local JSON file "
-                             "(what an Airflow task publishes as its asset event)")
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rlaif",
-                                description="RLAIF pipeline: generate -> label -> train_rm -> ppo -> evaluate")
-    p.add_argument("--version", action="version", version=f"rlaif {__version__}")
-    sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("config", help="list every config setting with its type, default and meaning")
-
-    def config_args(sp):
-        sp.add_argument("--config",
-                        help="YAML config file (local path or s3:// URL); defaults apply where it is silent")
-        sp.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config value, e.g. --set ppo.lr=1e-5 (repeatable)")
-
-    run = sub.add_parser("run", help="run the whole pipeline locally (resumes and caches by manifest)")
-    config_args(run)
-    run.add_argument("--run-id", help="shorthand for --set run_id=...")
-    run.add_argument("--storage-root", help="shorthand for --set storage.root=...")
-    run.add_argument("--rerun", action="append", default=[], choices=list(STAGE_BY_NAME), metavar="STAGE",
-                     help="run this stage from its start even where its output or a checkpoint exists for this config "
-                          "(repeatable), e.g. after a file of it was damaged; later stages rerun only if its output "
-                          "changes")
-
-    _launch_parser(sub, config_args)
-
-    stage = sub.add_parser("stage", help="run one stage in this process (what launch starts, under torchrun if needed)")
-    stage.add_argument("name", choices=list(STAGE_BY_NAME))
-    config_args(stage)
-    stage.add_argument("--shard-index", type=_count(0), default=0,
-                       help="generate: this pod's part of the prompts (0-based)")
-    stage.add_argument("--num-shards", type=_count(1, 10_000), default=1,
-                       help="generate: parts the prompts are split into across pods; the last part to finish commits")
-
-    comp = sub.add_parser("compile", help="write the Kubeflow pipeline YAML (and the per-stage component YAMLs)")
-    comp.add_argument("target", choices=["kfp"])
-    comp.add_argument("-o", "--output", required=True, help="pipeline YAML to write")
-    comp.add_argument("--cluster", help="cluster settings YAML (images, GPUs, secrets); see configs/cluster.yaml")
-    comp.add_argument("--components-dir", help="also write <dir>/<stage>/component.yaml")
-    comp.add_argument("--config", help="size the pods for this config: label gets no GPU when its judge runs no model")
-
-    submit = sub.add_parser("submit", help="submit a run to a Kubeflow Pipelines endpoint")
-    submit.add_argument("target", choices=["kfp"])
-    submit.add_argument("--endpoint", required=True, help="KFP API endpoint, e.g. https://kfp.example.com/pipeline")
-    config_args(submit)
-    submit.add_argument("--run-id", default="", help="run id; empty: the KFP run's name")
-    submit.add_argument("--storage-root", default="", help="storage root, e.g. s3://bucket/rlaif; empty: the config's")
-    submit.add_argument("--cluster", help="cluster settings YAML")
-    submit.add_argument("--experiment", default="rlaif", help="KFP experiment name")
-
-    _serve_parser(sub, config_args)
-    sub.add_parser("graph", help="print the stage graph")
-
-    rep = sub.add_parser("report", help="rebuild one run's report, or compare several runs side by side")
-    rep.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (local path, file:// or s3:// URL)")
-    rep.add_argument("--output", help="comparison HTML file to write (several runs); the table is printed too")
-    return p
 
 
 def _report(runs: list[str], output: str | None) -> int:
     from rlaif import report
-    from rlaif.io import storage, user_files
+    from rlaif.io import output_files, storage
 
     urls = [storage.normalize(r) for r in runs]
-    is_dir = output and storage.is_local(output) and storage.local_path(output).is_dir()
-    if output and (not output.endswith((".html", ".htm")) or is_dir):
-        raise UserError(f"--output {output}: name the comparison HTML file to write, e.g. compare.html")
     if output and len(urls) == 1:
         raise UserError("--output names the comparison of several runs: give two or more runs, or leave it out (a "
                         "run's own report is written into the run, at evaluate/report.html)")
-    if output and storage.is_local(output):
-        user_files.check_output_file(output, "--output", "compare.html")
+    target = output and output_files.check_output_file(output, "--output", "the comparison HTML file",
+                                                       "compare.html", (".html", ".htm"), remote=True)
     if len(urls) == 1:
         print(f"report: {report.write(urls[0])}")
         return 0
     markdown, page = report.compare(urls)
     print(markdown)
-    if output:
-        storage.write_bytes_atomic(storage.normalize(output), page.encode())
-        print(f"comparison: {storage.normalize(output)}")
+    if target:
+        output_files.write_output_file(target, page.encode(), "--output")
+        print(f"comparison: {target}")
     return 0
 
 
@@ -164,8 +51,11 @@ def _config(args) -> int:
 
 
 def _compile(args) -> int:
+    from rlaif.io import output_files
     from rlaif.orchestration import kfp_pipeline
 
+    output_files.check_output_file(args.output, "--output", "the pipeline YAML file", "rlaif_pipeline.yaml",
+                                   (".yaml", ".yml"))
     path = kfp_pipeline.compile_pipeline(args.output, args.cluster, args.components_dir, args.config)
     print(f"pipeline: {path}")
     return 0
@@ -221,8 +111,11 @@ def _submit(args) -> int:
 def _launch(args) -> int:
     import json
 
+    from rlaif.io import manifest, output_files, storage
     from rlaif.orchestration import launch
 
+    manifest_out = args.manifest_out and output_files.check_output_file(args.manifest_out, "--manifest-out",
+                                                                        "the manifest JSON file", "manifest.json")
     try:
         extra = json.loads(args.set_json)
     except json.JSONDecodeError:
@@ -230,20 +123,15 @@ def _launch(args) -> int:
     if not isinstance(extra, list) or not all(isinstance(x, str) for x in extra):
         raise UserError(f"--set-json must be a JSON list of KEY=VALUE strings, got {args.set_json!r}")
     run_id = args.run_id or (safe_run_id(args.default_run_id) if args.default_run_id else "")
-    if args.manifest_out:
-        from rlaif.io.user_files import check_output_file
-
-        check_output_file(args.manifest_out, "--manifest-out", "manifest.json")
     cfg = launch.load_config_source(args.config, [*args.overrides, *extra], run_id, args.storage_root)
     config_url = launch.prepare(cfg, pipeline=args.pipeline, launched=args.name)
     done = launch.launch(cfg, args.name, config_url, rerun=args.rerun)
-    if args.manifest_out:
-        from rlaif.io import manifest, storage
+    if manifest_out:
         from rlaif.stages.common import stage_url
 
         out = {"stage": args.name, "run_id": cfg.run_id, "digest": done["digest"],
                "url": storage.join(stage_url(cfg, args.name), manifest.MANIFEST)}
-        storage.local_path(storage.normalize(args.manifest_out)).write_text(json.dumps(out) + "\n", encoding="utf-8")
+        output_files.write_output_file(manifest_out, (json.dumps(out) + "\n").encode(), "--manifest-out")
     return 0
 
 
@@ -251,9 +139,6 @@ def _run(args) -> int:
     from rlaif.orchestration.launch import load_config_source
     from rlaif.runner import run
 
-    for flag, value in (("--run-id", args.run_id), ("--storage-root", args.storage_root)):
-        if value is not None and not value.strip():  # an unset shell variable: the config's value would be used
-            raise UserError(f"{flag} is empty: give a value, or leave the flag out to use the config's")
     run(load_config_source(args.config, args.overrides, args.run_id or "", args.storage_root or ""), set(args.rerun))
     return 0
 
@@ -277,7 +162,10 @@ def _terminate(signum, frame):
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    try:
+        args = cli_args.parser().parse_args(argv)
+    except UserError as exc:  # an empty path (_given)
+        return _user_error(str(exc))
     previous = signal.signal(signal.SIGTERM, _terminate) if threading.current_thread() is threading.main_thread() \
         else None
     try:

@@ -121,7 +121,10 @@ def load_config(path: str | None, overrides: list[str] | tuple[str, ...] = ()) -
     from rlaif.io.user_files import read_user_file  # local import: storage imports this module's types
 
     text = read_user_file(path, "config file", "give a YAML config file, e.g. configs/demo.yaml")
-    return parse_config(text, f"config file {path}", overrides)
+    source = f"config file {path}"
+    if load_yaml(text, source) is None:  # empty, comments only, `null`, `---`: a file named to say nothing is a slip
+        raise UserError(f"{source} holds no settings: add some, or leave --config out to run the defaults")
+    return parse_config(text, source, overrides)
 
 
 def parse_config(text: str, source: str, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:

@@ -27,6 +27,11 @@ SUFFIX_FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".jso
                   ".parquet": "parquet", ".csv": "csv", ".tsv": "csv"}
 DATA_FILE_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json"}  # datasets' loader per suffix
 COMPRESSED = {".gz": "gunzip", ".bz2": "bunzip2", ".xz": "unxz", ".zst": "unzstd", ".zip": "unzip", ".7z": "7z x"}
+# Files a path may name by mistake (the constitution, a config, the README): read as text, every line a prompt.
+NOT_PROMPTS = {".yaml": "YAML", ".yml": "YAML", ".toml": "TOML", ".ini": "a settings file", ".cfg": "a settings file",
+               ".md": "Markdown", ".rst": "reStructuredText", ".html": "HTML", ".htm": "HTML", ".xml": "XML",
+               ".py": "Python", ".sh": "a shell script", ".pdf": "a PDF", ".docx": "a Word document",
+               ".xlsx": "a spreadsheet", ".safetensors": "model weights", ".bin": "a binary file"}
 SAVED_DATASET_MARKERS = ("dataset_dict.json", "state.json")  # what save_to_disk writes (DatasetDict, Dataset)
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 FIX = ("set data.prompts to a JSONL, CSV, text or parquet file, or a dataset directory saved with datasets' "
@@ -84,6 +89,9 @@ def named_format(data: DataConfig) -> str | None:
                         f"({COMPRESSED[suffix]}) and point data.prompts at the result")
     if (fmt := SUFFIX_FORMATS.get(suffix)) is not None:
         return fmt
+    if suffix in NOT_PROMPTS:
+        raise UserError(f"prompts file {data.prompts} looks like {NOT_PROMPTS[suffix]}, not prompts: {FIX}; or set "
+                        "data.format=text to read it as one prompt per line")
     return "hf" if storage.is_dir(data.prompts) else None
 
 

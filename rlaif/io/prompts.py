@@ -60,6 +60,7 @@ def _no_near_miss(record: dict, columns: tuple[str, ...], where: str) -> None:
                             f"data.columns at it")
 
 
+CONTROL = re.compile(r"[\x00-\x08\x0e-\x1f\x7f]")  # C0 controls and DEL, but tabs, line ends and form feeds
 JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
 
 
@@ -104,6 +105,9 @@ def _unicode(text: str, where: str) -> None:
     if not encodable(text):
         raise UserError(f"{where}: text holds a lone surrogate (an unpaired \\ud800-\\udfff escape), which is not "
                         "valid Unicode: fix or remove that escape")
+    if control := CONTROL.search(text):
+        raise UserError(f"{where}: text holds the control character U+{ord(control.group()):04X} (a NUL, a terminal "
+                        "escape, ...), which would reach the model, the shards and the report as it is: remove it")
 
 
 def load_prompts(data: DataConfig) -> list[dict]:

@@ -295,20 +295,30 @@ def check_writable(root: str) -> None:
     if is_local(root):
         _check_local_writable(local_path(root))
         return
-    probe = join(root, f".rlaif-probe-{uuid.uuid4().hex}")
+    if (why := s3_write_problem(root)) is None:
+        return
+    if bucket := missing_bucket(root, why):
+        raise UserError(f"storage root {root}: bucket {bucket!r} does not exist: create it, or fix the name")
+    raise UserError(f"storage root {root} is not writable ({why}): check the path's permissions, or for s3:// the "
+                    "bucket, endpoint and AWS_* credentials")
+
+
+def s3_write_problem(prefix: str) -> str | None:
+    """Why no object can be written under this s3:// prefix (a probe object written and removed), or None."""
+    probe = join(prefix, f".rlaif-probe-{uuid.uuid4().hex}")
     try:
         write_bytes_atomic(probe, b"ok")
         remove(probe)
     except Exception as exc:  # PermissionError, botocore errors, ...: all mean the same to a user
-        why = first_line(exc)
-        if "NoSuchBucket" in why or "bucket does not exist" in why:
-            bucket = root.split("://", 1)[1].split("/", 1)[0]
-            raise UserError(f"storage root {root}: bucket {bucket!r} does not exist: create it, or fix the "
-                            "name") from None
-        raise UserError(
-            f"storage root {root} is not writable ({why}): check the path's permissions, or for s3:// the bucket, "
-            "endpoint and AWS_* credentials"
-        ) from None
+        return first_line(exc)
+    return None
+
+
+def missing_bucket(url: str, why: str) -> str | None:
+    """The bucket of an s3:// URL where a failure's message says it does not exist (it is never created)."""
+    if "NoSuchBucket" in why or "bucket does not exist" in why:
+        return url.split("://", 1)[1].split("/", 1)[0]
+    return None
 
 
 def _check_local_writable(root: Path) -> None:

@@ -10,7 +10,7 @@ import stat
 import unicodedata
 
 from rlaif.errors import UserError
-from rlaif.io.storage import botocore_errors, first_line, is_local, local_path, normalize, read_bytes
+from rlaif.io.storage import botocore_errors, first_line, is_local, local_path, read_bytes
 
 READ_SCHEMES = ("file", "s3")
 
@@ -60,6 +60,10 @@ def read_user_file(url: str, what: str, fix: str) -> str:
     """A file the user names, as UTF-8 text (read_user_bytes' errors, and one for text that is not UTF-8). A leading
     byte-order mark, which Windows editors write, is dropped: it would otherwise start the first key or prompt."""
     data = read_user_bytes(url, what, fix)
+    if data[:2] == b"\x1f\x8b":
+        raise UserError(f"{what} {url} is gzip-compressed: decompress it first (gunzip) and name the result")
+    if b"\x00" in data:  # UTF-16 (with or without its byte-order mark) or a binary file: every other byte is NUL
+        raise UserError(f"{what} {url} holds NUL bytes (UTF-16 text, or not a text file): re-encode it as UTF-8")
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -112,15 +116,3 @@ def parse_jsonl(text: str, where: str) -> list[tuple[int, object]]:
 def read_user_jsonl(url: str, what: str, fix: str) -> list[tuple[int, object]]:
     """A JSONL file the user names (read_user_file's errors, then parse_jsonl's)."""
     return parse_jsonl(read_user_file(url, what, fix), f"{what} {url}")
-
-
-def check_output_file(path: str, flag: str, example: str) -> None:
-    """A local file a command will write, checked before it does any work: not a directory, in one that exists."""
-    url = normalize(path)
-    if not is_local(url):
-        raise UserError(f"{flag} {path}: name a local file, e.g. {example}")
-    target = local_path(url)
-    if target.is_dir():
-        raise UserError(f"{flag} {path} is a directory: name a file, e.g. {example}")
-    if not target.parent.is_dir():
-        raise UserError(f"{flag} {path}: directory {target.parent} does not exist: create it first")

@@ -153,9 +153,12 @@ def test_rows_without_ids_are_numbered_alike_in_text_jsonl_and_parquet(tmp_path)
     rows = [load_prompts(DataConfig(prompts=str(tmp_path / name))) for name in names]
     assert rows[0] == rows[1] == rows[2] == rows[3] == rows[4]
     assert [r["id"] for r in rows[0]] == ["line0000001", "line0000002", "line0000003"]
-    unknown_suffix = tmp_path / "prompts.md"  # as before formats: any other file is one prompt per line
+    unknown_suffix = tmp_path / "prompts.lst"  # as before formats: any other file is one prompt per line
     unknown_suffix.write_text("\n".join(prompts))
     assert load_prompts(DataConfig(prompts=str(unknown_suffix))) == rows[0]
+    markdown = tmp_path / "prompts.md"  # but a document format (headings, bullets) only when data.format says text
+    markdown.write_text("\n".join(prompts))
+    assert load_prompts(DataConfig(prompts=str(markdown), format="text")) == rows[0]
 
 
 def test_column_mapping(tmp_path):
