@@ -51,11 +51,14 @@ def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
         if not all(part.strip() for part in parts):
             raise UserError(f"--set {item!r}: the key has an empty part: write it as section.key=VALUE, e.g. "
                             "--set ppo.lr=1e-5")
-        for part in parts[:-1]:
+        for depth, part in enumerate(parts[:-1]):
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
+                whole = ".".join(parts[: depth + 1])
+                example = f"{whole}=[a, b] (items are not set one by one)" if isinstance(child, list) else \
+                    f"{whole}=VALUE"
                 raise UserError(f"--set {key}: {part!r} is a value, not a section: give its whole value, e.g. "
-                                f"--set {key.rsplit('.', 1)[0]}=[a, b] for a list")
+                                f"--set {example}")
             node = child
         node[parts[-1]] = _parse_value(value)
     return raw
@@ -85,7 +88,8 @@ def _suggest(key: str) -> str:
         section, _, name = key.rpartition(".")
         return f" (a dotted name is one key in YAML: nest it, '{section}:' then '  {name}: ...' under it)"
     sections = {k.rsplit(".", 1)[0] for k in keys if "." in k}
-    close = difflib.get_close_matches(key, keys + sorted(sections), n=1, cutoff=0.8)
+    known = keys + sorted(sections)
+    close = [k for k in known if k.lower() == key.lower()] or difflib.get_close_matches(key, known, n=1, cutoff=0.8)
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
@@ -105,8 +109,11 @@ def _describe(err: ValidationError) -> str:
     elif (first["type"] in ("list_type", "dict_type", "model_type") and isinstance(first.get("input"), str)
           and first["input"].lstrip().startswith(("[", "{"))):  # _parse_value kept the text: it is not YAML
         message += ": it was read as text, not as a YAML list or mapping: check its brackets, commas and quotes"
-    elif first["type"] == "list_type" and isinstance(first.get("input"), dict):  # --set key.0=x made a mapping
-        message += f": items are not set one by one (key.0=...): give the whole list, e.g. {key}=[a, b]"
+    elif first["type"] == "list_type" and isinstance(first.get("input"), dict):
+        if all(str(item).isdigit() for item in first["input"]):  # --set key.0=x made a mapping {"0": "x"}
+            message += f": items are not set one by one (key.0=...): give the whole list, e.g. {key}=[a, b]"
+        else:
+            message += f": it was given a mapping: give a YAML list, e.g. {key}=[a, b]"
     elif first["type"] == "list_type" and isinstance(first.get("input"), (str, int, float)):
         message += f": write it as a YAML list, e.g. {key}=[{first['input']}]"
     elif "input" in first and first["input"] is None:

@@ -58,6 +58,9 @@ def _no_expect_continue() -> None:
     handlers.BUILTIN_HANDLERS[:] = [h for h in handlers.BUILTIN_HANDLERS if h[1] is not handlers.add_expect_header]
 
 
+VARIABLE = re.compile(r"\$(\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)")
+
+
 def failure_message(exc: BaseException) -> str | None:
     """An object-storage failure behind an exception (botocore's: endpoint unreachable or timing out, credentials,
     a refusal, a server error; not a missing object, which callers report themselves) as one line; None for
@@ -73,8 +76,17 @@ def failure_message(exc: BaseException) -> str | None:
     return None
 
 
+def check_no_variables(url: str) -> None:
+    """A $NAME or ${NAME} in a path the user wrote (in a config, or quoted on a command line) is not expanded here:
+    taken literally it would make a directory named `${HOME}`."""
+    if match := VARIABLE.search(url):
+        raise UserError(f"path {url!r} holds {match.group()}, an environment variable, which is not expanded here: "
+                        "write the path out")
+
+
 def normalize(url: str) -> str:
     """Absolute URL: bare paths and relative file:// paths resolve against the working directory (~ expanded)."""
+    check_no_variables(url)
     if "://" not in url:
         if MALFORMED_SCHEME.match(url):
             raise UserError(f"storage URL {url!r} looks like a URL without its '//': write s3://bucket/prefix, "

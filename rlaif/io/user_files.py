@@ -10,7 +10,7 @@ import stat
 import unicodedata
 
 from rlaif.errors import UserError
-from rlaif.io.storage import botocore_errors, first_line, is_local, local_path, read_bytes
+from rlaif.io.storage import botocore_errors, check_no_variables, first_line, is_local, local_path, read_bytes
 
 READ_SCHEMES = ("file", "s3")
 
@@ -21,6 +21,7 @@ def user_read_errors(url: str, what: str, fix: str, also: tuple[str, ...] = ()):
     (`also`: more that the caller reads), missing, unreadable, or on s3:// no such bucket, endpoint unreachable,
     access denied, no credentials (s3fs raises OSError kinds for most of them; botocore's own errors, credentials
     and connections among them, come through as they are)."""
+    check_no_variables(url)
     scheme = url.split("://", 1)[0] if "://" in url else "file"
     if scheme not in READ_SCHEMES + also:
         names = ", ".join(f"{name}://" for name in READ_SCHEMES + also)

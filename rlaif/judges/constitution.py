@@ -54,8 +54,11 @@ def load_constitution(path: str, setting: str = "label.constitution", optional: 
             close = difflib.get_close_matches(unknown[0], PRINCIPLE_KEYS, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise UserError(f"{where}: unknown key {unknown[0]!r}{hint}: a principle has {', '.join(PRINCIPLE_KEYS)}")
-        if (not isinstance(principle, dict) or not isinstance(principle.get("text"), str)
-                or is_blank(principle["text"])):
+        if not isinstance(principle, dict):
+            kind = "a plain string" if isinstance(principle, str) else f"a {type(principle).__name__}"
+            raise UserError(f"{where} is {kind}: write each principle as a mapping, e.g. '- name: helpful' then "
+                            "'  text: Prefer the response that answers the question.'")
+        if not isinstance(principle.get("text"), str) or is_blank(principle["text"]):
             raise UserError(f"{where}: needs a non-empty string 'text' (YAML reads yes/no/on/off and numbers as "
                             "others: put such a text in quotes)")
         for key in ("contrast", "name"):
@@ -70,6 +73,10 @@ def load_constitution(path: str, setting: str = "label.constitution", optional: 
         twice = next(name for name in given if given.count(name) > 1)
         raise UserError(f"constitution {path}: two principles are named {twice!r} (results are reported per "
                         "principle name): give each its own name")
+    texts = [" ".join(principle["text"].lower().split()) for principle in principles]
+    if len(set(texts)) < len(texts):  # under `principles: all` it would count twice, unseen
+        first, second = [i + 1 for i, text in enumerate(texts) if texts.count(text) > 1][:2]
+        raise UserError(f"constitution {path}: principles {first} and {second} have the same text: keep one")
     for i, principle in enumerate(principles):  # unnamed: its text's start, numbered where two would read alike
         default = principle["text"][:40]
         if "name" not in principle:

@@ -61,6 +61,7 @@ def prepare(cfg: PipelineConfig, pipeline: bool = False, launched: str | None = 
     tracking.check_settings(cfg.tracking)
     if pipeline:
         check_splits(cfg.data, prompts)
+        check_enough_pairs(cfg, prompts)
         from rlaif.models.generation import check_prompts_fit
 
         check_prompts_fit(cfg, prompts)
@@ -98,6 +99,19 @@ def other_outputs(written: bytes, cfg: PipelineConfig) -> bool:
     except (UserError, UnicodeDecodeError):
         return True
     return cache_key_dump(before) != cache_key_dump(cfg)
+
+
+def check_enough_pairs(cfg: PipelineConfig, prompts: list[dict]) -> None:
+    """train_rm's batch against the most pairs generate can make (one per training prompt, at most
+    generate.max_prompts), before generate and label run rather than at train_rm."""
+    from rlaif.io.prompts import split_rows
+
+    pairs = min(len(split_rows(prompts, cfg.data, "train")), cfg.generate.max_prompts or len(prompts))
+    train_pairs = int(pairs * (1 - cfg.train_rm.held_out_fraction))
+    if train_pairs < cfg.train_rm.batch_size:
+        raise UserError(f"at most {train_pairs} training pairs for train_rm.batch_size={cfg.train_rm.batch_size} (one "
+                        f"pair per training prompt, {cfg.train_rm.held_out_fraction:g} held out): add prompts, or "
+                        "lower train_rm.batch_size")
 
 
 def refuse_while_running(cfg: PipelineConfig) -> None:
@@ -235,7 +249,14 @@ def checked_model(role: str, spec: str, trust_remote_code: bool) -> Path | None:
     if hub.parse(spec):
         hub.commit(spec, role)
         return None
-    if spec.startswith("builtin:") or spec.startswith("s3://"):
+    if spec.startswith("s3://"):  # its files are checked when downloaded; that it is there and readable, now
+        from rlaif.io import storage, user_files
+
+        with user_files.user_read_errors(spec, role, "check the model's s3:// path and the storage credentials"):
+            if not storage.exists(spec.rstrip("/") + "/config.json"):
+                raise UserError(f"{role} {spec} holds no config.json: name a directory saved with save_pretrained")
+        return None
+    if spec.startswith("builtin:"):
         return minilm_dir() if spec == MINILM else None
     path = check_model_files(Path(spec.removeprefix("file://")).expanduser(), role)
     if role in CAUSAL_LM_ROLES:
