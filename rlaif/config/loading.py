@@ -128,15 +128,17 @@ def load_config(path: str | None, overrides: list[str] | tuple[str, ...] = ()) -
     from rlaif.io.user_files import read_user_file  # local import: storage imports this module's types
 
     text = read_user_file(path, "config file", "give a YAML config file, e.g. configs/demo.yaml")
-    source = f"config file {path}"
-    if load_yaml(text, source) is None:  # empty, comments only, `null`, `---`: a file named to say nothing is a slip
+    return parse_config(text, f"config file {path}", overrides, given=True)
+
+
+def parse_config(text: str, source: str, overrides: list[str] | tuple[str, ...] = (),
+                 given: bool = False) -> PipelineConfig:
+    """The config from YAML text (`source` names it in errors), plus `--set` overrides. `given`: the user named this
+    text, and one that says nothing (empty, comments only, `null`, `---`) is a slip, not a wish for the defaults."""
+    raw = load_yaml(text, source)
+    if raw is None and given:
         raise UserError(f"{source} holds no settings: add some, or leave --config out to run the defaults")
-    return parse_config(text, source, overrides)
-
-
-def parse_config(text: str, source: str, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:
-    """The config from YAML text (`source` names it in errors), plus `--set` overrides."""
-    raw = load_yaml(text, source) or {}
+    raw = raw or {}
     if not isinstance(raw, dict):
         raise UserError(f"{source} must hold a mapping of sections")
     raw = apply_overrides(raw, overrides)

@@ -41,7 +41,7 @@ def load_config_source(source: str | None, overrides: list[str] = (), run_id: st
     overrides = [*overrides, *[f"run_id={json.dumps(run_id)}"] * bool(run_id),
                  *[f"storage.root={json.dumps(storage_root)}"] * bool(storage_root)]
     if source and "\n" in source:
-        return parse_config(source, "inline config", overrides)
+        return parse_config(source, "inline config", overrides, given=True)
     return load_config(source or None, overrides)
 
 

@@ -144,3 +144,10 @@ def test_a_config_file_that_holds_no_settings(cli, tmp_path, content):
         cli(*command, "--config", str(config), "--set", f"storage.root={tmp_path / 'root'}",
             needle=f"config file {config} holds no settings: add some, or leave --config out to run the defaults")
     assert not (tmp_path / "root").exists()
+
+
+def test_an_inline_config_that_holds_no_settings(cli, tmp_path):
+    """A multi-line --config is the YAML itself (how KFP and Airflow users paste one): comments only say nothing."""
+    cli("launch", "generate", "--config", "# the config\n# pasted here\n", "--storage-root", str(tmp_path / "root"),
+        needle="inline config holds no settings: add some, or leave --config out to run the defaults")
+    assert not (tmp_path / "root").exists()
