@@ -14,10 +14,10 @@ from rlaif.config.judges import SHORTEST_JUDGE_INPUT
 from rlaif.distributed import local_device
 from rlaif.errors import UserError
 from rlaif.judges import prompting
-from rlaif.models.decode import forward_takes
 from rlaif.models.generation import (
     decode,
     leading_bos,
+    next_token_logprobs,
     prompt_token_ids,
     response_logits_and_hidden,
     response_mask,
@@ -154,10 +154,7 @@ class HFJudge:
             return answer_probability(torch.tensor(
                 [answer_logprobs(c, self.answer_ids) for c in self._served(enc, max_tokens=1, logprobs=TOP_LOGPROBS)],
                 dtype=torch.float32))
-        # Left padding: the last position is the cue, the only one whose logits are read (a [rows, length,
-        # vocabulary] tensor would be gigabytes at a 150k vocabulary).
-        keep = {"logits_to_keep": 1} if forward_takes(self.model, "logits_to_keep") else {}
-        logprobs = torch.log_softmax(self.model(**enc, **keep).logits[:, -1].float(), dim=-1)
+        logprobs = next_token_logprobs(self.model, enc)  # left padding: the last position is the answer cue
         return answer_probability(logprobs[:, self.answer_ids]).cpu()
 
     def prefer_first(self, prompts, first, second, principles) -> torch.Tensor:

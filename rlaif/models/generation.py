@@ -374,3 +374,26 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: floa
     """log p(token) under softmax(logits / temperature), the distribution that was sampled."""
     logp = torch.log_softmax(logits.float() / temperature, dim=-1)
     return logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def next_token_logprobs(model, inputs: dict) -> torch.Tensor:
+    """fp32 log-softmax of each row's next-token logits, [rows, vocabulary] (rows left-padded: the last position is
+    every row's). The output layer runs at that position only where the model takes logits_to_keep (a [rows,
+    length, vocabulary] tensor would be gigabytes at a 150k vocabulary), one row at a time: a product with one row
+    is the same kernel whatever the batch, so the hf judge (which batches rows) and the judge service (a row per
+    request) give the same bits."""
+    keep = {"logits_to_keep": 1} if forward_takes(model, "logits_to_keep") else {}
+    layer = model.get_output_embeddings()
+    handle = layer.register_forward_hook(_row_by_row) if layer is not None else None
+    try:
+        logits = model(**inputs, **keep).logits[:, -1]
+    finally:
+        if handle is not None:
+            handle.remove()
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+def _row_by_row(layer, args, _batched):
+    """A forward hook that replaces an output layer's result by the same layer's, one input row at a time (its own
+    forward, which runs no hooks)."""
+    return torch.cat([layer.forward(row) for row in args[0].split(1)])

@@ -147,7 +147,9 @@ class TransformersEngine:
         return {k: enc[k].to(self.device) for k in ("input_ids", "attention_mask")}
 
     def _next_token(self, request: Request, ids: list[list[int]]) -> list[Choice]:
-        logprobs = torch.log_softmax(self.model(**self._batch(request, ids)).logits[:, -1].float(), dim=-1).cpu()
+        from rlaif.models.generation import next_token_logprobs
+
+        logprobs = next_token_logprobs(self.model, self._batch(request, ids)).cpu()
         top = torch.topk(logprobs, min(request.logprobs or 1, logprobs.shape[-1]), dim=-1)
         return [Choice(self.tokenizer.decode([int(ids[0])]), 1, "length",
                        [dict(zip(ids.tolist(), values.tolist()))])
