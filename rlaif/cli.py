@@ -19,11 +19,17 @@ def _report(runs: list[str], output: str | None) -> int:
     from rlaif.io import output_files, storage
 
     urls = [storage.normalize(r) for r in runs]
+    if len(set(urls)) < len(urls):
+        twice = next(url for url in urls if urls.count(url) > 1)
+        raise UserError(f"run {twice} is given twice: name each run to compare once")
     if output and len(urls) == 1:
         raise UserError("--output names the comparison of several runs: give two or more runs, or leave it out (a "
                         "run's own report is written into the run, at evaluate/report.html)")
     target = output and output_files.check_output_file(output, "--output", "the comparison HTML file",
                                                        "compare.html", (".html", ".htm"), remote=True)
+    if target and (inside := next((url for url in urls if target.startswith(url.rstrip("/") + "/")), None)):
+        raise UserError(f"--output {output} is inside run {inside}, whose files are its own (its report is rebuilt "
+                        "there): write the comparison outside the runs")
     if len(urls) == 1:
         print(f"report: {report.write(urls[0])}")
         return 0
@@ -51,11 +57,8 @@ def _config(args) -> int:
 
 
 def _compile(args) -> int:
-    from rlaif.io import output_files
     from rlaif.orchestration import kfp_pipeline
 
-    output_files.check_output_file(args.output, "--output", "the pipeline YAML file", "rlaif_pipeline.yaml",
-                                   (".yaml", ".yml"))
     path = kfp_pipeline.compile_pipeline(args.output, args.cluster, args.components_dir, args.config)
     print(f"pipeline: {path}")
     return 0

@@ -60,8 +60,8 @@ def check_judge_services(cfg: PipelineConfig, rerun: set[str]) -> None:
             will_run = bool(rerun) or not common.cached(common.context(cfg, name))
         except UserError:  # an upstream output not made yet
             will_run = True
-        if will_run:
-            check_services(cfg, name)
+        if will_run:  # evaluate's judges are label's and its own
+            check_services(cfg, "evaluate")
             return
 
 

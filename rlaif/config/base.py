@@ -112,12 +112,13 @@ def service_url(url: str, example: str) -> str:
 
 
 def no_credentials(url: str | None, paths: bool = False) -> str | None:
-    """URLs never carry a user or password, nor a query or fragment (where tokens and signatures go): they would be
-    echoed in logs, saved configs and compiled pipelines, and a query would swallow the paths joined after it.
-    `paths`: a storage location, whose file names and S3 keys may hold '?' and '#'."""
+    """URLs never carry a user or password, nor (http and https ones) a query or fragment, where tokens and
+    signatures go: they would be echoed in logs, saved configs and compiled pipelines, and a query would swallow the
+    paths joined after it. `paths`: a file or storage location, whose names and S3 keys may hold '?' and '#'.
+    (A database tracking URI's query, ?sslmode=require, holds no credentials.)"""
     if url and "://" in url and (urlsplit(url).username or urlsplit(url).password):
         raise ValueError("must not contain a user name or password: give credentials through the environment")
-    if url and "://" in url and not paths and ("?" in url or "#" in url):
+    if url and url.startswith(("http://", "https://")) and not paths and ("?" in url or "#" in url):
         raise ValueError("must not carry a query (?...) or fragment (#...): give the plain URL, and credentials "
                          "through the environment")
     return url

@@ -74,7 +74,7 @@ class DataConfig(Strict):
     @field_validator("prompts")
     @classmethod
     def _no_credentials(cls, v: str) -> str:
-        return no_credentials(v)
+        return no_credentials(v, paths=True)  # a glob's '?', a file name's '#'
 
     @field_validator("eval_fraction")
     @classmethod

@@ -115,7 +115,8 @@ def _describe(err: ValidationError) -> str:
         else:
             message += f": it was given a mapping: give a YAML list, e.g. {key}=[a, b]"
     elif first["type"] == "list_type" and isinstance(first.get("input"), (str, int, float)):
-        message += f": write it as a YAML list, e.g. {key}=[{first['input']}]"
+        item = str(first["input"]).lower() if isinstance(first["input"], bool) else first["input"]
+        message += f": write it as a YAML list, e.g. {key}=[{item}]"
     elif "input" in first and first["input"] is None:
         message += ": it was given no value (empty, or null): write one, or leave the key out for its default"
     return message

@@ -14,7 +14,12 @@ MAX_BODY_BYTES = 4 * 2**20  # a health check's or a model list's reply; more is 
 
 
 class NoAnswer(Exception):
-    """A GET that got no HTTP answer; str() says why in a few words."""
+    """A GET that got no HTTP answer; str() says why in a few words. `silent`: connected (or trying to) but no
+    answer in time, which a service warming up also does, unlike a refusal or an unknown host."""
+
+    def __init__(self, why: str, silent: bool = False):
+        super().__init__(why)
+        self.silent = silent
 
 
 def without_credentials(url: str) -> str:
@@ -34,7 +39,7 @@ def get(url: str, timeout_s: float, headers: dict | None = None, proxies: bool =
     except urllib.error.HTTPError as answer:
         return answer.code, b""
     except (OSError, ValueError, http.client.HTTPException) as exc:  # URLError and TimeoutError are OSErrors
-        raise NoAnswer(_why(exc, timeout_s)) from None
+        raise NoAnswer(_why(exc, timeout_s), silent=isinstance(getattr(exc, "reason", exc), TimeoutError)) from None
 
 
 def _why(exc: Exception, timeout_s: float) -> str:

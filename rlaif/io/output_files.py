@@ -1,10 +1,11 @@
-"""Files a command writes where the user says (compile's pipeline YAML, report's comparison, launch's manifest):
-checked before any work, so a name that cannot be written fails in one line instead of after the work, and written
-whole or not at all."""
+"""Where commands write what the user names: the storage root, and the files a command writes where the user says
+(compile's pipeline YAML, report's comparison, launch's manifest). Checked before any work, so a place that cannot
+be written fails in one line instead of after the work; files written whole or not at all."""
 from __future__ import annotations
 
 import errno
 import os
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -13,12 +14,63 @@ from rlaif.io.storage import (
     botocore_errors,
     first_line,
     is_local,
+    join,
     local_path,
-    missing_bucket,
     normalize,
-    s3_write_problem,
+    remove,
     write_bytes_atomic,
 )
+
+
+def check_writable(root: str) -> None:
+    """Fail early, with one line, when the storage root cannot be written (an s3:// root's bucket must exist: it is
+    never created). A local root is not created here: a run refused by a later check leaves nothing behind."""
+    if is_local(root):
+        _check_local_writable(local_path(root))
+        return
+    if (why := s3_write_problem(root)) is None:
+        return
+    if bucket := missing_bucket(root, why):
+        raise UserError(f"storage root {root}: bucket {bucket!r} does not exist: create it, or fix the name")
+    raise UserError(f"storage root {root} is not writable ({why}): check the path's permissions, or for s3:// the "
+                    "bucket, endpoint and AWS_* credentials")
+
+
+def s3_write_problem(prefix: str) -> str | None:
+    """Why no object can be written under this s3:// prefix (a probe object written and removed), or None."""
+    probe = join(prefix, f".rlaif-probe-{uuid.uuid4().hex}")
+    try:
+        write_bytes_atomic(probe, b"ok")
+        remove(probe)
+    except Exception as exc:  # PermissionError, botocore errors, ...: all mean the same to a user
+        return first_line(exc)
+    return None
+
+
+def missing_bucket(url: str, why: str) -> str | None:
+    """The bucket of an s3:// URL where a failure's message says it does not exist (it is never created)."""
+    if "NoSuchBucket" in why or "bucket does not exist" in why:
+        return url.split("://", 1)[1].split("/", 1)[0]
+    return None
+
+
+def _check_local_writable(root: Path) -> None:
+    """The root, or where it would be created (its nearest existing ancestor), is a directory this user can write."""
+    existing = root.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UserError(f"storage root {root} is not writable ({existing} is a file, not a directory): set "
+                        "storage.root to a directory")
+    try:
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise PermissionError(f"no write permission on {existing}")
+        tempfile.TemporaryFile(dir=existing).close()  # what access() misses: a read-only mount, a full disk
+    except OSError as exc:
+        raise UserError(f"storage root {root} is not writable ({first_line(exc)}): check the path's permissions, "
+                        "or set storage.root to another directory") from None
+
+
 
 S3_ACCESS_FIX = "check the bucket, the endpoint (storage.endpoint_url or AWS_ENDPOINT_URL) and the AWS_* credentials"
 

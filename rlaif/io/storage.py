@@ -58,7 +58,7 @@ def _no_expect_continue() -> None:
     handlers.BUILTIN_HANDLERS[:] = [h for h in handlers.BUILTIN_HANDLERS if h[1] is not handlers.add_expect_header]
 
 
-VARIABLE = re.compile(r"\$(\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)")
+VARIABLE = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}|\$([A-Za-z_][A-Za-z0-9_]*)")
 
 
 def failure_message(exc: BaseException) -> str | None:
@@ -77,9 +77,11 @@ def failure_message(exc: BaseException) -> str | None:
 
 
 def check_no_variables(url: str) -> None:
-    """A $NAME or ${NAME} in a path the user wrote (in a config, or quoted on a command line) is not expanded here:
-    taken literally it would make a directory named `${HOME}`."""
-    if match := VARIABLE.search(url):
+    """A ${NAME}, or a $NAME of a variable that is set, in a path the user wrote (in a config, or quoted on a command
+    line) is not expanded here: taken literally it would make a directory named `${HOME}`. ($ alone, as in an S3 key
+    `team$ml`, is a character.)"""
+    if match := next((m for m in VARIABLE.finditer(url) if m.group().startswith("${") or m.group(1) in os.environ),
+                     None):
         raise UserError(f"path {url!r} holds {match.group()}, an environment variable, which is not expanded here: "
                         "write the path out")
 
@@ -299,55 +301,6 @@ def glob(url_pattern: str) -> list[str]:
     fs = filesystem(url_pattern)
     scheme = "s3://" if url_pattern.startswith("s3://") else "file://"
     return sorted(scheme + p for p in fs.glob(_path(url_pattern)))
-
-
-def check_writable(root: str) -> None:
-    """Fail early, with one line, when the storage root cannot be written (an s3:// root's bucket must exist: it is
-    never created). A local root is not created here: a run refused by a later check leaves nothing behind."""
-    if is_local(root):
-        _check_local_writable(local_path(root))
-        return
-    if (why := s3_write_problem(root)) is None:
-        return
-    if bucket := missing_bucket(root, why):
-        raise UserError(f"storage root {root}: bucket {bucket!r} does not exist: create it, or fix the name")
-    raise UserError(f"storage root {root} is not writable ({why}): check the path's permissions, or for s3:// the "
-                    "bucket, endpoint and AWS_* credentials")
-
-
-def s3_write_problem(prefix: str) -> str | None:
-    """Why no object can be written under this s3:// prefix (a probe object written and removed), or None."""
-    probe = join(prefix, f".rlaif-probe-{uuid.uuid4().hex}")
-    try:
-        write_bytes_atomic(probe, b"ok")
-        remove(probe)
-    except Exception as exc:  # PermissionError, botocore errors, ...: all mean the same to a user
-        return first_line(exc)
-    return None
-
-
-def missing_bucket(url: str, why: str) -> str | None:
-    """The bucket of an s3:// URL where a failure's message says it does not exist (it is never created)."""
-    if "NoSuchBucket" in why or "bucket does not exist" in why:
-        return url.split("://", 1)[1].split("/", 1)[0]
-    return None
-
-
-def _check_local_writable(root: Path) -> None:
-    """The root, or where it would be created (its nearest existing ancestor), is a directory this user can write."""
-    existing = root.absolute()
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise UserError(f"storage root {root} is not writable ({existing} is a file, not a directory): set "
-                        "storage.root to a directory")
-    try:
-        if not os.access(existing, os.W_OK | os.X_OK):
-            raise PermissionError(f"no write permission on {existing}")
-        tempfile.TemporaryFile(dir=existing).close()  # what access() misses: a read-only mount, a full disk
-    except OSError as exc:
-        raise UserError(f"storage root {root} is not writable ({first_line(exc)}): check the path's permissions, "
-                        "or set storage.root to another directory") from None
 
 
 def sha256_file(path: Path) -> str:

@@ -12,8 +12,6 @@ import unicodedata
 from rlaif.errors import UserError
 from rlaif.io.storage import botocore_errors, check_no_variables, first_line, is_local, local_path, read_bytes
 
-READ_SCHEMES = ("file", "s3")
-
 
 @contextlib.contextmanager
 def user_read_errors(url: str, what: str, fix: str, also: tuple[str, ...] = ()):
@@ -23,10 +21,9 @@ def user_read_errors(url: str, what: str, fix: str, also: tuple[str, ...] = ()):
     and connections among them, come through as they are)."""
     check_no_variables(url)
     scheme = url.split("://", 1)[0] if "://" in url else "file"
-    if scheme not in READ_SCHEMES + also:
-        names = ", ".join(f"{name}://" for name in READ_SCHEMES + also)
-        raise UserError(f"{what} {url}: {scheme}:// is not read here (local paths and {names} are): copy it to "
-                        f"local disk or object storage first ({fix})")
+    if scheme not in also and (why := _unreadable_scheme(scheme)):
+        raise UserError(f"{what} {url}: {scheme}:// cannot be read here ({why}): copy it to local disk, s3:// or "
+                        f"an http(s) URL first ({fix})")
     try:
         yield
     except FileNotFoundError:
@@ -36,6 +33,18 @@ def user_read_errors(url: str, what: str, fix: str, also: tuple[str, ...] = ()):
         raise UserError(f"{what} {url} cannot be read ({type(exc).__name__}{inside}): {_fix_for(url, fix)}") from None
     except (OSError, *botocore_errors()) as exc:
         raise UserError(f"{what} {url} cannot be read ({first_line(exc)[:200]}): {_fix_for(url, fix)}") from None
+
+
+def _unreadable_scheme(scheme: str) -> str | None:
+    """Why fsspec cannot read URLs of this scheme here (unknown, or its package missing: gs:// needs gcsfs), or None
+    (file, s3, http and https always can)."""
+    import fsspec
+
+    try:
+        fsspec.get_filesystem_class(scheme)
+    except (ValueError, ImportError) as exc:
+        return " ".join(str(exc).split())[:120] or type(exc).__name__
+    return None
 
 
 def _fix_for(url: str, fix: str) -> str:

@@ -55,8 +55,8 @@ def judge_scorer(cfg):
 
 
 def check_services(cfg, stage: str) -> None:
-    """Before label, or evaluate (which asks label's judge too), runs: every judge behind an HTTP endpoint answers,
-    takes our key and speaks JSON, and a judge service serves this config's judge model. Else label would find out
+    """Before label, or evaluate (which asks label's judge too), runs: no judge behind an HTTP endpoint is down,
+    refuses our key or speaks something other than JSON (ServiceClient.check_answers). Else label would find out
     only after generate had run."""
     from rlaif.serving.client import ServiceClient
 
@@ -64,7 +64,5 @@ def check_services(cfg, stage: str) -> None:
     for where, judge in [("label", cfg.label), *further]:
         if judge.judge == "openai":
             ServiceClient(judge.openai, f"{where}.openai").check_answers()
-        elif judge.pod_judge == "served":
-            from rlaif.judges.hf import served_judge
-
-            served_judge(judge.hf, f"{where}.hf")
+        elif judge.pod_judge == "served":  # which model it serves: checked when label starts
+            ServiceClient(judge.hf.endpoint, f"{where}.hf.endpoint").check_answers()

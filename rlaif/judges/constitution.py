@@ -73,10 +73,12 @@ def load_constitution(path: str, setting: str = "label.constitution", optional: 
         twice = next(name for name in given if given.count(name) > 1)
         raise UserError(f"constitution {path}: two principles are named {twice!r} (results are reported per "
                         "principle name): give each its own name")
-    texts = [" ".join(principle["text"].lower().split()) for principle in principles]
-    if len(set(texts)) < len(texts):  # under `principles: all` it would count twice, unseen
-        first, second = [i + 1 for i, text in enumerate(texts) if texts.count(text) > 1][:2]
-        raise UserError(f"constitution {path}: principles {first} and {second} have the same text: keep one")
+    # The same text and contrast twice is one principle counted twice under `principles: all`, unseen.
+    seen: dict[tuple[str, str], int] = {}
+    for number, principle in enumerate(principles, 1):
+        key = tuple(" ".join(principle.get(part, "").lower().split()) for part in ("text", "contrast"))
+        if (first := seen.setdefault(key, number)) != number:
+            raise UserError(f"constitution {path}: principles {first} and {number} say the same: keep one")
     for i, principle in enumerate(principles):  # unnamed: its text's start, numbered where two would read alike
         default = principle["text"][:40]
         if "name" not in principle:

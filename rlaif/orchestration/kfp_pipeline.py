@@ -49,17 +49,19 @@ def configure_task(task: dsl.PipelineTask, plan: PodPlan) -> None:
         task.set_accelerator_type(plan.gpu_resource).set_accelerator_limit(plan.gpus)
 
 
-def build_pipeline(spec: "ClusterSpec | None" = None, judge: "str | None" = None, streaming: bool = False):
+def build_pipeline(spec: "ClusterSpec | None" = None, judge: "str | None" = None, streaming: bool = False,
+                   default_config: str = "configs/demo.yaml"):
     """The pipeline function: tasks in graph order, each fed its upstream stages' manifest artifacts. `judge`, the
     label judge of the config the pipeline is compiled for, decides whether label's pod gets a GPU; `streaming`
-    (its label.streaming) starts label beside generate, with no edge between them, and turns streaming on in it."""
+    (its label.streaming) starts label beside generate, with no edge between them, and turns streaming on in it.
+    `default_config`: the `config` parameter's default, the config the pods were sized for."""
     spec = spec or ClusterSpec()
     judge_for_pods = judge  # the pipeline's `judge` parameter is a runtime value; pods are sized when compiling
 
     description = "RLAIF: generate -> label -> train_rm -> ppo -> evaluate (stages from rlaif/graph.py)"
 
     @dsl.pipeline(name="rlaif", description=description)
-    def rlaif(config: str = "configs/demo.yaml", overrides: List[str] = [], run_id: str = "",
+    def rlaif(config: str = default_config, overrides: List[str] = [], run_id: str = "",
               storage_root: str = "", policy_model: str = "", judge: str = "", ppo_lr: float = 0.0,
               kl_coef: float = -1.0, iterations: int = 0, seed: int = -1):
         """RLAIF run.
@@ -96,32 +98,57 @@ def compile_pipeline(output: str, cluster: "str | None" = None, components_dir: 
     """Writes the pipeline YAML (and optionally each stage's component YAML); returns the pipeline path. With
     `config`, pods are sized for that config (label gets no GPU when its judge runs no model) and label streams
     generate's output where the config's label.streaming says so."""
+    import tempfile
     from pathlib import Path
 
     from rlaif.config import load_config
     from rlaif.errors import UserError
+    from rlaif.io import output_files
 
-    target = Path(output)
-    if target.is_dir() or target.suffix not in (".yaml", ".yml"):
-        raise UserError(f"--output {output}: name the pipeline YAML file to write, e.g. rlaif_pipeline.yaml")
-    if not target.parent.is_dir():
-        raise UserError(f"--output {output}: directory {target.parent} does not exist: create it first")
+    target = output_files.check_output_file(output, "--output", "the pipeline YAML file", "rlaif_pipeline.yaml",
+                                            (".yaml", ".yml"))
     if components_dir:
         _check_components_dir(Path(components_dir))
     label = load_config(config).label if config else None
-    pipeline = build_pipeline(load(cluster), label and label.pod_judge, bool(label and label.streaming))
+    pipeline = build_pipeline(load(cluster), label and label.pod_judge, bool(label and label.streaming),
+                              _config_on_one_line(config) if config else "configs/demo.yaml")
     try:
         if components_dir:
             for name, component in COMPONENTS.items():
                 path = Path(components_dir) / name / "component.yaml"
                 path.parent.mkdir(parents=True, exist_ok=True)
                 compiler.Compiler().compile(component, str(path))
-        compiler.Compiler().compile(pipeline, output)  # last: a pipeline file means everything was written
     except OSError as exc:
         where = f": {exc.filename}" if exc.filename else ""
-        raise UserError(f"cannot write the pipeline ({exc.strerror or exc}{where}): check --output and "
-                        "--components-dir") from None
+        raise UserError(f"cannot write the components ({exc.strerror or exc}{where}): check --components-dir") from None
+    with tempfile.TemporaryDirectory() as scratch:  # last, and whole: a pipeline file means everything was written
+        compiler.Compiler().compile(pipeline, str(Path(scratch) / "pipeline.yaml"))
+        output_files.write_output_file(target, (Path(scratch) / "pipeline.yaml").read_bytes(), "--output")
     return output
+
+
+def _sent_config(config: str) -> str:
+    """A config as a pipeline parameter: a URL as it is; a local file's text (the pods cannot read this machine's
+    files), with a line end, which makes the steps read it as YAML text rather than as a path."""
+    from rlaif.io import user_files
+
+    if "://" in config and not config.startswith("file://"):
+        return config
+    text = user_files.read_user_file(config, "config file", "give a YAML config file, e.g. configs/demo.yaml")
+    return text if text.endswith("\n") else text + "\n"
+
+
+def _config_on_one_line(config: str) -> str:
+    """A config as the compiled pipeline's default: a URL as it is; a local file as one line of JSON (YAML too),
+    since kfp writes each default into the file's comment header, where a line break would end the comment."""
+    import json
+
+    from rlaif.config.loading import load_yaml
+
+    sent = _sent_config(config)
+    if "\n" not in sent:
+        return sent
+    return json.dumps(load_yaml(sent, f"config file {config}") or {}, default=str)
 
 
 def _check_components_dir(root) -> None:
@@ -203,16 +230,18 @@ def submit(endpoint: str, config: str | None, overrides: list[str], run_id: str,
     files); an s3:// URL is passed as is. Each request to the API server may take `timeout_s` seconds."""
     import warnings
 
+    from rlaif.config.loading import parse_config
     from rlaif.errors import UserError, redact
-    from rlaif.io import storage, user_files
+    from rlaif.io import storage
     from rlaif.orchestration.launch import load_config_source
 
     parts = urlsplit(endpoint.strip())
     if client is None and (parts.scheme.lower() not in ("http", "https") or not parts.hostname):  # kfp: localhost:80
         raise UserError(f"--endpoint {redact(endpoint)!r} is not an http(s) URL: give the KFP API endpoint, e.g. "
                         "https://kfp.example.com/pipeline")
-    if config and "://" not in config and "\n" not in config:
-        config = user_files.read_user_file(config, "config file", "give a YAML config file, e.g. configs/demo.yaml")
+    if config and "://" not in config and "\n" not in config:  # a local file: its text travels with the run
+        path, config = config, _sent_config(config)
+        parse_config(config, f"config file {path}", given=True)  # an empty one is refused as `rlaif run` does
     # Refuse a bad config here, not in the first pod; its judge sizes label's pod, its streaming wires label.
     cfg = load_config_source(config, overrides, run_id, storage_root)
     storage.normalize(cfg.storage.root)  # a malformed root (s3:/bucket) is refused as `rlaif run` refuses it

@@ -25,7 +25,7 @@ from rlaif.config import (
 )
 from rlaif.errors import StageFailed, UserError
 from rlaif.graph import STAGE_BY_NAME, Stage
-from rlaif.io import manifest, storage
+from rlaif.io import manifest, output_files, storage
 from rlaif.io.lock import StageLock
 from rlaif.io.prompts import check_splits, load_prompts, read_demonstrations
 from rlaif.orchestration import jobs
@@ -35,12 +35,13 @@ from rlaif.stages import common
 
 def load_config_source(source: str | None, overrides: list[str] = (), run_id: str = "",
                        storage_root: str = "") -> PipelineConfig:
-    """`source` is a config path/URL, or the YAML itself when it spans lines (how KFP and Airflow users paste one);
+    """`source` is a config path/URL, or the YAML itself when it spans lines (how KFP and Airflow users paste one)
+    or is a JSON object (how a pipeline compiled for a config carries it);
     `run_id` and `storage_root`, when given, override the config's."""
     # JSON-quoted: a run id such as 20240101 or true stays a string when the override is read as YAML
     overrides = [*overrides, *[f"run_id={json.dumps(run_id)}"] * bool(run_id),
                  *[f"storage.root={json.dumps(storage_root)}"] * bool(storage_root)]
-    if source and "\n" in source:
+    if source and ("\n" in source or source.lstrip().startswith("{")):  # YAML text, or one line of JSON
         return parse_config(source, "inline config", overrides, given=True)
     return load_config(source or None, overrides)
 
@@ -53,7 +54,7 @@ def prepare(cfg: PipelineConfig, pipeline: bool = False, launched: str | None = 
     check_switches()
     storage.configure(cfg.storage.endpoint_url)
     root = storage.normalize(cfg.storage.root)
-    storage.check_writable(root)
+    output_files.check_writable(root)
     prompts = load_prompts(cfg.data)
     check_judges(cfg, prompts)
     check_models(cfg)
@@ -106,12 +107,15 @@ def check_enough_pairs(cfg: PipelineConfig, prompts: list[dict]) -> None:
     generate.max_prompts), before generate and label run rather than at train_rm."""
     from rlaif.io.prompts import split_rows
 
-    pairs = min(len(split_rows(prompts, cfg.data, "train")), cfg.generate.max_prompts or len(prompts))
-    train_pairs = int(pairs * (1 - cfg.train_rm.held_out_fraction))
+    training_prompts = len(split_rows(prompts, cfg.data, "train"))
+    capped = cfg.generate.max_prompts is not None and cfg.generate.max_prompts < training_prompts
+    train_pairs = int(min(training_prompts, cfg.generate.max_prompts or training_prompts)
+                      * (1 - cfg.train_rm.held_out_fraction))
     if train_pairs < cfg.train_rm.batch_size:
+        more = "raise generate.max_prompts" if capped else "add prompts"
         raise UserError(f"at most {train_pairs} training pairs for train_rm.batch_size={cfg.train_rm.batch_size} (one "
-                        f"pair per training prompt, {cfg.train_rm.held_out_fraction:g} held out): add prompts, or "
-                        "lower train_rm.batch_size")
+                        f"pair per training prompt, {cfg.train_rm.held_out_fraction:g} held out): {more}, lower "
+                        "train_rm.held_out_fraction, or lower train_rm.batch_size")
 
 
 def refuse_while_running(cfg: PipelineConfig) -> None:

@@ -10,7 +10,7 @@ from rlaif.io import storage
 from rlaif.report import sections, upstream
 from rlaif.report.examples import Pick, choose
 from rlaif.report.plots import plots
-from rlaif.report.run import NA, Run, dig, load_run, num, read_metrics, stale_notes
+from rlaif.report.run import NA, Run, dig, evaluated_metrics, load_run, num, stale_notes
 from rlaif.report.sections import Block
 from rlaif.report.verdicts import verdicts
 
@@ -132,8 +132,8 @@ def render_html(page: Page, pngs: dict[str, bytes]) -> str:
 def write(run_url: str, n_examples: int | None = None, evaluate_seconds: float | None = None) -> str:
     """(Re)build report.md, report.html and plots/ under <run>/evaluate/; returns the report.html URL. n_examples
     defaults to the run config's evaluate.n_examples; the evaluate stage, whose manifest comes after its report,
-    passes its own time so far."""
-    run = load_run(run_url)
+    passes its own time so far (and its files are checked against a manifest only once it has one)."""
+    run = load_run(run_url, verify=evaluate_seconds is None)
     if n_examples is None:
         configured = dig(run.config, "evaluate", "n_examples")
         n_examples = configured if isinstance(configured, int) and configured >= 0 else DEFAULT_EXAMPLES
@@ -152,17 +152,29 @@ COMPARE_KEYS = [("win_rate", "{:.3f}"), ("win_rate_length_controlled", "{:.3f}")
                 ("n_prompts", "{}")]
 
 
+def column_names(run_urls: list[str]) -> list[str]:
+    """Each run's column heading: its directory's name, or as much of its path as tells runs of one name apart."""
+    paths = [url.rstrip("/").split("/") for url in run_urls]
+    depth = 1
+    while depth < max(map(len, paths)) and len({"/".join(p[-depth:]) for p in paths}) < len(paths):
+        depth += 1
+    return ["/".join(p[-depth:]) for p in paths]
+
+
+def _shown(value, fmt: str) -> str:
+    return fmt.format(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
+
+
 def compare(run_urls: list[str]) -> tuple[str, str]:
     """A side-by-side table of several runs' headline metrics, as Markdown and as HTML."""
-    runs = [(url.rstrip("/").rsplit("/", 1)[-1], read_metrics(url)) for url in run_urls]
+    runs = [(name, evaluated_metrics(url)) for name, url in zip(column_names(run_urls), run_urls)]
     header = ["metric", *[name for name, _ in runs]]
     body = []
     for key, fmt in COMPARE_KEYS:
-        body.append([key, *[fmt.format(m[key]) if m.get(key) is not None else "-" for _, m in runs]])
+        body.append([key, *[_shown(m.get(key), fmt) for _, m in runs]])
     for judge in dict.fromkeys(j for _, m in runs for j in m.get("judges", {})):
         body.append([f"win rate, judge '{judge}'",
-                     *[f"{m['judges'][judge]['win_rate']:.3f}" if judge in m.get("judges", {}) else "-"
-                       for _, m in runs]])
+                     *[_shown(dig(m, "judges", judge, "win_rate"), "{:.3f}") for _, m in runs]])
     md = "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
                    + ["| " + " | ".join(r) + " |" for r in body])
     esc = html.escape

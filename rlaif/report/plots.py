@@ -85,8 +85,9 @@ def win_rates(judges: dict) -> bytes | None:
         return None
     fig, ax = _figure().subplots(figsize=(10, 0.9 + 0.6 * len(names)))
     rates = [judges[n]["win_rate"] for n in names]
-    lo = [judges[n]["win_rate"] - judges[n]["win_rate_ci95"][0] for n in names]
-    hi = [judges[n]["win_rate_ci95"][1] - judges[n]["win_rate"] for n in names]
+    # Clamped at 0: an interval that does not hold its rate (hand-edited numbers) draws no bar rather than failing.
+    lo = [max(0.0, judges[n]["win_rate"] - judges[n]["win_rate_ci95"][0]) for n in names]
+    hi = [max(0.0, judges[n]["win_rate_ci95"][1] - judges[n]["win_rate"]) for n in names]
     ax.barh(names, rates, xerr=[lo, hi], color="tab:green", alpha=0.7, capsize=5, label="win rate (95% CI)")
     controlled = [n for n in names if isinstance(judges[n].get("win_rate_length_controlled"), (int, float))]
     ax.scatter([judges[n]["win_rate_length_controlled"] for n in controlled], controlled, color="black", zorder=3,

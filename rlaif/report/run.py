@@ -63,24 +63,31 @@ class Run:
         return dig(self.manifests.get(stage), "summary") or {}
 
 
-def read_json(url: str, lines: bool = False):
-    """A run file the report is built from; a corrupt one is a one-line error, not a traceback."""
+def read_json(url: str, lines: bool = False, recorded: dict | None = None):
+    """A run file the report is built from; a corrupt one is a one-line error, not a traceback. `recorded`: the
+    stage manifest's sha256 of each of its files, which this one must match (a file edited or replaced since the
+    stage committed it would be reported as the run's own result)."""
+    data = storage.read_bytes(url)
+    name = url.rsplit("/", 1)[-1]
+    if recorded and recorded.get(name) and hashlib.sha256(data).hexdigest() != recorded[name]:
+        raise UserError(f"{url} does not match its manifest checksum (changed since the stage wrote it): "
+                        f"{storage.rerun_hint(url)}")
     try:
-        body = storage.read_text(url)
+        body = data.decode("utf-8")
         return [json.loads(line) for line in user_files.text_lines(body) if line.strip()] if lines else json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise UserError(f"{url} is corrupt (not UTF-8 JSON): {storage.rerun_hint(url)}") from None
 
 
-def read_jsonl(url: str) -> list[dict]:
-    return read_json(url, lines=True) if storage.exists(url) else []
+def read_jsonl(url: str, recorded: dict | None = None) -> list[dict]:
+    return read_json(url, lines=True, recorded=recorded) if storage.exists(url) else []
 
 
-def read_metrics(run_url: str) -> dict:
+def read_metrics(run_url: str, recorded: dict | None = None) -> dict:
     metrics_url = storage.join(run_url, "evaluate", "metrics.json")
     if not storage.exists(metrics_url):
         raise UserError(f"{metrics_url} not found: is {run_url} a run directory whose evaluate stage has run?")
-    metrics = read_json(metrics_url)
+    metrics = read_json(metrics_url, recorded=recorded)
     if not isinstance(metrics, dict) or not isinstance(metrics.get("judges"), dict):
         raise UserError(f"{metrics_url} is not an evaluation's metrics: {storage.rerun_hint(metrics_url)}")
     return metrics
@@ -117,17 +124,33 @@ def _config(run_url: str) -> tuple[dict, str | None]:
     return (parsed if isinstance(parsed, dict) else {}), hashlib.sha256(data).hexdigest()
 
 
-def load_run(run_url: str) -> Run:
+def load_run(run_url: str, verify: bool = True) -> Run:
+    """The run's files for its report. `verify`: evaluate's files must be the ones its manifest recorded (not while
+    the evaluate stage itself builds the report, before its manifest is written)."""
     # One line for a run that cannot be read: no credentials, an unreachable endpoint, a file where a directory was.
     with user_files.user_read_errors(run_url, "run", "check the run's path (its evaluate/metrics.json and manifests "
                                   "are files), and for s3:// the endpoint and credentials"):
-        metrics = read_metrics(run_url)
         manifests = {stage.name: _manifest(storage.join(run_url, stage.name)) for stage in topological_order()}
+        recorded = _recorded(manifests["evaluate"]) if verify else None
+        metrics = read_metrics(run_url, recorded)
         label = (_optional_json(storage.join(run_url, "label", "metrics.json")) or dig(manifests["label"], "summary")
                  or {})
         config, config_digest = _config(run_url)
-        return Run(run_url, metrics, read_jsonl(storage.join(run_url, "evaluate", "examples.jsonl")),
+        return Run(run_url, metrics, read_jsonl(storage.join(run_url, "evaluate", "examples.jsonl"), recorded),
                    read_jsonl(storage.join(run_url, "ppo", "metrics.jsonl")), manifests, label, config, config_digest)
+
+
+def _recorded(stage_manifest: dict | None) -> dict:
+    """The sha256 a stage's manifest recorded for each of its files, by name."""
+    return {entry.get("path"): entry.get("sha256") for entry in dig(stage_manifest, "files") or []
+            if isinstance(entry, dict)}
+
+
+def evaluated_metrics(run_url: str) -> dict:
+    """A run's evaluate/metrics.json, checked against evaluate's manifest where it has one (for comparisons)."""
+    with user_files.user_read_errors(run_url, "run", "check the run's path, and for s3:// the endpoint and "
+                                                     "credentials"):
+        return read_metrics(run_url, _recorded(_manifest(storage.join(run_url, "evaluate"))))
 
 
 def stale_notes(run: Run) -> list[str]:

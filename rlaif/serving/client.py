@@ -47,27 +47,37 @@ class ServiceClient:
                             f"check {self.section}.base_url") from None
 
     def check_answers(self) -> None:
-        """Before any work: the service answers its /models, takes our key, and speaks JSON. One without /models (an
-        HTTP 404 or 405) passes: the first request will tell."""
-        status, body = self._get("/models")
-        url = redact(self.base_url + "/models")
+        """Before any work: a service that is there (refused or unresolvable: not) takes our key and speaks JSON.
+        What the stage's requests wait out or retry passes: silence (a service scaled to zero, warming up), 429 and
+        5xx; so does a service without /models (404, 405): the first request will tell."""
+        from rlaif.io.endpoint import MAX_BODY_BYTES
+
+        answer = self._get("/models", silence_ok=True)
+        if answer is None:
+            return
+        (status, body), url = answer, redact(self.base_url + "/models")
         if status in (401, 403):
             key = f"${self.settings.api_key_env}" if self.settings.api_key_env else "no key (api_key_env is empty)"
             raise UserError(f"{url} refused the request with HTTP {status}: check the API key ({key}) and "
                             f"{self.section}.base_url")
         try:
-            if status == 200:
+            if status == 200 and len(body) < MAX_BODY_BYTES:  # a longer model list was cut off: not judged
                 json.loads(body)
         except ValueError:
             raise self._not_json(url, body) from None
 
-    def _get(self, path: str) -> tuple[int, bytes]:
+    def _get(self, path: str, silence_ok: bool = False) -> tuple[int, bytes] | None:
+        """One bounded GET, direct (as the stage's aiohttp client goes: it ignores $HTTP_PROXY); None where the
+        service is silent and `silence_ok`."""
         from rlaif.io import endpoint as http
 
         url = self.base_url + path
         try:
-            return http.get(http.without_credentials(url), min(self.settings.timeout_s, 30.0), self.headers())
+            return http.get(http.without_credentials(url), min(self.settings.timeout_s, 30.0), self.headers(),
+                            proxies=False)
         except http.NoAnswer as why:
+            if silence_ok and why.silent:
+                return None
             raise UserError(f"the service at {redact(url)} {why}: start it or fix {self.section}.base_url") from None
 
     def post_all(self, path: str, bodies: list[dict]) -> list[dict]:

@@ -18,7 +18,7 @@ def root(tmp_path):
     ("- Be helpful.\n- Be kind.\n", "principle 1 is a plain string: write each principle as a mapping"),
     ("- [a, b]\n", "principle 1 is a list: write each principle as a mapping"),
     ("- name: a\n  text: Be  helpful.\n- name: b\n  text: Be kind.\n- name: c\n  text: be helpful.\n",
-     "principles 1 and 3 have the same text: keep one"),
+     "principles 1 and 3 say the same: keep one"),
 ])
 def test_constitution_shapes_are_named(cli, root, tmp_path, text, needle):
     path = tmp_path / "constitution.yaml"
@@ -47,7 +47,11 @@ def test_too_few_prompts_for_the_reward_models_batch_is_refused_before_generate(
     prompts = tmp_path / "few.jsonl"
     prompts.write_text("\n".join(lines) + "\n")
     cli("run", "--config", TINY, *root, "--set", f"data.prompts={prompts}", "--set", "data.eval_fraction=0.5",
-        needle="at most 4 training pairs for train_rm.batch_size=8 (one pair per training prompt, 0.1 held out)")
+        needle="at most 4 training pairs for train_rm.batch_size=8 (one pair per training prompt, 0.1 held out): "
+               "add prompts")
+    cli("run", "--config", TINY, *root, "--set", "generate.max_prompts=5",
+        needle="at most 4 training pairs for train_rm.batch_size=8 (one pair per training prompt, 0.1 held out): "
+               "raise generate.max_prompts")
     assert not (tmp_path / "root").exists()
 
 
@@ -69,9 +73,27 @@ def test_a_policy_on_s3_that_is_not_there_is_refused_before_any_work(cli, root, 
                                             (("--set", "data.prompts=$DATA/prompts.jsonl"), "$DATA"),
                                             (("--set", "label.constitution=s3://${BUCKET}/c.yaml"), "${BUCKET}")])
 def test_an_environment_variable_in_a_path_is_named_not_taken_literally(cli, tmp_path, monkeypatch, args, variable):
+    monkeypatch.setenv("DATA", "/data")  # $NAME is named where NAME is set; ${NAME} always
     repo = Path(__file__).resolve().parents[2]
     monkeypatch.chdir(tmp_path)  # where a literal `${HOME}` directory would have been made
     cli("run", "--config", str(repo / TINY), "--storage-root", str(tmp_path / "root"), "--set",
         f"data.prompts={repo / 'data/prompts.jsonl'}", *args,
         needle=f"holds {variable}, an environment variable, which is not expanded here: write the path out")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_what_stays_valid_beside_these_refusals(tmp_path, monkeypatch):
+    """A '$' that is no set variable's (an S3 key `team$ml`), a glob's '?' and a file name's '#' in data.prompts, a
+    database tracking URI's query, and two principles of one text with different contrasts."""
+    from rlaif.config import load_config
+    from rlaif.io import storage
+    from rlaif.judges.constitution import load_constitution
+
+    monkeypatch.delenv("ml", raising=False)
+    assert storage.normalize("s3://bucket/team$ml/runs") == "s3://bucket/team$ml/runs"
+    cfg = load_config(TINY, ["data.prompts=s3://bucket/part-000?.parquet", "tracking.mlflow_tracking_uri="
+                             "postgresql://db:5432/mlflow?sslmode=require", f"storage.root={tmp_path}/a#b"])
+    assert cfg.data.prompts.endswith("?.parquet") and cfg.tracking.mlflow_tracking_uri.endswith("sslmode=require")
+    path = tmp_path / "constitution.yaml"
+    path.write_text("- text: Be brief.\n  contrast: a rambling answer\n- text: Be brief.\n  contrast: a rude one\n")
+    assert len(load_constitution(str(path))) == 2

@@ -18,7 +18,10 @@ class _EchoingServer(http.server.BaseHTTPRequestHandler):
     mode = "401"
 
     def do_GET(self):  # noqa: N802 (the standard library's name)
-        if self.mode == "401":
+        if self.mode.isdigit() and self.mode != "401":
+            self.send_response(int(self.mode))
+            self.end_headers()
+        elif self.mode == "401":
             self.send_response(401)
             self.end_headers()
             self.wfile.write(json.dumps({"error": {"message": f"bad key {self.headers['Authorization']}"}}).encode())
@@ -99,3 +102,21 @@ def test_a_key_the_server_echoes_back_is_masked(server, monkeypatch, capsys):
     assert _user_error(str(refused.value)) == 2
     printed = capsys.readouterr().err
     assert "bad key Bearer ***" in printed and KEY not in printed
+
+
+@pytest.mark.parametrize("mode", ["503", "429", "404", "silent"])
+def test_what_the_stage_waits_out_or_retries_passes_the_check(server, mode):
+    """A service scaled to zero or warming up (silent, 503), rate-limited (429), or without /models (404): label's
+    requests wait, retry or tell, so the check before generate lets them through; only down, a refused key and a
+    page that is not JSON are refused then."""
+    import socket
+    from types import SimpleNamespace
+
+    from rlaif.serving.client import ServiceClient
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)
+        base_url = f"http://127.0.0.1:{silent.getsockname()[1]}/v1" if mode == "silent" else server(mode)
+        settings = SimpleNamespace(base_url=base_url, api_key_env="", timeout_s=0.5)
+        ServiceClient(settings, "label.openai").check_answers()

@@ -1,7 +1,7 @@
 """Files that are not the UTF-8 text they claim to be, and files that are not prompts: UTF-16 without a byte-order
-mark (NUL bytes) and gzip under a plain name are named as such (config, prompts, constitution alike); control
-characters in a prompt are refused; a YAML, Markdown or Python file given as prompts is not read line by line unless
-data.format=text says so. Each: exit 2, one line, nothing written."""
+mark (NUL bytes) and gzip under a plain name are named as such (config, prompts, constitution alike); a NUL in a
+prompt is refused (other control characters are text); a YAML, Markdown or Python file given as prompts is not read
+line by line unless data.format=text says so. Each: exit 2, one line, nothing written."""
 import gzip
 from pathlib import Path
 
@@ -43,28 +43,27 @@ def test_gzip_under_a_plain_name_is_named_as_such(cli, root, tmp_path, name):
     assert nothing_written(tmp_path)
 
 
-@pytest.mark.parametrize("text, code", [("hello\u0000world", "0000"), ("\u001b[2J\u001b[H clear", "001B"),
-                                        ("bell\u0007", "0007"), ("del\u007f", "007F")])
-def test_control_characters_in_a_prompt_are_refused(cli, root, tmp_path, text, code):
+def test_a_nul_in_a_prompt_is_refused(cli, root, tmp_path):
     import json
 
     path = tmp_path / "prompts.jsonl"
-    path.write_text(json.dumps({"prompt": "fine"}) + "\n" + json.dumps({"prompt": text}) + "\n")
+    path.write_text(json.dumps({"prompt": "fine"}) + "\n" + json.dumps({"prompt": "hello\u0000world"}) + "\n")
     cli("launch", "generate", "--config", TINY, *root, "--set", f"data.prompts={path}",
-        needle=f"prompts file {path} line 2: text holds the control character U+{code}")
+        needle=f"prompts file {path} line 2: text holds a NUL character (U+0000)")
     assert nothing_written(tmp_path)
 
 
-def test_tabs_and_line_ends_inside_prompts_stay_valid(tmp_path):
+def test_other_control_characters_inside_prompts_stay_valid(tmp_path):
     import json
 
     from rlaif.config import load_config
     from rlaif.io.prompts import load_prompts
 
     path = tmp_path / "prompts.jsonl"
-    path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["a\tb", "line one\nline two", "x\r\ny"]))
+    texts = ["a\tb", "line one\nline two", "x\r\ny", "Why does print('\u001b[31mred') show red?", "bell\u0007"]
+    path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in texts))
     cfg = load_config(TINY, [f"data.prompts={path}"])
-    assert [row["prompt"] for row in load_prompts(cfg.data)] == ["a\tb", "line one\nline two", "x\r\ny"]
+    assert [row["prompt"] for row in load_prompts(cfg.data)] == texts  # a question about terminal escapes is one
 
 
 @pytest.mark.parametrize("path, kind", [("data/constitution.yaml", "YAML"), ("configs/tiny.yaml", "YAML"),

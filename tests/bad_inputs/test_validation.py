@@ -196,8 +196,11 @@ def test_output_paths_and_endpoints(cli, tmp_path):
     cli("report", str(tmp_path / "run"), needle="is corrupt")
     metrics.write_text("[1, 2]")
     cli("report", str(tmp_path / "run"), needle="is not an evaluation's metrics")
-    cli("report", str(tmp_path / "run"), str(tmp_path / "run"), "--output", str(tmp_path),
+    cli("report", str(tmp_path / "run"), str(tmp_path / "other"), "--output", str(tmp_path),
         needle="name the comparison HTML file")
+    cli("report", str(tmp_path / "run"), f"file://{tmp_path}/run/", needle="is given twice: name each run")
+    cli("report", str(tmp_path / "other"), str(tmp_path / "run"), "--output", str(tmp_path / "run/evaluate/c.html"),
+        needle=f"is inside run file://{tmp_path}/run, whose files are its own")
     cli("run", "--config", TINY, "--storage-root", "s3://bucket/x", "--set", "storage.endpoint_url=http://127.0.0.1:9",
         needle="is not writable")
 

@@ -147,7 +147,15 @@ def test_submit_sends_the_config_inline_and_validates_it_first(tmp_path):
                             client=client)
     with pytest.raises(UserError, match="s3:/bucket"):  # refused as `rlaif run` refuses it
         kfp_pipeline.submit("http://kfp.invalid", "configs/tiny.yaml", [], "", "s3:/bucket", None, "x", client=client)
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    with pytest.raises(UserError, match=f"config file {empty} holds no settings"):  # not the demo's defaults
+        kfp_pipeline.submit("http://kfp.invalid", str(empty), [], "", "", None, "x", client=client)
     assert len(client.calls) == 1
+    one_line = tmp_path / "one.yaml"
+    one_line.write_text("seed: 3")  # no line end: still sent as the YAML itself, not read as a path in the pods
+    kfp_pipeline.submit("http://kfp.invalid", str(one_line), [], "", "", None, "x", client=client)
+    assert client.calls[-1][2]["config"] == "seed: 3\n"
 
     class LoginPage(FakeClient):  # an auth proxy's 200: kfp returns a run without an id
         def create_run_from_pipeline_func(self, func, experiment_name, arguments):
@@ -245,3 +253,18 @@ def test_pipeline_runs_end_to_end_in_kfp_local(tmp_path, monkeypatch):
     before = {s.name: (run_dir / s.name / "manifest.json").read_text() for s in STAGES}
     pipeline(config="configs/tiny.yaml", overrides=["evaluate.n_prompts=8"], run_id=job.name, storage_root=storage_root)
     assert before == {s.name: (run_dir / s.name / "manifest.json").read_text() for s in STAGES}
+
+
+def test_a_pipeline_compiled_for_a_config_runs_that_config_by_default(tmp_path):
+    """Its pods are sized for the config (rules judge: label on the CPU image): by default it must run that config,
+    not the demo's, whose embedding judge those pods were not sized for."""
+    config = tmp_path / "rules.yaml"
+    from rlaif.orchestration.launch import load_config_source
+
+    config.write_text("label:\n  judge: rules\n  constitution: ''\n")
+    out = kfp_pipeline.compile_pipeline(str(tmp_path / "p.yaml"), config=str(config))
+    spec = next(yaml.safe_load_all(Path(out).read_text()))
+    default = spec["root"]["inputDefinitions"]["parameters"]["config"]["defaultValue"]
+    assert "\n" not in default and load_config_source(default).label.judge == "rules"
+    plain = next(yaml.safe_load_all(Path(kfp_pipeline.compile_pipeline(str(tmp_path / "q.yaml"))).read_text()))
+    assert plain["root"]["inputDefinitions"]["parameters"]["config"]["defaultValue"] == "configs/demo.yaml"

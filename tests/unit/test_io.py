@@ -5,7 +5,7 @@ import pytest
 
 from rlaif.config import DataConfig
 from rlaif.errors import UserError
-from rlaif.io import manifest, prompts, shards, storage
+from rlaif.io import manifest, output_files, prompts, shards, storage
 
 
 @pytest.fixture
@@ -162,12 +162,12 @@ def test_unwritable_storage_root(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
     with pytest.raises(UserError, match="not writable"):
-        storage.check_writable(storage.normalize(str(blocker / "runs")))
+        output_files.check_writable(storage.normalize(str(blocker / "runs")))
 
 
 def test_checking_a_new_storage_root_creates_nothing(tmp_path):
     """A run refused by a later check (a missing prompts file) leaves no empty run directory behind."""
-    storage.check_writable(storage.normalize(str(tmp_path / "new" / "runs")))
+    output_files.check_writable(storage.normalize(str(tmp_path / "new" / "runs")))
     assert list(tmp_path.iterdir()) == []
 
 

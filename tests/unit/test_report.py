@@ -317,3 +317,44 @@ def test_a_rebuilt_report_says_where_its_results_are_out_of_date(tmp_path):
     assert "evaluate has no manifest" in md
     stage_built = storage.local_path(report.write(storage.normalize(str(run)), evaluate_seconds=3.0))
     assert "evaluate has no manifest" not in stage_built.read_text()  # the stage writes it before its manifest
+
+
+def test_results_changed_since_evaluate_committed_them_are_refused(tmp_path):
+    """A hand-edited or foreign metrics.json would be published as the run's own result: checked against the sha256
+    evaluate's manifest recorded, by the report and by comparisons (not while the stage builds it, before then)."""
+    import pytest
+
+    from rlaif.errors import UserError
+    from rlaif.io import manifest
+
+    storage.configure(None)
+    run, other = _fake_run(tmp_path), _fake_run(tmp_path, "r2")
+    evaluate = run / "evaluate"
+    files = [{"path": name, "bytes": (evaluate / name).stat().st_size, "sha256": storage.sha256_file(evaluate / name)}
+             for name in ("metrics.json", "examples.jsonl")]
+    manifest.write(storage.normalize(str(evaluate)), stage="evaluate", run_id=run.name, config_hash="k",
+                   num_samples=1, summary={}, inputs={}, files=files)
+    url, other_url = storage.normalize(str(run)), storage.normalize(str(other))
+    report.write(url)
+    metrics = json.loads((evaluate / "metrics.json").read_text())
+    metrics["win_rate"] = 0.99
+    (evaluate / "metrics.json").write_text(json.dumps(metrics))
+    for build in (lambda: report.write(url), lambda: report.compare([url, other_url])):
+        with pytest.raises(UserError, match="metrics.json does not match its manifest checksum"):
+            build()
+    report.write(url, evaluate_seconds=1.0)  # the stage builds its report before its manifest
+
+
+def test_numbers_that_do_not_hold_together_are_drawn_or_shown_as_missing(tmp_path):
+    """Without a manifest to check them against: a rate outside its interval draws no error bar instead of failing,
+    a rate that is not a number is shown as missing, and runs of one directory name are told apart."""
+    storage.configure(None)
+    run = _fake_run(tmp_path / "a")
+    metrics = json.loads((run / "evaluate" / "metrics.json").read_text())
+    metrics["judges"]["training"]["win_rate_ci95"] = [0.8, 0.9]  # the rate 0.65 outside it
+    metrics["win_rate"], metrics["kl_to_reference"] = "high", None
+    (run / "evaluate" / "metrics.json").write_text(json.dumps(metrics))
+    report.write(storage.normalize(str(run)))
+    md, _ = report.compare([storage.normalize(str(run)), storage.normalize(str(_fake_run(tmp_path / "b")))])
+    assert md.splitlines()[0] == "| metric | a/r1 | b/r1 |"
+    assert any(line.startswith("| win_rate | - | 0.650 |") for line in md.splitlines())
