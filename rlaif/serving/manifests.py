@@ -11,6 +11,7 @@ from __future__ import annotations
 import yaml
 
 from rlaif.config import PipelineConfig, dump_config
+from rlaif.errors import UserError
 from rlaif.orchestration.cluster import ClusterSpec
 from rlaif.orchestration.pod import service_pod_plan
 
@@ -88,4 +89,24 @@ KINDS = {"rayservice": rayservice, "deployment": deployment}
 
 
 def render(cfg: PipelineConfig, cluster: ClusterSpec, kind: str) -> str:
+    check_model_reachable(cfg)
     return yaml.safe_dump_all(KINDS[kind](cfg, cluster), sort_keys=False)
+
+
+def check_model_reachable(cfg: PipelineConfig) -> None:
+    """The served model is one the service's pods can load: a Hub id, an s3:// URL, a built-in model, or an absolute
+    path their image holds. A relative path (it resolves in the image's working directory) or a path that is on this
+    machine (a run's output here, most often) would fail only once deployed."""
+    from pathlib import Path
+
+    from rlaif.io import hub
+
+    setting, spec = ("policy.model", cfg.policy.model) if cfg.serve.model == "policy" else \
+        ("label.hf.model", cfg.label.hf.model)
+    if spec.startswith(("s3://", "builtin:")) or hub.parse(spec):
+        return
+    path = spec.removeprefix("file://")
+    if not Path(path).is_absolute() or Path(path).exists():
+        raise UserError(f"{setting} {spec} is a path on this machine, which the service's pods cannot read: upload "
+                        "the model (e.g. a run's output under an s3:// storage root) and give its s3:// URL or a Hub "
+                        "id, or an absolute path inside the image")

@@ -335,3 +335,15 @@ def test_a_served_judge_needs_no_gpu_in_the_label_pod_and_only_pairwise_is_serve
     for extra in ("label.mode=score", "ppo.reward=judge"):
         with pytest.raises(UserError, match="serves pairwise judging only"):
             check_judges(load_config("configs/tiny.yaml", [*served, extra]), [])
+
+
+@pytest.mark.parametrize("model", ["runs/base/ppo/policy", "configs"])
+def test_manifests_refuse_a_model_only_this_machine_has(capsys, model):
+    """A relative path resolves in the image's working directory, and one on this machine is not in the pods: the
+    service would fail only once deployed."""
+    assert main(["serve", "--manifest", "deployment", "--config", "configs/tiny.yaml", "--set",
+                 f"policy.model={model}"]) == 2
+    assert "is a path on this machine, which the service's pods cannot read" in capsys.readouterr().err
+    for reachable in ("s3://bucket/runs/base/ppo/policy", "/models/policy-in-the-image", "Qwen/Qwen2.5-0.5B"):
+        assert main(["serve", "--manifest", "deployment", "--config", "configs/tiny.yaml", "--set",
+                     f"policy.model={reachable}"]) == 0, capsys.readouterr().err
