@@ -80,6 +80,12 @@ def config_fields(model: type[BaseModel] = PipelineConfig, prefix: str = "") -> 
     return rows
 
 
+# Top-level keys of a cluster file (orchestration/cluster.py's ClusterSpec; a test keeps them in step) that no
+# config has: a cluster file given as --config is named as such.
+CLUSTER_KEYS = {"image", "gpu_image", "namespace", "node_selector", "gpu_tolerations", "secrets", "service_account",
+                "gpus_per_node", "shm_gib", "env"}
+
+
 def _suggest(key: str) -> str:
     import difflib
 
@@ -96,6 +102,9 @@ def _suggest(key: str) -> str:
 def _describe(err: ValidationError) -> str:
     first = err.errors()[0]
     key = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    if first["type"] == "extra_forbidden" and key in CLUSTER_KEYS:
+        return (f"unknown config key '{key}': it is a cluster setting (configs/cluster.yaml): give that file as "
+                "--cluster, not as --config")
     if first["type"] == "extra_forbidden":
         return f"unknown config key '{key}'{_suggest(key)}: remove it or check its spelling (`rlaif config` lists them)"
     section = first["type"] in ("model_type", "model_attributes_type", "dict_type")

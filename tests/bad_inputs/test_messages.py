@@ -97,3 +97,18 @@ def test_what_stays_valid_beside_these_refusals(tmp_path, monkeypatch):
     path = tmp_path / "constitution.yaml"
     path.write_text("- text: Be brief.\n  contrast: a rambling answer\n- text: Be brief.\n  contrast: a rude one\n")
     assert len(load_constitution(str(path))) == 2
+
+
+def test_a_cluster_file_given_as_the_config_is_named_as_such(cli, tmp_path):
+    from dataclasses import fields
+
+    from rlaif.config import config_fields
+    from rlaif.config.loading import CLUSTER_KEYS
+    from rlaif.orchestration.cluster import ClusterSpec
+
+    # in step with the cluster file's settings, and none of them a config section
+    assert CLUSTER_KEYS <= {f.name for f in fields(ClusterSpec)}
+    assert not CLUSTER_KEYS & {key.split(".")[0] for key, *_ in config_fields()}
+    cli("compile", "kfp", "-o", str(tmp_path / "p.yaml"), "--config", "configs/cluster.yaml",
+        needle="it is a cluster setting (configs/cluster.yaml): give that file as --cluster, not as --config")
+    assert not (tmp_path / "p.yaml").exists()
