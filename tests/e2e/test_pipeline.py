@@ -2,6 +2,7 @@
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -151,7 +152,8 @@ def test_file_storage_run_then_cache_hits(tmp_path):
 
     rebuilt = rlaif("report", f"{tmp_path}/runs/tiny", timeout=120)
     assert rebuilt.returncode == 0 and "report: " in rebuilt.stdout
-    compared = rlaif("report", f"{tmp_path}/runs/tiny", f"{tmp_path}/runs/tiny", "--output", f"{tmp_path}/cmp.html",
+    shutil.copytree(tmp_path / "runs/tiny", tmp_path / "runs/copy")  # a run given twice is refused
+    compared = rlaif("report", f"{tmp_path}/runs/tiny", f"{tmp_path}/runs/copy", "--output", f"{tmp_path}/cmp.html",
                      timeout=120)
     assert compared.returncode == 0 and "| win_rate |" in compared.stdout and (tmp_path / "cmp.html").exists()
 
