@@ -233,6 +233,10 @@ class TrainRMConfig(Strict):
     student: StudentConfig = StudentConfig()
     """A distilled student reward model for PPO (off unless student.layers > 0)."""
 
+    def training_pairs(self, pairs: int) -> int:
+        """About how many of `pairs` labelled pairs train (the rest held out): the batch-size checks' count."""
+        return int(pairs * (1 - self.held_out_fraction))
+
     def check_processes(self, world: int) -> None:
         """The batch sizes split over `world` processes; checked before a run starts and again by the stage."""
         if self.batch_size % (world * self.grad_accum_steps):

@@ -109,8 +109,7 @@ def check_enough_pairs(cfg: PipelineConfig, prompts: list[dict]) -> None:
 
     training_prompts = len(split_rows(prompts, cfg.data, "train"))
     capped = cfg.generate.max_prompts is not None and cfg.generate.max_prompts < training_prompts
-    train_pairs = int(min(training_prompts, cfg.generate.max_prompts or training_prompts)
-                      * (1 - cfg.train_rm.held_out_fraction))
+    train_pairs = cfg.train_rm.training_pairs(min(training_prompts, cfg.generate.max_prompts or training_prompts))
     if train_pairs < cfg.train_rm.batch_size:
         more = "raise generate.max_prompts" if capped else "add prompts"
         raise UserError(f"at most {train_pairs} training pairs for train_rm.batch_size={cfg.train_rm.batch_size} (one "

@@ -108,7 +108,7 @@ def plan_steps(ctx: StageContext, world: int) -> tuple[int, int]:
     the data decides the real end)."""
     settings = ctx.cfg.train_rm
     settings.check_processes(world)
-    train_pairs = int(ctx.inputs["label"]["num_samples"] * (1 - settings.held_out_fraction))
+    train_pairs = settings.training_pairs(ctx.inputs["label"]["num_samples"])
     if train_pairs // settings.batch_size == 0:
         fix = "lower the batch size" if train_pairs else "add prompts (or lower train_rm.held_out_fraction)"
         raise UserError(f"only about {train_pairs} training pairs for train_rm.batch_size={settings.batch_size}: "
