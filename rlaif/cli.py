@@ -34,10 +34,11 @@ def _report(runs: list[str], output: str | None) -> int:
         print(f"report: {report.write(urls[0])}")
         return 0
     markdown, page = report.compare(urls)
-    print(markdown)
+    said = sys.stderr if target and output_files.is_stream(target) else sys.stdout  # the page alone on a stream
+    print(markdown, file=said)
     if target:
         output_files.write_output_file(target, page.encode(), "--output")
-        print(f"comparison: {target}")
+        print(f"comparison: {target}", file=said)
     return 0
 
 
@@ -57,10 +58,11 @@ def _config(args) -> int:
 
 
 def _compile(args) -> int:
+    from rlaif.io.output_files import is_stream
     from rlaif.orchestration import kfp_pipeline
 
     path = kfp_pipeline.compile_pipeline(args.output, args.cluster, args.components_dir, args.config)
-    print(f"pipeline: {path}")
+    print(f"pipeline: {path}", file=sys.stderr if is_stream(path) else sys.stdout)  # the YAML alone on a stream
     return 0
 
 

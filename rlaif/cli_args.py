@@ -82,7 +82,7 @@ def _launch_parser(sub, config_args) -> None:
 def _kfp_parsers(sub, config_args) -> None:
     comp = sub.add_parser("compile", help="write the Kubeflow pipeline YAML (and the per-stage component YAMLs)")
     comp.add_argument("target", choices=["kfp"])
-    comp.add_argument("-o", "--output", required=True, help="pipeline YAML to write",
+    comp.add_argument("-o", "--output", required=True, help="pipeline YAML to write (- for standard output)",
                       type=_given("--output", "name the pipeline YAML file to write, e.g. rlaif_pipeline.yaml"))
     comp.add_argument("--cluster", type=_given("--cluster"),
                       help="cluster settings YAML (images, GPUs, secrets); see configs/cluster.yaml")

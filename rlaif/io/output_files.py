@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
+import sys
 import tempfile
 import uuid
 from pathlib import Path
@@ -75,13 +77,37 @@ def _check_local_writable(root: Path) -> None:
 S3_ACCESS_FIX = "check the bucket, the endpoint (storage.endpoint_url or AWS_ENDPOINT_URL) and the AWS_* credentials"
 
 
+STDOUT = "-"
+
+
+def is_stream(url: str) -> bool:
+    """`-` (standard output), a pipe or terminal (/dev/stdout, /dev/null), or a file reached through /dev/stdout
+    (a shell redirect): written in place, where a file is replaced whole by a rename. Never a block device."""
+    if url == STDOUT:
+        return True
+    if "://" in url and not url.startswith("file://"):
+        return False
+    path = url.removeprefix("file://")  # as given: normalising resolves /dev/stdout to a pipe's pseudo-name
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    redirected = stat.S_ISREG(mode) and path.startswith(("/dev/", "/proc/self/fd/"))
+    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or redirected
+
+
 def check_output_file(value: str, flag: str, what: str, example: str, suffixes: tuple[str, ...] = (),
                       remote: bool = False) -> str:
     """A file the user names for a command to write when done (`flag`: --output, --manifest-out), checked before any
     work, so that a name it cannot write fails in one line instead of after the work: its suffix, no directory or
     device in its place, a parent that is an existing directory, and what the write takes tried without changing
     anything (a probe file created and removed beside it; an existing file opened for appending, never truncated).
-    `remote`: s3:// is written too (a probe object). Returns the URL to give write_output_file."""
+    `-`, a pipe or a /dev file (is_stream) is taken as it is. `remote`: s3:// is written too (a probe object).
+    Returns the URL to give write_output_file."""
+    if is_stream(value):
+        if value != STDOUT and not os.access(value.removeprefix("file://"), os.W_OK):
+            raise UserError(f"{flag} {value}: no permission to write it: name a file you can write, or -")
+        return value
     try:
         url = normalize(value)
     except UserError as exc:
@@ -146,9 +172,17 @@ def _write_problem(error: OSError, path: Path) -> str:
 
 def write_output_file(url: str, data: bytes, flag: str) -> None:
     """Write a file check_output_file passed, whole or not at all (write_bytes_atomic); a failure now (a disk that
-    filled, permissions changed during the work) is one line as well."""
+    filled, permissions changed during the work) is one line as well. A stream is written in place."""
     try:
-        write_bytes_atomic(url, data)
+        if url == STDOUT:
+            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.flush()
+        elif is_stream(url):
+            # Appended: after what a shell redirect has written there already.
+            with open(url.removeprefix("file://"), "ab") as stream:
+                stream.write(data)
+        else:
+            write_bytes_atomic(url, data)
     except (OSError, *botocore_errors()) as exc:
         if is_local(url) and isinstance(exc, OSError):
             raise UserError(f"{flag} {url}: {_write_problem(exc, local_path(url))}") from None

@@ -151,3 +151,32 @@ def test_an_inline_config_that_holds_no_settings(cli, tmp_path):
     cli("launch", "generate", "--config", "# the config\n# pasted here\n", "--storage-root", str(tmp_path / "root"),
         needle="inline config holds no settings: add some, or leave --config out to run the defaults")
     assert not (tmp_path / "root").exists()
+
+
+def test_outputs_to_standard_output_or_a_pipe(tmp_path):
+    """`-o -` and `-o /dev/stdout` (a pipe, or a file a shell redirect opened) write the YAML alone on standard
+    output, the status line on stderr; /dev/null takes it; a socket is still refused."""
+    import socket
+    import subprocess
+    import sys
+
+    import yaml
+
+    def compile_to(target: str, **kwargs) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "rlaif", "compile", "kfp", "-o", target], text=True,
+                              stderr=subprocess.PIPE, timeout=300, **kwargs)
+
+    for target in ("-", "/dev/stdout"):
+        piped = compile_to(target, stdout=subprocess.PIPE)
+        assert piped.returncode == 0 and piped.stderr.strip() == f"pipeline: {target}", piped.stderr
+        documents = list(yaml.safe_load_all(piped.stdout))
+        assert documents[0]["pipelineInfo"]["name"] == "rlaif", piped.stdout[:200]
+    redirected = tmp_path / "redirected.yaml"
+    with open(redirected, "w") as out:
+        assert compile_to("/dev/stdout", stdout=out).returncode == 0
+    assert redirected.read_text().startswith("# PIPELINE DEFINITION")
+    assert compile_to("/dev/null", stdout=subprocess.DEVNULL).returncode == 0
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(tmp_path / "sock.yaml"))
+        refused = compile_to(str(tmp_path / "sock.yaml"), stdout=subprocess.PIPE)
+    assert refused.returncode == 2 and "is not a regular file" in refused.stderr, refused.stderr
