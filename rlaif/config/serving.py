@@ -49,7 +49,8 @@ class ServeConfig(Strict):
     """Scale between min_replicas and max_replicas on requests in flight per replica (Ray Serve autoscaling; the HPA
     on CPU utilisation for the plain Deployment)."""
     min_replicas: int = Field(1, ge=0, le=1024)
-    """Fewest replicas when autoscaling (0 lets an idle service scale to zero on Ray Serve)."""
+    """Fewest replicas when autoscaling (0 lets an idle service scale to zero on Ray Serve; `--manifest deployment`,
+    whose HorizontalPodAutoscaler keeps at least one, refuses 0)."""
     max_replicas: int = Field(4, ge=1, le=1024)
     """Most replicas when autoscaling."""
     target_ongoing_requests: float = Field(4.0, gt=0, le=10_000)

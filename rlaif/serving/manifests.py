@@ -58,6 +58,10 @@ def rayservice(cfg: PipelineConfig, cluster: ClusterSpec) -> list[dict]:
 
 def deployment(cfg: PipelineConfig, cluster: ClusterSpec) -> list[dict]:
     s, plan = cfg.serve, _plan(cfg, cluster)
+    if s.autoscale and s.min_replicas == 0:  # rather than a manifest that silently keeps one replica up
+        raise UserError("serve.min_replicas=0 scales to zero on Ray Serve only; a HorizontalPodAutoscaler keeps at "
+                        "least 1 (HPAScaleToZero is an alpha feature gate): set serve.min_replicas=1, or use "
+                        "--manifest rayservice")
     meta = {"name": s.service_name, "namespace": cluster.namespace}
     labels = {"app.kubernetes.io/name": s.service_name, "app.kubernetes.io/part-of": "rlaif"}
     pod = plan.pod_spec("server", ["rlaif", "serve", "--no-ray", "--config", f"{CONFIG_DIR}/config.yaml",
@@ -80,7 +84,7 @@ def deployment(cfg: PipelineConfig, cluster: ClusterSpec) -> list[dict]:
                                                                               "averageUtilization": HPA_CPU_TARGET}}}
         docs.append({"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": meta,
                      "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": meta["name"]},
-                              "minReplicas": max(1, s.min_replicas), "maxReplicas": s.max_replicas,
+                              "minReplicas": s.min_replicas, "maxReplicas": s.max_replicas,
                               "metrics": [metric]}})
     return docs
 

@@ -310,6 +310,11 @@ def test_deployment_service_and_hpa_manifests():
     autoscaler = deserialize(hpa, "V2HorizontalPodAutoscaler")
     assert (autoscaler.spec.min_replicas, autoscaler.spec.max_replicas) == (1, 6)
     assert autoscaler.spec.scale_target_ref.name == deployment.metadata.name
+    scale_to_zero = served_config("serve.autoscale=true", "serve.min_replicas=0")
+    assert manifests.rayservice(scale_to_zero, CLUSTER)  # Ray Serve scales to zero; an HPA keeps one: refused
+    with pytest.raises(UserError, match=r"^serve.min_replicas=0 scales to zero on Ray Serve only; .* set "
+                                        r"serve.min_replicas=1, or use --manifest rayservice$"):
+        manifests.deployment(scale_to_zero, CLUSTER)
 
 
 def test_serve_manifest_cli(capsys):
