@@ -167,6 +167,7 @@ def run_stage(cfg: PipelineConfig, name: str, part_index: int = 0, num_parts: in
         if first_rank:
             print(f"[{name}] cache hit: output exists for this config and inputs, skipped")
         return
+    common.check_inputs_whole(ctx)
     module = importlib.import_module(f"rlaif.stages.{name}")
     if hasattr(module, "invalidate"):  # a stage split into parts removes only its own part's output
         module.invalidate(ctx)

@@ -189,9 +189,8 @@ def _check_variables_unique(secrets: tuple[SecretEnv, ...], env: dict[str, str])
     for variable in env:
         if variable in owner:
             raise ValueError(f"env: {variable} is also mapped by secret {owner[variable]}: keep one of them")
-        if variable == "RLAIF_CLUSTER_JSON":
-            raise ValueError("env: RLAIF_CLUSTER_JSON is set by rlaif itself (this cluster file, for the stages): "
-                             "remove it")
+        if variable in ("RLAIF_CLUSTER_JSON", "RLAIF_POD_SIZED_FOR_JUDGE"):
+            raise ValueError(f"env: {variable} is set by rlaif itself on each pod (for the stages): remove it")
 
 
 def from_dict(raw: dict) -> ClusterSpec:

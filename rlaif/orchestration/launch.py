@@ -57,6 +57,8 @@ def prepare(cfg: PipelineConfig, pipeline: bool = False, launched: str | None = 
     output_files.check_writable(root)
     prompts = load_prompts(cfg.data)
     check_judges(cfg, prompts)
+    if launched == "label":
+        check_label_pod(cfg)
     check_models(cfg)
     check_packages(cfg)
     tracking.check_settings(cfg.tracking)
@@ -169,6 +171,19 @@ def check_judges(cfg: PipelineConfig, prompts: list[dict]) -> None:
         if missing:
             raise UserError(f"judge 'reference' needs key points on every prompt; {missing} of {len(prompts)} in "
                             f"{cfg.data.prompts} have none: add a 'key_points' list or a 'reference' answer to them")
+
+
+def check_label_pod(cfg: PipelineConfig) -> None:
+    """A label pod sized without a GPU for a judge that runs no model (the config the pipeline was compiled for) gets
+    a config whose judge loads its model here (the pipeline's `judge` parameter, or another config): refused, where
+    a multi-billion-parameter judge on the pod's CPUs would run for days."""
+    from rlaif.orchestration.pod import SIZED_FOR_JUDGE_ENV
+
+    sized_for = os.environ.get(SIZED_FOR_JUDGE_ENV)
+    if sized_for and cfg.label.pod_judge == "hf" and not _has_gpus():
+        raise UserError(f"label's judge hf runs its model in this pod, which was sized without a GPU for judge "
+                        f"'{sized_for}': compile the pipeline for this config (`rlaif compile kfp --config`, or "
+                        "RLAIF_LABEL_JUDGE=hf for the DAGs), or serve the judge (label.hf.endpoint)")
 
 
 def check_models(cfg: PipelineConfig) -> None:

@@ -16,6 +16,9 @@ SHM_VOLUME = "dshm"
 # `served` is an hf judge whose model runs in an `rlaif serve` service (JudgeSettings.pod_judge).
 JUDGES_WITHOUT_MODEL = ("openai", "rules", "reference", "served")
 POD_JUDGES = ("embedding", "hf", *JUDGES_WITHOUT_MODEL)
+# On a pod sized without a GPU for such a judge: that judge, so launch can refuse a runtime config (the KFP `judge`
+# parameter, a config's label.judge) whose judge runs a model there.
+SIZED_FOR_JUDGE_ENV = "RLAIF_POD_SIZED_FOR_JUDGE"
 
 
 def judge_from_env(value: str | None) -> str | None:
@@ -143,6 +146,8 @@ def pod_plan(stage: Stage, cluster: ClusterSpec, judge: str | None = None) -> Po
     is compiled (None: assume a judge that runs a model)."""
     override = cluster.stages.get(stage.name)
     gpus = stage_gpus(stage, cluster, judge)
+    dropped = stage.resources.gpu_for_judge_only and judge in JUDGES_WITHOUT_MODEL and gpus == 0
+    sized_for = {SIZED_FOR_JUDGE_ENV: judge} if dropped and stage_gpus(stage, cluster) else {}
     return PodPlan(
         stage=stage.name,
         image=cluster.gpu_image if gpus else cluster.image,
@@ -155,7 +160,7 @@ def pod_plan(stage: Stage, cluster: ClusterSpec, judge: str | None = None) -> Po
         shm_gib=cluster.shm_gib,
         run_as_user=cluster.run_as_user,
         # RLAIF_CLUSTER_JSON: a stage with nodes > 1 builds its TrainJob from the same settings.
-        env={"RLAIF_CLUSTER_JSON": cluster.to_json(), **cluster.env},
+        env={"RLAIF_CLUSTER_JSON": cluster.to_json(), **sized_for, **cluster.env},
         secret_env=secret_refs(cluster),
         service_account=cluster.service_account,
         namespace=cluster.namespace,

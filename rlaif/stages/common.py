@@ -170,6 +170,16 @@ def cached(ctx: StageContext, report: bool = False) -> dict | None:
     return existing
 
 
+def check_inputs_whole(ctx: StageContext) -> None:
+    """Every upstream output this stage reads has all its files at their recorded sizes: checked before the stage
+    removes its own old output, so a stage that cannot run on a damaged input is refused with that output intact."""
+    for dep, committed in ctx.inputs.items():
+        if (damage := manifest.damage(ctx.input_url(dep), committed)) is not None:
+            raise UserError(f"stage '{ctx.stage.name}' reads '{dep}', whose output in run '{ctx.cfg.run_id}' is "
+                            f"damaged ({damage}): run it again (`rlaif run --rerun {dep}`, or `rlaif launch {dep} "
+                            "--rerun`)")
+
+
 FRESH_START = "RLAIF_FRESH_START"  # set by `--rerun` for the stage's processes: no resuming from a checkpoint
 
 

@@ -157,6 +157,16 @@ def test_file_storage_run_then_cache_hits(tmp_path):
                      timeout=120)
     assert compared.returncode == 0 and "| win_rate |" in compared.stdout and (tmp_path / "cmp.html").exists()
 
+    # A stage launched on a damaged upstream is refused before it removes its own old output.
+    (tmp_path / "runs/copy/train_rm/model/model.safetensors").unlink()
+    kept = sorted(p.name for p in (tmp_path / "runs/copy/ppo").iterdir())
+    refused = rlaif("launch", "ppo", "--config", "configs/tiny.yaml", "--storage-root", root, "--run-id", "copy",
+                    "--set", "ppo.lr=2e-3", "--rerun", timeout=300)
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1] == (
+        "error: stage 'ppo' reads 'train_rm', whose output in run 'copy' is damaged (model/model.safetensors "
+        "is missing): run it again (`rlaif run --rerun train_rm`, or `rlaif launch train_rm --rerun`)"), refused.stderr
+    assert sorted(p.name for p in (tmp_path / "runs/copy/ppo").iterdir()) == kept
+
 
 def test_s3_storage_run(tmp_path, s3_endpoint):
     endpoint, bucket = s3_endpoint

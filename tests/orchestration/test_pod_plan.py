@@ -11,7 +11,7 @@ from rlaif.errors import UserError
 from rlaif.graph import STAGE_BY_NAME, STAGES
 from rlaif.orchestration import cluster, jobs, kfp_pipeline
 from rlaif.orchestration.cluster import ClusterSpec, StageResources, Toleration
-from rlaif.orchestration.pod import JUDGES_WITHOUT_MODEL, POD_JUDGES, pod_plan
+from rlaif.orchestration.pod import JUDGES_WITHOUT_MODEL, POD_JUDGES, SIZED_FOR_JUDGE_ENV, pod_plan
 
 # A cluster with every knob away from its default, so a translator that drops one is caught.
 SPEC = ClusterSpec(
@@ -111,11 +111,15 @@ def test_gpus_follow_the_judge_and_the_cluster_settings():
         assert "nvidia.com/gpu" not in plan.resources()["limits"]
     for judge in ("embedding", "hf", None):
         assert pod_plan(label, default, judge).gpus == 1
+        assert SIZED_FOR_JUDGE_ENV not in pod_plan(label, default, judge).env
+    assert pod_plan(label, default, "rules").env[SIZED_FOR_JUDGE_ENV] == "rules"  # launch refuses hf there
     assert pod_plan(evaluate, default, "rules").gpus == 1  # evaluate generates with the policies: it keeps its GPU
     assert pod_plan(ppo, SPEC).gpus == 4 and pod_plan(evaluate, SPEC).gpus == 2
     assert pod_plan(evaluate, SPEC).resources()["requests"] == {"cpu": "6", "memory": "24Gi"}
     sized = ClusterSpec(stages={"label": StageResources(gpus=1)})
     assert pod_plan(label, sized, "rules").gpus == 1  # an explicit size wins over the judge
+    assert SIZED_FOR_JUDGE_ENV not in pod_plan(label, sized, "rules").env
+    assert SIZED_FOR_JUDGE_ENV not in pod_plan(label, ClusterSpec(use_gpus=False), "rules").env  # CPU by choice
     no_gpus = ClusterSpec(use_gpus=False, stages={"ppo": StageResources(gpus=8)})
     assert all(pod_plan(s, no_gpus).gpus == 0 and pod_plan(s, no_gpus).image == no_gpus.image for s in STAGES)
 
