@@ -84,6 +84,9 @@ def named_format(data: DataConfig) -> str | None:
     if data.prompts.startswith("hf://"):
         return "hf"
     suffix = _suffix(data.prompts)
+    if _has_glob(data.prompts) and not storage.exists(data.prompts):  # a file may have '[' in its name
+        raise UserError(f"prompts {data.prompts} is a glob, which data.format=hf reads (all matching parquet or JSONL "
+                        "files as one dataset): set data.format=hf, or name one file")
     if suffix in COMPRESSED and not _has_glob(data.prompts):
         raise UserError(f"prompts file {data.prompts} is compressed ({suffix}): decompress it first "
                         f"({COMPRESSED[suffix]}) and point data.prompts at the result")
@@ -151,8 +154,50 @@ def _read_text(data: DataConfig) -> Source:
                         "columns): name a .jsonl or .parquet file, or set data.format")
     name = f"prompts file {data.prompts}"
     lines = user_files.text_lines(user_files.read_user_file(data.prompts, "prompts file", FIX))
+    if data.format == "auto":  # a .txt name; data.format=text reads any lines as prompts
+        _check_not_rows(name, [line for line in lines if not user_files.is_blank(line)], data.columns.prompt)
     return Source(name, [RawRow(f"{name} line {n}", f"line{n:07d}", {"prompt": line})
                          for n, line in enumerate(lines, 1) if not user_files.is_blank(line)])
+
+
+def _check_not_rows(name: str, lines: list[str], prompt_column: str) -> None:
+    """A .txt file whose lines are rows of another format (JSON Lines, or a CSV with a header naming the prompt
+    column) would give prompts of raw JSON or CSV: refused, with the format to name."""
+    if not lines:
+        return
+    header = next(csv.reader([lines[0]]), [])
+    if len(header) > 1 and prompt_column in (cell.strip() for cell in header):
+        found = "a CSV (its first line is a header naming the prompt column)"
+    elif all(_is_json_object(line) for line in lines[:1000]):
+        found = "JSON Lines (each line a JSON object)"
+    else:
+        return
+    fmt = "csv" if found.startswith("a CSV") else "jsonl"
+    raise UserError(f"{name} holds {found}, which plain text would read as raw prompts: rename it .{fmt} or set "
+                    f"data.format={fmt} (data.format=text reads every line as a prompt)")
+
+
+def _check_not_one_object(name: str, text: str) -> None:
+    """A whole file that is one JSON object over several lines ({"data": [...]}, as many exports write): JSONL's
+    line-by-line error (column 2 of line 1) would not say so."""
+    if len([line for line in user_files.text_lines(text) if line.strip()]) < 2:
+        return
+    try:
+        whole = json.loads(text)
+    except ValueError:
+        return
+    if isinstance(whole, dict):
+        lists = [key for key, value in whole.items() if isinstance(value, list)]
+        where = f": its {lists[0]!r} holds a list" if lists else ""
+        raise UserError(f"{name} is one JSON object (keys {', '.join(map(repr, whole))[:120]}){where}, not a row per "
+                        "line: write the rows as JSON Lines (one object per line) or as a .json array")
+
+
+def _is_json_object(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
 
 
 def _read_jsonl(url: str, sniffed: bool = False) -> Source:
@@ -161,6 +206,7 @@ def _read_jsonl(url: str, sniffed: bool = False) -> Source:
     name, text = f"prompts file {url}", user_files.read_user_file(url, "prompts file", FIX)
     if _suffix(url) == ".json" and text.lstrip().startswith("["):
         return Source(name, _numbered(name, "item", user_files.parse_json(text, name)))
+    _check_not_one_object(name, text)
     try:
         rows = user_files.parse_jsonl(text, name)
     except UserError as exc:
@@ -201,13 +247,16 @@ def _read_csv(data: DataConfig) -> Source:
     name = f"prompts file {data.prompts}"
     text = user_files.read_user_file(data.prompts, "prompts file", FIX)
     # TSV has no quoting: a prompt may start with a quote mark. A cell may be as long as a prompt may be.
-    dialect = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if _suffix(data.prompts) == ".tsv" else {}
+    # strict: a quoted cell never closed is an error, where it would swallow every row after it into one prompt.
+    dialect = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if _suffix(data.prompts) == ".tsv" else {"strict": True}
     csv.field_size_limit(max(csv.field_size_limit(), 4 * data.max_prompt_chars))
     try:
         table = list(csv.reader(io.StringIO(text, newline=""), **dialect))
     except csv.Error as exc:
-        raise UserError(f"{name} is not valid CSV ({exc})") from None
+        raise UserError(f"{name} is not valid CSV ({exc}): close each quoted cell, and double a quote inside one "
+                        "(\"\")") from None
     header, *body = table or [[]]
+    _check_delimiter(name, header, data.columns.prompt)
     if len(set(header)) != len(header):
         raise UserError(f"{name}'s header row names a column twice ({', '.join(map(repr, header))[:200]}): rename one")
     text_instead = "or set data.format=text to read one prompt per line" if data.format == "auto" else ""
@@ -227,6 +276,17 @@ def _read_csv(data: DataConfig) -> Source:
             record[points] = user_files.parse_json(record[points], f"{name} row {number - 1} column {points!r}")
         rows.append(RawRow(f"{name} row {number - 1}", f"line{number - 1:07d}", record))
     return Source(name, rows)
+
+
+def _check_delimiter(name: str, header: list[str], prompt_column: str) -> None:
+    """A header read as one column that another separator would split into the prompt column: a semicolon- or
+    pipe-separated export (spreadsheets in many locales), which renaming a column cannot fix."""
+    if len(header) != 1 or prompt_column in header:
+        return
+    for separator in (";", "|", "\t"):
+        if prompt_column in (cell.strip() for cell in header[0].split(separator)):
+            raise UserError(f"{name}'s header {header[0][:80]!r} is separated by {separator!r}: CSV here is "
+                            "comma-separated (tab-separated in a .tsv file): export it so")
 
 
 def _read_hf(data: DataConfig) -> Source:
@@ -387,6 +447,11 @@ def _read_saved(data: DataConfig) -> Source:
         raise UserError(f"prompts file {url} is read as a dataset directory (data.format hf) but is a file: {FIX}")
     files = storage.list_files(url)
     if not any(marker in files for marker in SAVED_DATASET_MARKERS):
+        data_files = sorted({_suffix(name) for name in files} & set(DATA_FILE_BUILDERS))
+        if data_files:
+            raise UserError(f"prompts {url} is a directory of {data_files[0]} files, not a dataset saved with save_to_"
+                            f"disk: read them all with data.prompts={url.rstrip('/')}/*{data_files[0]} and "
+                            "data.format=hf, or name one file")
         raise UserError(f"prompts file {url} is not a regular file (a directory, FIFO or device), nor a dataset saved "
                         f"with datasets' save_to_disk (no {' or '.join(SAVED_DATASET_MARKERS)} in it): {FIX}")
     datasets = _datasets()

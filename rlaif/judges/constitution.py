@@ -45,6 +45,9 @@ def load_constitution(path: str, setting: str = "label.constitution", optional: 
     fix = f"set {setting} to a YAML list of principles" + (", or to '' (this judge reads none)" if optional else "")
     text = read_user_file(path, "constitution file", fix)
     principles = load_yaml(text, f"constitution {path}")
+    if isinstance(principles, dict) and len(principles) == 1 and isinstance(next(iter(principles.values())), list):
+        raise UserError(f"constitution {path} is a mapping with key {next(iter(principles))!r} holding the list: put "
+                        "the list of {name, text} principles at the top level of the file")
     if not isinstance(principles, list) or not principles:
         raise UserError(f"constitution {path} must be a YAML list of {{name, text}} principles")
     for i, principle in enumerate(principles):
@@ -65,7 +68,7 @@ def load_constitution(path: str, setting: str = "label.constitution", optional: 
             value = principle.get(key)
             if key in principle and (not isinstance(value, str) or is_blank(value)):
                 raise UserError(f"{where}: {key!r} must be a non-empty string")
-        if principle.get("contrast", "").strip() == principle["text"].strip():
+        if _said(principle.get("contrast", "")) == _said(principle["text"]):
             raise UserError(f"{where}: its 'contrast' repeats its 'text': describe the response it disfavours, or "
                             "leave 'contrast' out")
     given = [principle["name"] for principle in principles if "name" in principle]
@@ -76,7 +79,7 @@ def load_constitution(path: str, setting: str = "label.constitution", optional: 
     # The same text and contrast twice is one principle counted twice under `principles: all`, unseen.
     seen: dict[tuple[str, str], int] = {}
     for number, principle in enumerate(principles, 1):
-        key = tuple(" ".join(principle.get(part, "").lower().split()) for part in ("text", "contrast"))
+        key = tuple(_said(principle.get(part, "")) for part in ("text", "contrast"))
         if (first := seen.setdefault(key, number)) != number:
             raise UserError(f"constitution {path}: principles {first} and {number} say the same: keep one")
     for i, principle in enumerate(principles):  # unnamed: its text's start, numbered where two would read alike
@@ -85,6 +88,11 @@ def load_constitution(path: str, setting: str = "label.constitution", optional: 
             principle["name"] = default if default not in given else f"{default} ({i + 1})"
             given.append(principle["name"])
     return principles
+
+
+def _said(text: str) -> str:
+    """What a principle's text says, for telling repeats apart: case and spacing aside."""
+    return " ".join(text.lower().split())
 
 
 def sample_principle(principles: list[dict], seed: int, key: str) -> dict:

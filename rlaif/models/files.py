@@ -44,11 +44,30 @@ def check_model_files(path: Path, what: str) -> Path:
         if (path / name).exists() and not isinstance(_json_or_none(path / name), dict):
             raise UserError(f"{what} directory {path}: {name} is not a JSON object (truncated?): save the tokenizer "
                             "again")
+    check_shard_index(path, what)
     for weights in sorted(path.glob("*.safetensors")):
         if not safetensors_intact(weights):
             raise UserError(f"{what} weights {weights} are not valid safetensors (a bad header, or the file is "
                             "shorter or longer than its tensors: truncated?): re-export the model")
     return path
+
+
+def check_shard_index(path: Path, what: str) -> None:
+    """A sharded checkpoint's model.safetensors.index.json parses and every shard it names is in the directory: a
+    missing shard is otherwise found only when a stage loads the weights, after the stages before it ran."""
+    index_file = path / "model.safetensors.index.json"
+    if not index_file.exists():
+        return
+    index = _json_or_none(index_file)
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(name, str) for name in weight_map.values()):
+        raise UserError(f"{what} directory {path}: model.safetensors.index.json has no weight_map of tensor names to "
+                        "shard files (truncated?): re-export the model")
+    missing = sorted({name for name in weight_map.values() if not (path / name).is_file()})
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise UserError(f"{what} directory {path}: shard {missing[0]}{more}, named in model.safetensors.index.json, is "
+                        "not there: copy the whole checkpoint")
 
 
 def _json_or_none(path: Path):

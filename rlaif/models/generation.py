@@ -63,6 +63,9 @@ def prompt_token_ids(tokenizer, texts: list[str]) -> list[list[int]]:
     if not texts:
         return []
     ids = tokenizer(texts, add_special_tokens=False).input_ids
+    if (empty := next((text for text, row in zip(texts, ids) if text and not row), None)) is not None:
+        raise UserError(f"the policy's tokenizer encodes the prompt {empty[:60]!r} to no tokens (its vocabulary did "
+                        "not load, or covers none of this text): save the model's tokenizer files with it")
     bos = leading_bos(tokenizer)
     return ids if bos is None else [row if row[:1] == [bos] else [bos, *row] for row in ids]
 
@@ -99,6 +102,9 @@ def check_fits(model, prompt_tokens: int, max_new_tokens: int, what: str = "a pr
     back): past them learned position embeddings index out of range (GPT-2) and rotary ones (Llama) give text the
     model was never trained on, silently."""
     limit = limit if limit is not None else position_limit(model)
+    if limit is not None and prompt_tokens >= limit:  # no max_new_tokens would fit it
+        raise UserError(f"{what} of {prompt_tokens} tokens leaves none of the model's {limit} positions for a "
+                        "response: shorten the prompts (data.max_prompt_chars refuses long ones when they are read)")
     if limit is not None and prompt_tokens + max_new_tokens - 1 > limit:
         raise UserError(f"{what} of {prompt_tokens} tokens plus {max_new_tokens} new tokens is longer than the "
                         f"model's {limit} positions: shorten the prompts or lower {setting}")

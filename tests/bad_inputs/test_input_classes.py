@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlaif.errors import UserError
 from rlaif.io import storage
 from rlaif.io.lock import StageLock
 from rlaif.io.prompts import is_held_out
@@ -262,6 +263,9 @@ def test_file_url_expands_home(tmp_path, monkeypatch):
     ("- name: [1, 2]\n  text: be kind\n", "'name' must be a non-empty string"),
     ("- name: null\n  text: be kind\n", "'name' must be a non-empty string"),
     ("- txt: be kind\n", "unknown key 'txt' (did you mean 'text'?)"),
+    ("principles:\n  - {name: a, text: be kind}\n", "is a mapping with key 'principles' holding the list: put the "
+                                                    "list of {name, text} principles at the top level"),
+    ("- {name: a, text: Be kind., contrast: '  be  KIND. '}\n", "its 'contrast' repeats its 'text'"),
 ])
 def test_constitution_keys_and_types(cli, tmp_path, root, principle, needle):
     constitution = tmp_path / "c.yaml"
@@ -581,3 +585,63 @@ def test_a_list_setting_given_an_item_or_a_bare_value_says_how_to_write_the_list
     cli("run", "--config", TINY, *root, "--set", override, needle=needle)
     cli("run", "--config", TINY, *root, "--set", "generate.stop=['\\n']", "--set", "generate.stop.1=x",
         needle="--set generate.stop.1: 'stop' is a value, not a section: give its whole value")
+
+
+def _tiny_policy_copy(tmp_path, name: str) -> Path:
+    import shutil
+
+    from rlaif.config import load_config
+    from rlaif.models.loading import resolve_policy
+
+    return Path(shutil.copytree(resolve_policy(load_config(TINY).policy), tmp_path / name))
+
+
+def test_a_tokenizer_that_encodes_text_to_nothing(cli, tmp_path, root):
+    """A tokenizer_config.json without its vocabulary loads as a tokenizer of a few special tokens that encodes every
+    text to no tokens: refused before any work (generate's sampler failed with an IndexError under torchrun)."""
+    policy = _tiny_policy_copy(tmp_path, "no-vocabulary")
+    (policy / "tokenizer.json").unlink()
+    (policy / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "LlamaTokenizer",
+                                                              "eos_token": "</s>"}))
+    cli("run", "--config", TINY, *root, "--set", f"policy.model={policy}",
+        needle=f"the tokenizer in {policy} encodes text to no tokens")
+    assert nothing_written(tmp_path / "root")
+    from rlaif.models.generation import prompt_token_ids
+    from rlaif.models.loading import load_tokenizer
+
+    with pytest.raises(UserError, match="^the policy's tokenizer encodes the prompt 'Hi there' to no tokens"):
+        prompt_token_ids(load_tokenizer(policy), ["Hi there"])  # what a stage meets where the launch check did not run
+
+
+def test_a_sharded_checkpoint_missing_a_shard(cli, tmp_path, root):
+    """A shard the index names but the directory lacks was found only when generate loaded the weights."""
+    from safetensors.torch import load_file, save_file
+
+    policy = _tiny_policy_copy(tmp_path, "sharded")
+    tensors = load_file(policy / "model.safetensors")
+    (policy / "model.safetensors").unlink()
+    names = sorted(tensors)
+    shards = {f"model-0000{i + 1}-of-00002.safetensors": names[i::2] for i in range(2)}
+    for shard, held in shards.items():
+        save_file({name: tensors[name] for name in held}, policy / shard, metadata={"format": "pt"})
+    index = {"metadata": {}, "weight_map": {name: shard for shard, held in shards.items() for name in held}}
+    (policy / "model.safetensors.index.json").write_text(json.dumps(index))
+    (policy / "model-00002-of-00002.safetensors").unlink()
+    cli("run", "--config", TINY, *root, "--set", f"policy.model={policy}",
+        needle=f"policy model directory {policy}: shard model-00002-of-00002.safetensors, named in "
+               "model.safetensors.index.json, is not there: copy the whole checkpoint")
+    (policy / "model.safetensors.index.json").write_text('{"weight_map": ')
+    cli("run", "--config", TINY, *root, "--set", f"policy.model={policy}",
+        needle="model.safetensors.index.json has no weight_map")
+    assert nothing_written(tmp_path / "root")
+
+
+def test_a_prompt_that_alone_fills_the_positions(cli, tmp_path, root):
+    """Lowering max_new_tokens cannot fit a prompt as long as the model's positions: the message says to shorten it."""
+    prompts = tmp_path / "long.jsonl"
+    words = " ".join(f"w{i}x{i * 7 % 13}" for i in range(400))
+    prompts.write_text(json.dumps({"id": "long-one", "prompt": words}) + "\n"
+                       + "".join(json.dumps({"id": f"p{i}", "prompt": f"question {i}?"}) + "\n" for i in range(40)))
+    cli("launch", "generate", "--config", TINY, *root, "--set", f"data.prompts={prompts}",
+        "--set", "data.eval_fraction=0.01", "--set", "data.max_prompt_chars=5000",
+        needle="leaves none of the model's 256 positions for a response: shorten the prompts")

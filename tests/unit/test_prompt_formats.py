@@ -272,6 +272,36 @@ def test_bad_sources(tmp_path):
     one_line_error(DataConfig(prompts=str(tmp_path / "array.json")), "is not valid JSON")
 
 
+def test_near_misses_of_the_formats_are_named(tmp_path):
+    """Files of one format under another's name or shape: refused with the format to name, not read as prompts of
+    raw JSON or CSV, or refused with another format's parse error."""
+    rows = "".join(json.dumps({"id": f"p{i}", "prompt": f"question {i}?"}) + "\n" for i in range(5))
+    (tmp_path / "rows.txt").write_text(rows)
+    one_line_error(DataConfig(prompts=str(tmp_path / "rows.txt")), "holds JSON Lines (each line a JSON object), "
+                   "which plain text would read as raw prompts: rename it .jsonl or set data.format=jsonl")
+    assert len(load_prompts(DataConfig(prompts=str(tmp_path / "rows.txt"), format="text"))) == 5  # as asked
+    (tmp_path / "table.txt").write_text("id,prompt\na,first prompt\nb,second prompt\n")
+    one_line_error(DataConfig(prompts=str(tmp_path / "table.txt")), "holds a CSV (its first line is a header naming "
+                   "the prompt column)")
+    (tmp_path / "plain.txt").write_text("How do I bake bread?\n{not json}\nprompt, then a comma\n")
+    assert len(load_prompts(DataConfig(prompts=str(tmp_path / "plain.txt")))) == 3
+    (tmp_path / "unclosed.csv").write_text('id,prompt\na,"an open quote\nb,second\nc,third\n')
+    one_line_error(DataConfig(prompts=str(tmp_path / "unclosed.csv")), "is not valid CSV (unexpected end of data): "
+                   "close each quoted cell")
+    (tmp_path / "semi.csv").write_text("id;prompt\na;first prompt\n")
+    one_line_error(DataConfig(prompts=str(tmp_path / "semi.csv")), "header 'id;prompt' is separated by ';': CSV here "
+                   "is comma-separated")
+    (tmp_path / "parts").mkdir()
+    (tmp_path / "parts/a.jsonl").write_text(rows)
+    one_line_error(DataConfig(prompts=str(tmp_path / "parts/*.jsonl")), "is a glob, which data.format=hf reads")
+    one_line_error(DataConfig(prompts=str(tmp_path / "parts")), f"is a directory of .jsonl files, not a dataset saved "
+                   f"with save_to_disk: read them all with data.prompts={tmp_path / 'parts'}/*.jsonl and "
+                   "data.format=hf")
+    (tmp_path / "wrapped.json").write_text(json.dumps({"data": [{"prompt": "a"}], "version": 1}, indent=2))
+    one_line_error(DataConfig(prompts=str(tmp_path / "wrapped.json")), "is one JSON object (keys 'data', 'version'): "
+                   "its 'data' holds a list, not a row per line")
+
+
 @pytest.mark.parametrize("override, needle", [
     ("data.columns.promt=question", "unknown config key 'data.columns.promt' (did you mean 'data.columns.prompt'?)"),
     ("data.columns={prompt: text, reference: text}", "two of our fields read the same column"),
