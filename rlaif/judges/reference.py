@@ -29,7 +29,10 @@ more most other such both few until while before after above below between throu
 REFERENCE_TEMPERATURE = 0.05  # one key point of three apart is p = 0.9988: a clear preference
 # the reference judge prefers one answer clearly when |p - 0.5| >= this (the evaluation's tie margin)
 CLEAR_MARGIN = 0.05
-WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
+# Letters and digits of any script (Cyrillic, Greek, accented Latin), with an English possessive or contraction.
+WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)?")
+# Scripts written without spaces between words: a run of them is read as its overlapping character pairs.
+UNSPACED = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 
 
 def stem(word: str) -> str:
@@ -43,7 +46,24 @@ def stem(word: str) -> str:
 
 
 def content_words(text: str) -> set[str]:
-    return {stem(w) for w in WORD.findall(text.lower()) if w not in STOP_WORDS}
+    words = set()
+    for word in WORD.findall(text.lower()):
+        if UNSPACED.search(word):
+            words.update(word[i : i + 2] for i in range(max(1, len(word) - 1)))
+        elif word not in STOP_WORDS:
+            words.add(stem(word))
+    return words
+
+
+def check_points(rows: list[dict]) -> None:
+    """Every key point has a word the judge can match: one of stop words or punctuation alone would count as
+    covered by every response."""
+    for row in rows:
+        for point in row.get("key_points") or []:
+            if not content_words(point):
+                raise UserError(f"judge 'reference': key point {point[:60]!r} of prompt {row.get('id', '')!r} has no "
+                                "word it can match (only stop words, punctuation or symbols): write what a good answer "
+                                "says")
 
 
 def split_reference(reference: str) -> list[str]:

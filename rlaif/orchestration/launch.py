@@ -165,8 +165,9 @@ def check_judges(cfg: PipelineConfig, prompts: list[dict]) -> None:
         raise UserError("label.hf.endpoint serves pairwise judging only (score mode and ppo.reward=judge read whole "
                         "continuations): run the judge in-process (empty label.hf.endpoint.base_url)")
     if "reference" in (cfg.label.judge, *(j.judge for j in cfg.evaluate.judges)):
-        from rlaif.judges.reference import reference_points
+        from rlaif.judges.reference import check_points, reference_points
 
+        check_points(prompts)
         missing = len(prompts) - len(reference_points(prompts))
         if missing:
             raise UserError(f"judge 'reference' needs key points on every prompt; {missing} of {len(prompts)} in "

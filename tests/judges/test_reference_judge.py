@@ -11,6 +11,7 @@ from rlaif.judges import debiased
 from rlaif.judges.constitution import compare, load_constitution
 from rlaif.judges.reference import (
     ReferenceJudge,
+    check_points,
     content_words,
     reference_points,
     split_reference,
@@ -108,3 +109,26 @@ def test_constitution_contrast_must_be_text(tmp_path):
     path.write_text("- {name: a, text: A, contrast: [1, 2]}\n")
     with pytest.raises(UserError, match="'contrast' must be a non-empty string"):
         load_constitution(str(path))
+
+
+def test_text_in_other_scripts_is_graded():
+    """Words of any script count (an ASCII-only pattern read Cyrillic as no words: every response off topic, every
+    pair a tie); scripts without spaces are read as character pairs."""
+    russian = "Как сварить рис?"
+    judge = ReferenceJudge(ReferenceJudgeConfig(), 0.05, {russian: ["промойте рис", "варите пятнадцать минут"]})
+    assert judge.grade(russian, "Промойте рис и варите пятнадцать минут.")["score"] == 1.0
+    assert judge.grade(russian, "Не знаю, отстань.")["off_topic"] is True
+    assert judge.prefer_first([russian], ["Промойте рис и варите пятнадцать минут."], ["Не знаю."]).item() > 0.99
+    chinese = "怎么煮米饭？"
+    judge = ReferenceJudge(ReferenceJudgeConfig(), 0.05, {chinese: ["先洗米", "煮十五分钟"]})
+    assert judge.grade(chinese, "先洗米，然后煮十五分钟。")["covered"] == 2
+    assert judge.grade(chinese, "我不知道。")["covered"] == 0
+    assert content_words("café au lait") == {"café", "au", "lait"}  # not "caf"
+
+
+def test_key_points_with_nothing_to_match_are_refused():
+    """A key point of stop words or symbols alone would count as covered by every response."""
+    check_points([{"id": "a", "prompt": "p", "key_points": ["wash the rice"]}])
+    for point in ("do it", "that is all", "-- !"):
+        with pytest.raises(UserError, match=rf"key point {point!r} of prompt 'a' has no word it can match"):
+            check_points([{"id": "a", "prompt": "p", "key_points": ["wash the rice", point]}])
