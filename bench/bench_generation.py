@@ -45,7 +45,7 @@ def sampled(backend, texts, seeds, decoder: str):
     enc = encode_prompts(tok, texts, backend.device)
     if decoder == "eager":
         return decode_static(backend.model, enc, seeds, max_new_tokens=g.max_new_tokens, temperature=g.temperature,
-                             top_k=g.top_k, top_p=g.top_p, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
+                             top_k=g.top_k, top_p=g.top_p, eos_ids=[tok.eos_token_id], pad_id=tok.pad_token_id,
                              cuda_graph=False)
     return sample_seeded(backend.model, tok, enc, seeds, max_new_tokens=g.max_new_tokens, temperature=g.temperature,
                          top_p=g.top_p, top_k=g.top_k, decoder=decoder)

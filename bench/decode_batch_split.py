@@ -35,7 +35,7 @@ def main() -> None:
     enc = encode_prompts(tokenizer, format_prompts(tokenizer, cfg.policy, [p["prompt"] for p in prompts]), device)
     enc = {k: v.repeat_interleave(GROUP, 0) for k, v in enc.items()}
     rows = enc["input_ids"].shape[0]
-    settings = dict(max_new_tokens=48, temperature=1.0, eos_id=tokenizer.eos_token_id,
+    settings = dict(max_new_tokens=48, temperature=1.0, eos_ids=[tokenizer.eos_token_id],
                     pad_id=tokenizer.pad_token_id, min_new_tokens=48)
 
     def decode(chunk: int) -> float:

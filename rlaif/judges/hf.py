@@ -22,9 +22,10 @@ from rlaif.models.generation import (
     response_logits_and_hidden,
     response_mask,
     sample,
+    stop_ids,
     token_logprobs,
 )
-from rlaif.models.loading import config_position_limit, load_causal_lm, load_tokenizer, resolve
+from rlaif.models.loading import config_position_limit, load_causal_lm, load_tokenizer, resolve, with_model_stops
 
 
 def answer_token(tokenizer, cue: str, answer: str) -> int:
@@ -106,7 +107,8 @@ class HFJudge:
         self.batch_size = batch_size
         self.max_length = settings.hf.max_length
         self.positions = judge_positions(settings, path)
-        self.tokenizer = load_tokenizer(path, settings.hf.trust_remote_code, padding_side="left")
+        tokenizer = load_tokenizer(path, settings.hf.trust_remote_code, padding_side="left")
+        self.tokenizer = with_model_stops(tokenizer, path)  # a score-mode continuation ends where the model's does
         self.bos = [bos] if (bos := leading_bos(self.tokenizer)) is not None else []  # put back on a cut prompt
         self.device = local_device()
         self.client = self.model = None
@@ -144,7 +146,7 @@ class HFJudge:
         else:
             out = sample(self.model, self.tokenizer, enc, max_new_tokens=self.settings.rationale_tokens,
                          temperature=0.0)
-            text = decode(self.tokenizer, out, response_mask(out, self.tokenizer.eos_token_id))
+            text = decode(self.tokenizer, out, response_mask(out, stop_ids(self.tokenizer)))
         return [t.split(prompting.ANSWER_CUE.strip())[0] for t in text]  # a rationale that runs on into an answer stops
 
     @torch.no_grad()

@@ -133,12 +133,13 @@ class StaticDecode:
     puts a new batch of that shape in them, so a graph captured on an earlier batch replays on it."""
 
     def __init__(self, model, batch: int, slots: int, device, *, max_new_tokens: int, temperature: float, top_k: int,
-                 top_p: float, eos_id: int, pad_id: int, min_new_tokens: int):
+                 top_p: float, eos_ids: list[int], pad_id: int, min_new_tokens: int):
         from transformers import StaticCache
 
         self.model, self.batch, self.max_new_tokens = model, batch, max_new_tokens
         self.sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
-        self.eos_id = eos_id if eos_id is not None else -1  # no EOS token: rows run to max_new_tokens
+        # Every id a response ends at (none: rows run to max_new_tokens).
+        self.eos_ids = torch.tensor(eos_ids, dtype=torch.long, device=device)
         self.pad_id, self.min_new_tokens = pad_id, min_new_tokens
         self.cache = StaticCache(config=model.config, max_cache_len=slots)
         # transformers 5.24 renamed forward's past_key_values to cache (the old name warns, then goes in 5.40).
@@ -241,17 +242,17 @@ class StaticDecode:
     def _record(self, logits: torch.Tensor) -> None:
         """Sample response token `index` (EOS barred before min_new_tokens), pad it after a row's EOS."""
         logits = logits.float()
-        if self.eos_id >= 0 and self.min_new_tokens:
+        if len(self.eos_ids) and self.min_new_tokens:
             barred = self.index < self.min_new_tokens
-            logits[:, self.eos_id] = torch.where(barred, float("-inf"), logits[:, self.eos_id])
+            logits[:, self.eos_ids] = torch.where(barred, float("-inf"), logits[:, self.eos_ids])
         token = choose_tokens(logits, self.uniforms.index_select(1, self.index.view(1))[:, 0], **self.sampling)
         token = torch.where(self.done, self.pad_id, token)
-        self.done |= token == self.eos_id
+        self.done |= (token[:, None] == self.eos_ids).any(1)
         self.tokens.index_copy_(1, self.index.view(1), token[:, None])
 
     def responses(self) -> torch.Tensor:
         """Token ids [batch, <= max_new_tokens], cut after the token where the last row ended (as generate())."""
-        is_eos = (self.tokens == self.eos_id).long()
+        is_eos = (self.tokens[..., None] == self.eos_ids).any(-1).long()
         lengths = ((is_eos.cumsum(1) - is_eos) == 0).sum(1)  # tokens up to and including each row's first EOS
         return self.tokens[:, : int(lengths.max())]
 
@@ -328,7 +329,7 @@ def cast_on_update(layer, dtype: torch.dtype, reads: KeyReads) -> None:
 
 @torch.no_grad()
 def decode_static(model, enc: dict, seeds: list[int], *, max_new_tokens: int, temperature: float, top_k: int = 0,
-                  top_p: float = 1.0, eos_id: int, pad_id: int, min_new_tokens: int = 0,
+                  top_p: float = 1.0, eos_ids: list[int], pad_id: int, min_new_tokens: int = 0,
                   cuda_graph: bool | None = None, recorder=None) -> torch.Tensor:
     """Response token ids [batch, <= max_new_tokens], row i sampled from seeds[i] (temperature 0: greedy); rows are
     padded after their EOS. `cuda_graph` (default: on CUDA) replays a captured decode step; the graph and its state
@@ -337,7 +338,7 @@ def decode_static(model, enc: dict, seeds: list[int], *, max_new_tokens: int, te
     ids = enc["input_ids"]
     use_graph = ids.is_cuda if cuda_graph is None else cuda_graph
     settings = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                    eos_id=eos_id, pad_id=pad_id, min_new_tokens=min_new_tokens)
+                    eos_ids=eos_ids, pad_id=pad_id, min_new_tokens=min_new_tokens)
     shape = (ids.shape[0], key_slots(ids.shape[1], max_new_tokens), str(ids.device))
     kept = CAPTURED.find(model, shape, settings) if use_graph else None
     state = kept[0] if kept else StaticDecode(model, shape[0], shape[1], ids.device, **settings)

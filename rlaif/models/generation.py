@@ -10,7 +10,7 @@ from rlaif.config.loading import switch
 from rlaif.errors import UserError
 from rlaif.models.adapters import unwrapped
 from rlaif.models.decode import decode_static, forward_takes, supports_static_decode
-from rlaif.models.loading import config_position_limit
+from rlaif.models.loading import STOP_IDS, config_position_limit
 from rlaif.models.packing import packs, response_states
 
 
@@ -102,7 +102,7 @@ def check_fits(model, prompt_tokens: int, max_new_tokens: int, what: str = "a pr
     back): past them learned position embeddings index out of range (GPT-2) and rotary ones (Llama) give text the
     model was never trained on, silently."""
     limit = limit if limit is not None else position_limit(model)
-    if limit is not None and prompt_tokens >= limit:  # no max_new_tokens would fit it
+    if limit is not None and prompt_tokens > limit:  # no max_new_tokens would fit it
         raise UserError(f"{what} of {prompt_tokens} tokens leaves none of the model's {limit} positions for a "
                         "response: shorten the prompts (data.max_prompt_chars refuses long ones when they are read)")
     if limit is not None and prompt_tokens + max_new_tokens - 1 > limit:
@@ -167,7 +167,7 @@ def sample(model, tokenizer, enc: dict, *, max_new_tokens: int, temperature: flo
         repeated = {k: v.repeat_interleave(num_return_sequences, 0) for k, v in enc.items()}
         with hooked:  # a captured graph would not run the recorder's hook: eager steps when it is on
             responses = decode_static(model, repeated, seeds, max_new_tokens=max_new_tokens, temperature=temperature,
-                                      top_k=top_k, top_p=top_p, eos_id=tokenizer.eos_token_id,
+                                      top_k=top_k, top_p=top_p, eos_ids=stop_ids(tokenizer),
                                       pad_id=tokenizer.pad_token_id, min_new_tokens=min_new_tokens,
                                       cuda_graph=False if want_hidden else None, recorder=recorder)
         return (responses, recorder.hidden()) if want_hidden else responses
@@ -182,7 +182,7 @@ def sample(model, tokenizer, enc: dict, *, max_new_tokens: int, temperature: flo
             num_return_sequences=num_return_sequences,
             min_new_tokens=min_new_tokens or None,
             pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
+            eos_token_id=stop_ids(tokenizer) or None,
             use_cache=True,
         )
     responses = out[:, enc["input_ids"].shape[1]:]
@@ -255,14 +255,15 @@ def sample_seeded(model, tokenizer, enc: dict, seeds: list[int], *, max_new_toke
     check_fits(model, enc["input_ids"].shape[1], max_new_tokens)
     if static_decoder_applies(model, enc, decoder, stop):
         return decode_static(model, enc, seeds, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                             top_p=top_p, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
+                             top_p=top_p, eos_ids=stop_ids(tokenizer), pad_id=tokenizer.pad_token_id,
                              min_new_tokens=min_new_tokens)
     processors = LogitsProcessorList([PerRowSampler(seeds, temperature, top_k, top_p)]
                                      if temperature > 0 else [])
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=enc["input_ids"].is_cuda):
         out = model.generate(**enc, do_sample=False, logits_processor=processors, max_new_tokens=max_new_tokens,
                              min_new_tokens=min_new_tokens or None,
-                             pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, use_cache=True,
+                             pad_token_id=tokenizer.pad_token_id, eos_token_id=stop_ids(tokenizer) or None,
+                             use_cache=True,
                              **({"stop_strings": list(stop), "tokenizer": tokenizer} if stop else {}))
     return out[:, enc["input_ids"].shape[1]:]
 
@@ -279,8 +280,8 @@ def sample_encoded(model, tokenizer, enc: dict, seeds: list[int], settings) -> l
     out = sample_seeded(model, tokenizer, enc, seeds, max_new_tokens=settings.max_new_tokens,
                         temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
                         stop=settings.stop, min_new_tokens=fixed_length_tokens(settings)).cpu()
-    mask = (response_mask(out, tokenizer.eos_token_id)
-            * (out != tokenizer.pad_token_id if tokenizer.pad_token_id != tokenizer.eos_token_id else 1))
+    ends = stop_ids(tokenizer)
+    mask = response_mask(out, ends) * (out != tokenizer.pad_token_id if tokenizer.pad_token_id not in ends else 1)
     responses = [truncate_at_stop(t, settings.stop) for t in decode(tokenizer, out, mask)]
     return list(zip(responses, mask.sum(1).tolist()))
 
@@ -296,11 +297,25 @@ def truncate_at_stop(text: str, stop: list[str]) -> str:
     return text if cut < 0 else text[:cut].rstrip()
 
 
-def response_mask(responses: torch.Tensor, eos_id: int | None) -> torch.Tensor:
-    """1 on response tokens up to and including the first EOS; 0 after it (padding). No EOS token: all ones."""
-    if eos_id is None:
+def stop_ids(tokenizer) -> list[int]:
+    """The ids a response ends at: the tokenizer's EOS, and the other end ids the model's generation config lists
+    (Gemma's <end_of_turn>, Llama 3's <|eot_id|> beside <|end_of_text|>), as transformers' generate() stops there."""
+    listed = getattr(tokenizer, STOP_IDS, None) or [tokenizer.eos_token_id]
+    return [token for token in dict.fromkeys(listed) if token is not None]
+
+
+def is_stop(responses: torch.Tensor, ids: list[int]) -> torch.Tensor:
+    """Where `responses` holds one of the stop ids (bool, its shape)."""
+    return torch.isin(responses, torch.tensor(ids, dtype=responses.dtype, device=responses.device))
+
+
+def response_mask(responses: torch.Tensor, eos: int | list[int] | None) -> torch.Tensor:
+    """1 on response tokens up to and including the first EOS (`eos`: an id, or stop_ids); 0 after it (padding).
+    No EOS token: all ones."""
+    ids = [eos] if isinstance(eos, int) else list(eos or [])
+    if not ids:
         return torch.ones_like(responses)
-    is_eos = (responses == eos_id).long()
+    is_eos = is_stop(responses, ids).long()
     after_eos = (is_eos.cumsum(1) - is_eos) > 0
     return (~after_eos).long()
 

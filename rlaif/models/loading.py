@@ -237,7 +237,27 @@ def load_policy(policy):
 def policy_tokenizer(path: Path, policy):
     """The policy's tokenizer, which must have an EOS token: without one no response could end (every sampler,
     in-process, vLLM or an endpoint, stops on it)."""
-    return require_eos(load_tokenizer(path, policy.trust_remote_code), path)
+    return with_model_stops(require_eos(load_tokenizer(path, policy.trust_remote_code), path), path)
+
+
+STOP_IDS = "rlaif_stop_ids"  # read by models.generation.stop_ids
+
+
+def with_model_stops(tokenizer, path: Path):
+    """The tokenizer, holding (as STOP_IDS) its EOS id and the other ids the model's generation config ends a
+    response at: an instruct model's end of turn is often not its tokenizer's EOS (Gemma's <end_of_turn>, Llama 3's
+    <|eot_id|>), and a sampler stopping at the EOS alone would write past the turn's end."""
+    ids = [tokenizer.eos_token_id]
+    for name in ("generation_config.json", "config.json"):
+        try:
+            listed = json.loads((path / name).read_text(encoding="utf-8")).get("eos_token_id")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if listed is not None:
+            ids += listed if isinstance(listed, list) else [listed]
+            break
+    setattr(tokenizer, STOP_IDS, [i for i in dict.fromkeys(ids) if type(i) is int and 0 <= i < len(tokenizer)])
+    return tokenizer
 
 
 def require_eos(tokenizer, path: Path):

@@ -30,9 +30,11 @@ from rlaif.models.generation import (
     decode,
     encode_prompts,
     format_prompts,
+    is_stop,
     response_logprobs,
     response_mask,
     sample,
+    stop_ids,
 )
 from rlaif.models.loading import load_causal_lm, load_policy
 from rlaif.models.reward import NormalisedScorer
@@ -61,10 +63,10 @@ def answer(model, tokenizer, cfg, prompts, seed_base) -> Answers:
         enc = encode_prompts(tokenizer, texts, model.device)
         resp = sample(model, tokenizer, enc, max_new_tokens=settings.max_new_tokens,
                       temperature=settings.temperature, seed=seed_base + b)
-        mask = response_mask(resp, tokenizer.eos_token_id)
+        mask = response_mask(resp, stop_ids(tokenizer))
         batches.append((enc, resp, mask, decode(tokenizer, resp, mask)))
     # Share of answers that ended with EOS rather than running into max_new_tokens.
-    ended = torch.cat([(resp == tokenizer.eos_token_id).any(1) for _, resp, _, _ in batches])
+    ended = torch.cat([is_stop(resp, stop_ids(tokenizer)).any(1) for _, resp, _, _ in batches])
     return Answers(batches, [t for batch in batches for t in batch[3]],
                    torch.cat([b[2].sum(1) for b in batches]).float().cpu(), ended.float().mean().item())
 

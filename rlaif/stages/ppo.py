@@ -39,8 +39,10 @@ from rlaif.models.generation import (
     encode_prompts,
     fixed_length_tokens,
     format_prompts,
+    is_stop,
     response_mask,
     sample,
+    stop_ids,
 )
 from rlaif.models.policy import PolicyWithValue, build_policy
 from rlaif.models.reward import reward_scorer
@@ -104,7 +106,7 @@ def rollout(cfg, policy, reference_logprobs, tokenizer, reward_fn, prompts, seed
     responses, sampled_hidden = sampled if from_sampling else (sampled, None)
     # A fixed response width: every rank's tensors line up for the gather before the update.
     responses = pad_right(responses, settings.max_new_tokens, tokenizer.pad_token_id)
-    mask = response_mask(responses, tokenizer.eos_token_id)
+    mask = response_mask(responses, stop_ids(tokenizer))
     prompt_ids = enc["input_ids"].repeat_interleave(samples, 0)  # generate() returns a prompt's samples together
     prompt_mask = enc["attention_mask"].repeat_interleave(samples, 0)
     timings["generate_s"] = clock() - t0
@@ -115,7 +117,7 @@ def rollout(cfg, policy, reference_logprobs, tokenizer, reward_fn, prompts, seed
            if getattr(reward_fn, "token_ids", False)
            else reward_fn(prompt_texts, decode(tokenizer, responses, mask))).to(device)
     score = raw.clamp(-settings.reward_clip, settings.reward_clip)
-    ended = ((responses == tokenizer.eos_token_id) & mask.bool()).any(1)
+    ended = (is_stop(responses, stop_ids(tokenizer)) & mask.bool()).any(1)
     if settings.missing_eos_penalty is not None:
         score = score - settings.missing_eos_penalty * (~ended).float()
     timings["score_s"] = clock() - t0

@@ -49,7 +49,7 @@ def test_the_folded_model_computes_what_the_adapter_computes():
 
 def test_the_static_decoder_samples_the_same_tokens_folded():
     lm = adapted()
-    kwargs = dict(max_new_tokens=10, temperature=1.0, eos_id=1, pad_id=0)
+    kwargs = dict(max_new_tokens=10, temperature=1.0, eos_ids=[1], pad_id=0)
     plain = decode_static(lm, {"input_ids": IDS, "attention_mask": MASK}, [3, 4], **kwargs)
     with adapter_folded(lm):
         folded = decode_static(lm, {"input_ids": IDS, "attention_mask": MASK}, [3, 4], **kwargs)

@@ -34,7 +34,7 @@ PROMPTS = [[5, 9, 13, 2, 40], [7, 3], [11, 12, 13], [60, 61, 62, 63, 8, 8, 30]]
 
 def test_greedy_equals_transformers_generate(model):
     enc = left_padded(PROMPTS)
-    ours = decode_static(model, enc, [0] * 4, max_new_tokens=12, temperature=0, eos_id=EOS, pad_id=PAD)
+    ours = decode_static(model, enc, [0] * 4, max_new_tokens=12, temperature=0, eos_ids=[EOS], pad_id=PAD)
     theirs = model.generate(**enc, do_sample=False, max_new_tokens=12, eos_token_id=EOS, pad_token_id=PAD)
     assert torch.equal(ours, theirs[:, enc["input_ids"].shape[1]:])
 
@@ -54,7 +54,7 @@ def test_cpu_steps_read_only_the_key_slots_written_so_far(model, monkeypatch):
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
     enc, steps, layers = left_padded(PROMPTS), 9, model.config.num_hidden_layers
-    run = dict(max_new_tokens=steps, min_new_tokens=steps, temperature=1.0, eos_id=EOS, pad_id=PAD)
+    run = dict(max_new_tokens=steps, min_new_tokens=steps, temperature=1.0, eos_ids=[EOS], pad_id=PAD)
     trimmed = decode_static(model, enc, [1, 2, 3, 4], **run)
     width = enc["input_ids"].shape[1]
     assert read == [width + fed for fed in range(steps) for _ in range(layers)]
@@ -88,14 +88,14 @@ def test_sliding_window_models_sample_through_generate():
 
 def test_a_rows_sample_depends_only_on_its_seed(model):
     together = decode_static(model, left_padded(PROMPTS), [11, 22, 33, 44], max_new_tokens=10, temperature=1.0,
-                             eos_id=EOS, pad_id=PAD)
-    alone = decode_static(model, left_padded([PROMPTS[1]]), [22], max_new_tokens=10, temperature=1.0, eos_id=EOS,
+                             eos_ids=[EOS], pad_id=PAD)
+    alone = decode_static(model, left_padded([PROMPTS[1]]), [22], max_new_tokens=10, temperature=1.0, eos_ids=[EOS],
                           pad_id=PAD)
     other_partners = decode_static(model, left_padded([PROMPTS[2], PROMPTS[1]]), [5, 22], max_new_tokens=10,
-                                   temperature=1.0, eos_id=EOS, pad_id=PAD)
+                                   temperature=1.0, eos_ids=[EOS], pad_id=PAD)
     width = alone.shape[1]
     assert torch.equal(together[1, :width], alone[0]) and torch.equal(other_partners[1, :width], alone[0])
-    reseeded = decode_static(model, left_padded([PROMPTS[1]]), [23], max_new_tokens=10, temperature=1.0, eos_id=EOS,
+    reseeded = decode_static(model, left_padded([PROMPTS[1]]), [23], max_new_tokens=10, temperature=1.0, eos_ids=[EOS],
                              pad_id=PAD)
     assert not torch.equal(reseeded, alone)
 
@@ -105,8 +105,8 @@ def test_rows_end_at_eos_and_fixed_length_runs_to_the_end(model):
     model.lm_head.weight.data[EOS] += 0.5 * model.model.embed_tokens.weight.data.mean(0).sign()
     try:
         enc = left_padded(PROMPTS)
-        free = decode_static(model, enc, [1, 2, 3, 4], max_new_tokens=16, temperature=1.0, eos_id=EOS, pad_id=PAD)
-        fixed = decode_static(model, enc, [1, 2, 3, 4], max_new_tokens=16, temperature=1.0, eos_id=EOS, pad_id=PAD,
+        free = decode_static(model, enc, [1, 2, 3, 4], max_new_tokens=16, temperature=1.0, eos_ids=[EOS], pad_id=PAD)
+        fixed = decode_static(model, enc, [1, 2, 3, 4], max_new_tokens=16, temperature=1.0, eos_ids=[EOS], pad_id=PAD,
                               min_new_tokens=16)
     finally:
         model.lm_head.weight.data[EOS] -= 0.5 * model.model.embed_tokens.weight.data.mean(0).sign()
@@ -181,7 +181,7 @@ def test_on_a_gpu_the_captured_graph_replays_the_eager_steps(model):
     try:
         enc = {k: v.cuda() for k, v in left_padded(PROMPTS * 8).items()}
         seeds = list(range(32))
-        kwargs = dict(max_new_tokens=24, temperature=1.0, top_k=20, eos_id=EOS, pad_id=PAD)
+        kwargs = dict(max_new_tokens=24, temperature=1.0, top_k=20, eos_ids=[EOS], pad_id=PAD)
         graph = decode_static(gpu, enc, seeds, cuda_graph=True, **kwargs)
         eager = decode_static(gpu, enc, seeds, cuda_graph=False, **kwargs)
         assert torch.equal(graph, eager)
@@ -216,11 +216,11 @@ def test_a_finished_decode_frees_its_cache_without_the_garbage_collector(model, 
     monkeypatch.setattr(decode.StaticDecode, "__init__", recording_init)
     gc.disable()
     try:
-        decode_static(model, left_padded(PROMPTS), [1, 2, 3, 4], max_new_tokens=6, temperature=1.0, eos_id=EOS,
+        decode_static(model, left_padded(PROMPTS), [1, 2, 3, 4], max_new_tokens=6, temperature=1.0, eos_ids=[EOS],
                       pad_id=PAD)
         # a batch whose prefill spreads each prompt's keys and values over its rows
         decode_static(model, left_padded([PROMPTS[0]] * 2 + [PROMPTS[1]] * 2), [1, 2, 3, 4], max_new_tokens=6,
-                      temperature=1.0, eos_id=EOS, pad_id=PAD)
+                      temperature=1.0, eos_ids=[EOS], pad_id=PAD)
         assert len(caches) == 2 and caches[0]() is None and caches[1]() is None
     finally:
         gc.enable()
@@ -239,7 +239,7 @@ def test_auto_takes_the_static_decoder_on_cpus_too(model, monkeypatch):
     seeds = [3, 4, 5, 6]
     through_sample = generation.sample_seeded(model, tokenizer, enc, seeds, max_new_tokens=8, temperature=1.0)
     assert torch.equal(through_sample, decode_static(model, enc, seeds, max_new_tokens=8, temperature=1.0,
-                                                     eos_id=EOS, pad_id=PAD))
+                                                     eos_ids=[EOS], pad_id=PAD))
 
 
 def test_adjacent_rows_with_one_prompt_prefill_it_once(model, monkeypatch):
@@ -260,7 +260,7 @@ def test_adjacent_rows_with_one_prompt_prefill_it_once(model, monkeypatch):
         with_kwargs=True)
 
     def run_all():
-        return (decode_static(model, left_padded(prompts), seeds, max_new_tokens=10, temperature=1.0, eos_id=EOS,
+        return (decode_static(model, left_padded(prompts), seeds, max_new_tokens=10, temperature=1.0, eos_ids=[EOS],
                               pad_id=PAD),
                 generation.sample(model, tokenizer, left_padded(PROMPTS), max_new_tokens=8, num_return_sequences=3,
                                   **kwargs),
@@ -284,7 +284,7 @@ def test_adjacent_rows_with_one_prompt_prefill_it_once(model, monkeypatch):
 def test_a_step_draws_the_uniform_of_its_row_and_index(model):
     from rlaif.models.decode import StaticDecode
 
-    state = StaticDecode(model, 4, 32, "cpu", max_new_tokens=6, temperature=1.0, top_k=0, top_p=1.0, eos_id=EOS,
+    state = StaticDecode(model, 4, 32, "cpu", max_new_tokens=6, temperature=1.0, top_k=0, top_p=1.0, eos_ids=[EOS],
                          pad_id=PAD, min_new_tokens=0)
     seeds = [3, 2**40 + 7, 11, 3]
     state.load(left_padded(PROMPTS), seeds)

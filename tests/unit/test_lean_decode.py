@@ -89,7 +89,7 @@ def test_greedy_lean_steps_equal_transformers_generate_with_eager_attention():
     model = decoder("llama_gqa_bias", attention="eager")
     enc = left_padded(PROMPTS)
     assert lean_decode_step(model) is not None
-    ours = decode.decode_static(model, enc, [0] * len(PROMPTS), max_new_tokens=12, temperature=0, eos_id=EOS,
+    ours = decode.decode_static(model, enc, [0] * len(PROMPTS), max_new_tokens=12, temperature=0, eos_ids=[EOS],
                                 pad_id=PAD)
     theirs = model.generate(**enc, do_sample=False, max_new_tokens=12, eos_token_id=EOS, pad_token_id=PAD)
     assert torch.equal(ours, theirs[:, enc["input_ids"].shape[1]:])

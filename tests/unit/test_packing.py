@@ -110,7 +110,7 @@ def test_sampling_is_unchanged_and_the_exported_config_does_not_name_the_packed_
     packed = copy.deepcopy(plain)
     enable_packing(packed)
     prompts = {"input_ids": rollout_rows()[0], "attention_mask": rollout_rows()[1]}
-    kwargs = dict(max_new_tokens=8, temperature=1.0, eos_id=1, pad_id=0)
+    kwargs = dict(max_new_tokens=8, temperature=1.0, eos_ids=[1], pad_id=0)
     assert torch.equal(decode_static(plain, prompts, [1, 2, 3, 4, 5], **kwargs),
                        decode_static(packed, prompts, [1, 2, 3, 4, 5], **kwargs))
     packed.save_pretrained(tmp_path)
