@@ -18,10 +18,17 @@ def undecided_note(judge: dict) -> str | None:
     return f"cannot tell the two policies apart: its interval [{ci[0]:.3f}, {ci[1]:.3f}] contains 0.5"
 
 
+def tied_throughout(judge: dict) -> bool:
+    """Every comparison a tie: the judge graded nothing apart (a reference judge whose key points match no word of
+    the responses, a rules judge with nothing to check), so its 0.5 is no evidence either way."""
+    counts = [judge.get(key) if isinstance(judge, dict) else None for key in ("wins", "ties", "losses")]
+    return all(isinstance(n, int) for n in counts) and counts[1] > 0 and counts[0] == counts[2] == 0
+
+
 def _judges_say(judges: dict) -> list[str]:
     training, reference = judges.get("training"), judges.get("reference")
     rated = all(isinstance(j, dict) and isinstance(j.get("win_rate"), (int, float)) for j in (training, reference))
-    if not (rated and interval(training) and interval(reference)):
+    if not (rated and interval(training) and interval(reference)) or tied_throughout(reference):
         return []
     out = []
     gap = training["win_rate"] - reference["win_rate"]
@@ -48,6 +55,11 @@ def verdicts(metrics: dict) -> list[str]:
                    f"({div['top_response'][:80]!r}); distinct-2 {div['distinct_2']:.3f} vs "
                    f"{start.get('distinct_2', float('nan')):.3f} for the starting policy.")
     for name, judge in judges.items():
+        if tied_throughout(judge):
+            out.append(f"Judge '{name}' tied all {judge['ties']} comparisons: it told no two responses apart, so its "
+                       "rate says nothing about the tuned policy (for the reference judge: do the key points share "
+                       "words with the responses?).")
+            continue
         note = undecided_note(judge)
         if note:
             out.append(f"Judge '{name}' {note}.")

@@ -82,6 +82,13 @@ def test_verdicts_say_what_the_numbers_mean():
     assert lines == [lines[0]] and lines[0].startswith("Mode collapse: 40%") and "Stop asking" in lines[0]
     one_repeat = {**collapsed, "top_response_share": 1 / 16}  # 16 prompts, each answer once: no collapse to report
     assert verdicts({**base, "n_prompts": 16, "diversity": one_repeat, "judges": {}}) == []
+    # A reference judge that tied every comparison graded nothing (key points in another language than the
+    # responses): no hacking or taste verdict is drawn from its 0.5, and it is named as such.
+    blind = {**_judge(0.5, 0.44, 0.56), "wins": 0, "ties": 256, "losses": 0}
+    lines = verdicts({**base, "judges": {"training": _judge(0.66, 0.6, 0.72), "reference": blind}})
+    assert lines == ["Judge 'reference' tied all 256 comparisons: it told no two responses apart, so its rate says "
+                     "nothing about the tuned policy (for the reference judge: do the key points share words with "
+                     "the responses?)."]
 
 
 # A run as this version of rlaif writes it: stage manifests with times and code digests, config.yaml,
