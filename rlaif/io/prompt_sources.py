@@ -246,9 +246,14 @@ def _read_csv(data: DataConfig) -> Source:
     """A CSV file (TSV for .tsv) whose first row names the columns; a key-points cell holds a JSON list."""
     name = f"prompts file {data.prompts}"
     text = user_files.read_user_file(data.prompts, "prompts file", FIX)
-    # TSV has no quoting: a prompt may start with a quote mark. A cell may be as long as a prompt may be.
+    # A cell may be as long as a prompt may be.
     # strict: a quoted cell never closed is an error, where it would swallow every row after it into one prompt.
-    dialect = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if _suffix(data.prompts) == ".tsv" else {"strict": True}
+    dialect = {"strict": True}
+    if _suffix(data.prompts) == ".tsv":
+        # TSV has no quoting (a prompt may start with a quote mark), unless the export quoted its header's cells too.
+        header = next(iter(user_files.text_lines(text)), "").split("\t")
+        quoted = all(len(cell) > 1 and cell[0] == cell[-1] == '"' for cell in header)
+        dialect = {"delimiter": "\t", **({"strict": True} if quoted else {"quoting": csv.QUOTE_NONE})}
     csv.field_size_limit(max(csv.field_size_limit(), 4 * data.max_prompt_chars))
     try:
         table = list(csv.reader(io.StringIO(text, newline=""), **dialect))

@@ -259,6 +259,8 @@ def test_bad_sources(tmp_path):
                    "1) (read as JSON Lines because its first line is a JSON object: set data.format=text")
     (tmp_path / "quoted.tsv").write_text('prompt\n"Quoted," she said\n')  # TSV has no quoting
     assert load_prompts(DataConfig(prompts=str(tmp_path / "quoted.tsv")))[0]["prompt"] == '"Quoted," she said'
+    (tmp_path / "exported.tsv").write_text('"id"\t"prompt"\n"a"\t"Say ""hi"", twice"\n')  # a quoting export
+    assert load_prompts(DataConfig(prompts=str(tmp_path / "exported.tsv")))[0]["prompt"] == 'Say "hi", twice'
     (tmp_path / "points.csv").write_text("prompt,key_points\nfirst prompt,not a list\n")
     one_line_error(DataConfig(prompts=str(tmp_path / "points.csv")), "row 1 column 'key_points' is not valid JSON")
     (tmp_path / "p.txt").write_text("a prompt\n")
