@@ -166,19 +166,36 @@ def sha256_json(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def stage_config_hash(cfg: PipelineConfig, sections: tuple[str, ...], input_digests: dict[str, str]) -> str:
+def stage_config_hash(cfg: PipelineConfig, sections: tuple[str, ...], input_digests: dict[str, str],
+                      by_content: list[str] = ()) -> str:
     """Cache key of a stage: its config sections (runtime fields left out), its inputs' digests and the digest of
-    the code it runs."""
+    the code it runs. `by_content`: dotted fields (`evaluate.judges.0.constitution`) naming files whose content
+    digest is among the inputs, keyed by that content and not by their path's spelling."""
     from rlaif.io.digest import (
         code_digest,  # local import: rlaif.io imports this module
     )
 
     dumped = cache_key_dump(cfg)
     payload = {name: dumped[name] for name in sections}
+    for field in by_content:
+        _key_by_content(payload, field.split("."))
     key = {"config": payload, "inputs": input_digests, "code": code_digest()}
     if switches := computing_switches(sections):
         key["switches"] = switches
     return sha256_json(key)
+
+
+def _key_by_content(payload, path: list[str]) -> None:
+    """The field at `path` of a cache-key payload (dicts, and lists by index) replaced by a marker, where the
+    payload has it (a section the stage keys, a field its view kept)."""
+    *parents, last = path
+    for part in parents:
+        payload = payload[int(part)] if isinstance(payload, list) and part.isdigit() and int(part) < len(payload) \
+            else payload.get(part) if isinstance(payload, dict) else None
+        if payload is None:
+            return
+    if isinstance(payload, dict) and last in payload:
+        payload[last] = "<keyed by its content>"
 
 
 # Environment variables that change what a stage computes, with their defaults and the stages (config sections) that

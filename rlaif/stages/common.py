@@ -60,35 +60,63 @@ class StageContext:
         return {"path": name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
-def _judge_files(judge) -> dict[str, str]:
-    files = {"constitution": judge.constitution} if judge.constitution and judge.reads_constitution else {}
+def _judge_files(judge, setting: str) -> dict[str, tuple[str | None, str]]:
+    """role -> (the config field that names it, the file or model) for a judge's files; `setting` is where the
+    judge's settings live (label, evaluate.judges.N)."""
+    files = {"constitution": (f"{setting}.constitution", judge.constitution)} \
+        if judge.constitution and judge.reads_constitution else {}
     if judge.few_shot:
-        files["few_shot"] = judge.few_shot
+        files["few_shot"] = (f"{setting}.few_shot", judge.few_shot)
     if judge.judge == "hf":
-        files["model"] = judge.hf.model
+        files["model"] = (f"{setting}.hf.model", judge.hf.model)
     if judge.judge == "embedding":
-        files["model"] = "builtin:minilm"
+        files["model"] = (None, "builtin:minilm")
     return files
 
 
 MODEL_ROLES = ("policy", "model", "backbone")  # roles whose spec may be a hub model id
 
 
-def config_files(cfg: PipelineConfig, name: str) -> dict[str, str]:
-    """Every file or model directory the stage reads that its config names (besides the prompts), by role."""
-    policy = {"policy": (cfg.policy.tiny.demonstrations if cfg.policy.model == "builtin:tiny-llama"
-                         else cfg.policy.model)}
-    label = {f"label.{role}": spec for role, spec in _judge_files(cfg.label).items()}
+def _named_files(cfg: PipelineConfig, name: str) -> dict[str, tuple[str | None, str]]:
+    """role -> (config field, file or model directory) for every one the stage reads that its config names (besides
+    the prompts)."""
+    tiny = cfg.policy.model == "builtin:tiny-llama"
+    policy = {"policy": ("policy.tiny.demonstrations", cfg.policy.tiny.demonstrations) if tiny
+              else ("policy.model", cfg.policy.model)}
+    label = {f"label.{role}": named for role, named in _judge_files(cfg.label, "label").items()}
     if name == "generate":
         return policy
     if name == "label":
         return label
     if name == "train_rm":
-        return {"backbone": cfg.train_rm.backbone}
+        return {"backbone": ("train_rm.backbone", cfg.train_rm.backbone)}
     if name == "ppo":
         return {**policy, **(label if cfg.ppo.reward == "judge" else {})}
-    judges = {f"evaluate.{j.name}.{role}": spec for j in cfg.evaluate.judges for role, spec in _judge_files(j).items()}
+    judges = {f"evaluate.{judge.name}.{role}": named for number, judge in enumerate(cfg.evaluate.judges)
+              for role, named in _judge_files(judge, f"evaluate.judges.{number}").items()}
     return {**policy, **label, **judges}
+
+
+def config_files(cfg: PipelineConfig, name: str) -> dict[str, str]:
+    """Every file or model directory the stage reads that its config names (besides the prompts), by role."""
+    return {role: spec for role, (_, spec) in _named_files(cfg, name).items()}
+
+
+def content_keyed_fields(cfg: PipelineConfig, name: str) -> list[str]:
+    """The config fields whose files the stage's key holds by content, its own (file_digests) or through an upstream
+    manifest's digest (each stage's digest covers its inputs' content): keyed by that alone, not by how the path is
+    spelled (data/p.jsonl, ./data/p.jsonl, an absolute path, file://), so a run launched from another directory, or
+    by KFP or Airflow, reuses the outputs made from the same files."""
+    fields, seen, todo = [], set(), [name]
+    while todo:
+        stage = STAGE_BY_NAME[todo.pop()]
+        if stage.name in seen:
+            continue
+        seen.add(stage.name)
+        fields += ["data.prompts"] if stage.uses_prompts else []
+        fields += [field for field, _ in _named_files(cfg, stage.name).values() if field]
+        todo += list(stage.inputs)
+    return sorted(set(fields))
 
 
 def file_digests(cfg: PipelineConfig, name: str) -> dict[str, str]:
@@ -110,7 +138,8 @@ def context(cfg: PipelineConfig, name: str, part_index: int = 0, num_parts: int 
     inputs = {dep: current_input(cfg, dep, name, known) for dep in stage.inputs}
     digests = {**{dep: m["digest"] for dep, m in inputs.items()}, **file_digests(cfg, name)}
     return StageContext(cfg, stage, stage_url(cfg, name), inputs, digests,
-                        stage_config_hash(cfg, stage.config_sections, digests), part_index, num_parts)
+                        stage_config_hash(cfg, stage.config_sections, digests, content_keyed_fields(cfg, name)),
+                        part_index, num_parts)
 
 
 def current_input(cfg: PipelineConfig, dep: str, reader: str, known: dict[str, str | None]) -> dict:

@@ -2,6 +2,7 @@
 of exactly the stages that read it (their downstream re-runs through the changed upstream manifest digest), and the
 code digest follows the source, not the package version."""
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -230,3 +231,29 @@ def test_an_evaluation_reference_judge_keys_no_constitution_file():
     cfg = load_config("configs/demo.yaml", [graded])
     assert "evaluate.graded.constitution" not in config_files(cfg, "evaluate")
     assert "label.constitution" in config_files(cfg, "evaluate")  # label's judge reads it
+
+
+def test_files_are_keyed_by_content_not_by_how_their_path_is_spelled(copies, tmp_path, monkeypatch):
+    """data/p.jsonl, ./data/p.jsonl, its absolute path and its file:// URL are one input: a run launched from another
+    directory (or by KFP or Airflow, which spell paths their own way) reuses its outputs. Another file's content is
+    still another key."""
+    from rlaif.stages.common import content_keyed_fields
+
+    demo = str(Path("configs/demo.yaml").resolve())
+
+    def stage_keys(prompts: str, constitution: str, judge: str, demonstrations: str) -> dict[str, str]:
+        cfg = load_config(demo, [
+            f"data.prompts={prompts}", f"label.constitution={constitution}",
+            f"policy.tiny.demonstrations={demonstrations}",
+            f"evaluate.judges=[{{name: heldout, judge: hf, hf: {{model: {judge}}}, constitution: {constitution}}}]"])
+        return {s.name: stage_config_hash(cfg, s.config_sections, file_digests(cfg, s.name),
+                                          content_keyed_fields(cfg, s.name)) for s in STAGES}
+
+    monkeypatch.chdir(tmp_path)
+    roles = ("prompts", "constitution", "judge", "demonstrations")
+    names = {role: copies[role].name for role in roles}
+    relative = stage_keys(*names.values())
+    for spelling in ("./{}", str(tmp_path) + "/{}", f"file://{tmp_path}/{{}}"):
+        assert stage_keys(*(spelling.format(names[role]) for role in roles)) == relative, spelling
+    copies["prompts"].write_text(copies["prompts"].read_text().replace("How do I", "How can I", 1))
+    assert all(key != relative[name] for name, key in stage_keys(*names.values()).items())
