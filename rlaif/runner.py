@@ -160,6 +160,7 @@ def run_stage(cfg: PipelineConfig, name: str, part_index: int = 0, num_parts: in
         raise UserError(f"--num-shards splits stage 'generate' only, not '{name}'")
     if not 0 <= part_index < num_parts:
         raise UserError(f"--shard-index {part_index} is outside 0..{num_parts - 1} (--num-shards {num_parts})")
+    common.check_launched_config(cfg)
     ctx = common.start_context(cfg, name, part_index, num_parts)
     first_rank = int(os.environ.get("RANK", "0")) == 0  # the process group is not up yet: torchrun's env says
     # `rlaif launch` checked the cache for this key already; a pod running `rlaif stage` alone checks it here.

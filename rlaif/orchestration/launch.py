@@ -413,6 +413,7 @@ def run_locked(cfg: PipelineConfig, stage: Stage, config_url: str, config_hash: 
         cmd = command(stage, config_url, nproc)
         # The stage's process skips the cache check that this one just made for the same key (under the lock).
         env = dict(os.environ, PYTHONUNBUFFERED="1", RLAIF_CACHE_CHECKED=config_hash,
+                   **{common.LAUNCHED_CONFIG: common.launched_config(cfg)},
                    **({common.FRESH_START: "1"} if rerun else {}))
         if stage.resources.torchrun and "OMP_NUM_THREADS" not in env:  # ranks share this machine's cores
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))

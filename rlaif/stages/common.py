@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlaif.config import PipelineConfig, stage_config_hash
+from rlaif.config import PipelineConfig, dump_config, stage_config_hash
 from rlaif.errors import UserError
 from rlaif.graph import STAGE_BY_NAME, Stage
 from rlaif.io import manifest, storage
@@ -207,6 +207,25 @@ def check_inputs_whole(ctx: StageContext) -> None:
             raise UserError(f"stage '{ctx.stage.name}' reads '{dep}', whose output in run '{ctx.cfg.run_id}' is "
                             f"damaged ({damage}): run it again (`rlaif run --rerun {dep}`, or `rlaif launch {dep} "
                             "--rerun`)")
+
+
+LAUNCHED_CONFIG = "RLAIF_LAUNCHED_CONFIG"  # sha256 of the config text a launcher wrote for the stage it starts
+
+
+def launched_config(cfg: PipelineConfig) -> str:
+    """The value of LAUNCHED_CONFIG for this config: what a stage compares the run's config.yaml with."""
+    return hashlib.sha256(dump_config(cfg).encode()).hexdigest()
+
+
+def check_launched_config(cfg: PipelineConfig) -> None:
+    """The stage runs the settings its launcher checked and cached under: another launcher of the run with other
+    settings can rewrite config.yaml while no stage holds its lock (between two stages of `rlaif run`), and this
+    stage, which reads config.yaml, would then run those settings under the first launcher's name."""
+    expected = os.environ.get(LAUNCHED_CONFIG)
+    if expected and launched_config(cfg) != expected:
+        raise UserError(f"the config.yaml of run '{cfg.run_id}' was rewritten with other settings by another launcher "
+                        "while this run went on (between two stages): run it again with its own settings, or give the "
+                        "other launch another --run-id")
 
 
 FRESH_START = "RLAIF_FRESH_START"  # set by `--rerun` for the stage's processes: no resuming from a checkpoint

@@ -318,3 +318,19 @@ def test_an_hf_judge_on_a_label_pod_sized_without_a_gpu(cli, tmp_path, monkeypat
     # the other stages, and label with a judge that runs no model there, go on to their own checks
     cli("launch", "ppo", "--config", TINY, "--storage-root", str(tmp_path / "root"), *hf,
         needle="/models/judge")
+
+
+def test_a_stage_refuses_settings_its_launcher_did_not_start_it_with(cli, tmp_path, monkeypatch):
+    """Between two stages of `rlaif run` no stage lock is held, and another launcher of the run with other settings
+    could rewrite config.yaml: the next stage, which reads config.yaml, ran those settings under the first run's name
+    (and its evaluation was printed as the first run's). The stage compares the config with its launcher's."""
+    from rlaif.stages.common import LAUNCHED_CONFIG, launched_config
+
+    root = f"file://{tmp_path}"
+    ours = load_config(TINY, [f"storage.root={root}", "run_id=shared"])
+    config_url = launch.prepare(ours)
+    monkeypatch.setenv(LAUNCHED_CONFIG, launched_config(ours))
+    storage.write_bytes_atomic(config_url, storage.read_bytes(config_url).replace(b"iterations: 2", b"iterations: 3"))
+    cli("stage", "generate", "--config", config_url, needle="the config.yaml of run 'shared' was rewritten with other "
+        "settings by another launcher while this run went on")
+    assert not storage.exists(f"{root}/shared/generate")
