@@ -229,11 +229,16 @@ class Checkpoints:
         self.config_hash, self.keep = config_hash, keep
 
     def latest(self) -> dict | None:
+        """The marker of this config's newest checkpoint; None without one, or where the marker is damaged (it is
+        written whole, so only something else cuts it short): the stage then starts afresh, saying so."""
         try:
             marker = json.loads(storage.read_text(storage.join(self.url, "latest.json")))
         except FileNotFoundError:
             return None
-        return marker if marker.get("config_hash") == self.config_hash else None
+        except (ValueError, UnicodeDecodeError):
+            return None
+        usable = isinstance(marker, dict) and isinstance(marker.get("name"), str)
+        return marker if usable and marker.get("config_hash") == self.config_hash else None
 
     def save(self, engine: Engine, step: int, client_state: dict) -> None:
         name = f"step-{step:08d}"
@@ -256,14 +261,35 @@ class Checkpoints:
         dist.barrier()
 
     def restore(self, engine: Engine) -> dict | None:
+        """Loads the newest checkpoint that loads whole on every rank (a damaged one, cut short or missing a file,
+        gives way to the one before it), or None without one; a UserError when none of them loads."""
         marker = self.latest()
         if marker is None:
             return None
-        remote = storage.join(self.url, marker["name"])
-        files = [{"path": url[len(remote) + 1:], "sha256": None} for url in storage.glob(remote + "/**")
-                 if url != remote and not storage.filesystem(url).isdir(url.split("://", 1)[1])]
-        local = storage.download_dir(remote, files)
-        state = engine.load(local)
-        if dist.rank() == 0:
-            print(f"resumed from checkpoint {marker['name']} (step {marker['step']})", flush=True)
-        return state
+        names = [name for name in reversed(marker.get("history") or []) if isinstance(name, str)] or [marker["name"]]
+        problems = []
+        for name in names:
+            state, problem = self._load(engine, name)
+            if state is not None:
+                if dist.rank() == 0:
+                    instead = f", as {', '.join(problems)}" if problems else ""
+                    print(f"resumed from checkpoint {name}{instead}", flush=True)
+                return state
+            problems.append(f"{name} is damaged ({problem})")
+        raise UserError(f"no checkpoint under {self.url} loads ({'; '.join(problems)[:300]}): run the stage again from "
+                        "its start (`rlaif run --rerun STAGE`, or `rlaif launch STAGE --rerun`)")
+
+    def _load(self, engine: Engine, name: str) -> tuple[dict | None, str]:
+        """(state, "") where checkpoint `name` loaded on every rank, else (None, why it did not here)."""
+        remote = storage.join(self.url, name)
+        problem = ""
+        try:
+            files = [{"path": url[len(remote) + 1:], "sha256": None} for url in storage.glob(remote + "/**")
+                     if url != remote and not storage.filesystem(url).isdir(url.split("://", 1)[1])]
+            state = engine.load(storage.download_dir(remote, files))
+        except UserError:
+            raise
+        except Exception as exc:  # a truncated torch file, a missing or torn JSON file: whatever the reader says
+            state, problem = None, storage.first_line(exc)[:120]
+        loaded = dist.all_reduce_min(torch.tensor([0.0 if state is None else 1.0]))  # one checkpoint for all ranks
+        return (state, "") if loaded.item() == 1.0 else (None, problem or "on another rank")

@@ -200,3 +200,28 @@ def test_a_distilled_student_is_exported_with_its_agreement(tmp_path, backbone):
     scores = score(["how do I get better at rice?"] * 2, ["here is help with rice today", "no idea about sleep sorry"])
     assert scores[0] > scores[1]
     assert "agrees with the teacher" in proc.stdout + proc.stderr
+
+
+def test_a_damaged_checkpoint_gives_way_to_the_one_before_it(reference_runs, backbone):
+    """A checkpoint cut short (or a file of it lost) made every resume fail with a traceback: the one before it is
+    loaded instead, to the same weights as an uninterrupted run; when none loads, one line names the fix."""
+    crashed = train(reference_runs, "damaged", backbone, 1, env={"RLAIF_FAULT": "train_rm:15:0"})
+    assert crashed.returncode != 0
+    checkpoints = reference_runs / "damaged/train_rm/checkpoints"
+    assert json.loads((checkpoints / "latest.json").read_text())["history"] == ["step-00000010", "step-00000015"]
+    engine = checkpoints / "step-00000015/engine.pt"
+    os.truncate(engine, engine.stat().st_size // 2)
+    resumed = train(reference_runs, "damaged", backbone, 1)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert "resumed from checkpoint step-00000010, as step-00000015 is damaged (" in resumed.stdout
+    expected, got = weights(reference_runs, "one"), weights(reference_runs, "damaged")
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], atol=1e-6, rtol=1e-6, msg=name)
+
+    crashed = train(reference_runs, "lost", backbone, 1, env={"RLAIF_FAULT": "train_rm:15:0"})
+    for step in (10, 15):
+        (reference_runs / f"lost/train_rm/checkpoints/step-{step:08d}/client_state.json").unlink()
+    refused = train(reference_runs, "lost", backbone, 1)
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1].startswith(
+        "error: no checkpoint under "), refused.stderr[-2000:]
+    assert "run the stage again from its start (`rlaif run --rerun STAGE`" in refused.stderr
