@@ -153,7 +153,8 @@ def _config_on_one_line(config: str) -> str:
 
 def _check_components_dir(root) -> None:
     """Every component's directory can be made (checked before anything is written): no file where a directory
-    goes, no directory where a component.yaml goes, the nearest existing ancestor a directory."""
+    goes, no directory where a component.yaml goes, and its parent an existing directory (the directory itself is
+    made)."""
     from rlaif.errors import UserError
 
     directories = (root, *(root / name for name in COMPONENTS))
@@ -163,11 +164,11 @@ def _check_components_dir(root) -> None:
     for path in (root / name / "component.yaml" for name in COMPONENTS):
         if path.is_dir():
             raise UserError(f"--components-dir {root}: {path} is a directory: remove it or name another directory")
-    existing = root
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise UserError(f"--components-dir {root}: {existing} is a file, not a directory: name another directory")
+    parent = root.absolute().parent
+    if parent.exists() and not parent.is_dir():
+        raise UserError(f"--components-dir {root}: {parent} is a file, not a directory: name another directory")
+    if not parent.exists():  # as -o: a mistyped path would otherwise become a tree of new directories
+        raise UserError(f"--components-dir {root}: directory {parent} does not exist: create it first")
 
 
 KFP_TIMEOUT_S = 15.0  # seconds one request to the KFP API server may take (urllib3 retries a GET up to 3 times)

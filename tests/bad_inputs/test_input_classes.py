@@ -284,6 +284,10 @@ def test_compile_components_dir_checked_before_writing(cli, tmp_path):
     (components / "label").write_text("")
     cli("compile", "kfp", "-o", str(pipeline), "--components-dir", str(components), needle="label is a file")
     assert not pipeline.exists() and list((components / "generate").iterdir()) == []
+    deep = tmp_path / "typo/components"  # as -o: the parent must exist, not become a tree of new directories
+    cli("compile", "kfp", "-o", str(pipeline), "--components-dir", str(deep),
+        needle=f"directory {tmp_path / 'typo'} does not exist: create it first")
+    assert not (tmp_path / "typo").exists()
 
 
 def test_report_of_a_run_whose_metrics_are_a_directory(cli, tmp_path):
