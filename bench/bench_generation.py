@@ -19,7 +19,7 @@ from rlaif.config import load_config
 from rlaif.distributed import avoid_per_shape_attention_plans, clock
 from rlaif.io.prompts import split
 from rlaif.models.decode import decode_static
-from rlaif.models.generation import encode_prompts, response_mask, sample, sample_seeded
+from rlaif.models.generation import encode_prompts, response_mask, sample, sample_seeded, stop_ids
 from rlaif.stages.generate import TransformersBackend, micro_batches, sample_seed
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -45,7 +45,7 @@ def sampled(backend, texts, seeds, decoder: str):
     enc = encode_prompts(tok, texts, backend.device)
     if decoder == "eager":
         return decode_static(backend.model, enc, seeds, max_new_tokens=g.max_new_tokens, temperature=g.temperature,
-                             top_k=g.top_k, top_p=g.top_p, eos_ids=[tok.eos_token_id], pad_id=tok.pad_token_id,
+                             top_k=g.top_k, top_p=g.top_p, eos_ids=stop_ids(tok), pad_id=tok.pad_token_id,
                              cuda_graph=False)
     return sample_seeded(backend.model, tok, enc, seeds, max_new_tokens=g.max_new_tokens, temperature=g.temperature,
                          top_p=g.top_p, top_k=g.top_k, decoder=decoder)

@@ -19,7 +19,7 @@ from bench_ppo import OVERRIDES, ROLLOUT, SIZES, ours_setup, shared_models  # no
 from rlaif.io.prompts import split  # noqa: E402
 from rlaif.models.adapters import adapter_folded  # noqa: E402
 from rlaif.models.decode import decode_static  # noqa: E402
-from rlaif.models.generation import encode_prompts, format_prompts  # noqa: E402
+from rlaif.models.generation import encode_prompts, format_prompts, stop_ids  # noqa: E402
 
 
 def main() -> None:
@@ -35,7 +35,7 @@ def main() -> None:
     enc = encode_prompts(tokenizer, format_prompts(tokenizer, cfg.policy, [p["prompt"] for p in prompts]), device)
     enc = {k: v.repeat_interleave(GROUP, 0) for k, v in enc.items()}
     rows = enc["input_ids"].shape[0]
-    settings = dict(max_new_tokens=48, temperature=1.0, eos_ids=[tokenizer.eos_token_id],
+    settings = dict(max_new_tokens=48, temperature=1.0, eos_ids=stop_ids(tokenizer),
                     pad_id=tokenizer.pad_token_id, min_new_tokens=48)
 
     def decode(chunk: int) -> float:

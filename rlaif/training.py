@@ -221,6 +221,25 @@ class Engine:
         return state
 
 
+def checkpoint_damage(local: Path, strategy: str) -> str | None:
+    """What is wrong with a checkpoint directory as files, or None: the files the engine reads there (DDP), every
+    torch file a whole zip archive (one cut short loses its central directory), every JSON file parsing."""
+    import zipfile
+
+    required = ("engine.pt", "client_state.json") if strategy != "deepspeed" else ()
+    if missing := [name for name in required if not (local / name).is_file()]:
+        return f"{missing[0]} is missing"
+    for path in sorted(local.rglob("*")):
+        try:
+            if path.suffix == ".pt":
+                zipfile.ZipFile(path).close()
+            elif path.suffix == ".json":
+                json.loads(path.read_text(encoding="utf-8"))
+        except (zipfile.BadZipFile, ValueError, UnicodeDecodeError, OSError) as exc:
+            return f"{path.relative_to(local)}: {storage.first_line(exc)[:80]}"
+    return None
+
+
 class Checkpoints:
     """Where a stage's checkpoints live, which one is current, and keeping only the newest few."""
 
@@ -244,6 +263,9 @@ class Checkpoints:
         name = f"step-{step:08d}"
         local_root = Path(tempfile.mkdtemp(prefix="rlaif-ckpt-"))
         local = local_root / name
+        if dist.rank() == 0 and storage.exists(storage.join(self.url, name)):  # a damaged one the resume passed over
+            storage.remove(storage.join(self.url, name), recursive=True)
+        dist.barrier()
         try:
             engine.save(local, client_state)
             if local.exists():  # every rank uploads what it wrote (ZeRO shards are per rank)
@@ -253,7 +275,7 @@ class Checkpoints:
         dist.barrier()
         if dist.rank() == 0:
             previous = self.latest()
-            history = ([*previous.get("history", [])] if previous else []) + [name]
+            history = [old for old in (previous.get("history", []) if previous else []) if old != name] + [name]
             marker = {"config_hash": self.config_hash, "step": step, "name": name, "history": history[-self.keep:]}
             storage.write_bytes_atomic(storage.join(self.url, "latest.json"), json.dumps(marker).encode())
             for old in history[: -self.keep]:
@@ -280,16 +302,15 @@ class Checkpoints:
                         "its start (`rlaif run --rerun STAGE`, or `rlaif launch STAGE --rerun`)")
 
     def _load(self, engine: Engine, name: str) -> tuple[dict | None, str]:
-        """(state, "") where checkpoint `name` loaded on every rank, else (None, why it did not here)."""
+        """(state, "") where checkpoint `name` is whole on every rank, then loaded; else (None, why not). Whole is
+        decided before any rank loads (a DeepSpeed load runs collectives, which a rank that failed alone would leave
+        waiting); a failure past that check (storage, memory) is raised, not taken for damage."""
         remote = storage.join(self.url, name)
-        problem = ""
-        try:
-            files = [{"path": url[len(remote) + 1:], "sha256": None} for url in storage.glob(remote + "/**")
-                     if url != remote and not storage.filesystem(url).isdir(url.split("://", 1)[1])]
-            state = engine.load(storage.download_dir(remote, files))
-        except UserError:
-            raise
-        except Exception as exc:  # a truncated torch file, a missing or torn JSON file: whatever the reader says
-            state, problem = None, storage.first_line(exc)[:120]
-        loaded = dist.all_reduce_min(torch.tensor([0.0 if state is None else 1.0]))  # one checkpoint for all ranks
-        return (state, "") if loaded.item() == 1.0 else (None, problem or "on another rank")
+        files = [{"path": url[len(remote) + 1:], "sha256": None} for url in storage.glob(remote + "/**")
+                 if url != remote and not storage.filesystem(url).isdir(url.split("://", 1)[1])]
+        local = storage.download_dir(remote, files)
+        problem = checkpoint_damage(local, engine.strategy)
+        whole = dist.all_reduce_min(torch.tensor([0.0 if problem else 1.0])).item() == 1.0  # one answer for all ranks
+        if not whole:
+            return None, problem or "on another rank"
+        return engine.load(local), ""

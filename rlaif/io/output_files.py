@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 import sys
 import tempfile
@@ -92,7 +93,8 @@ def is_stream(url: str) -> bool:
         mode = os.stat(path).st_mode
     except OSError:
         return False
-    redirected = stat.S_ISREG(mode) and path.startswith(("/dev/", "/proc/self/fd/"))
+    redirected = stat.S_ISREG(mode) and (path in ("/dev/stdout", "/dev/stderr")
+                                         or re.fullmatch(r"/dev/fd/\d+|/proc/self/fd/\d+", path) is not None)
     return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or redirected
 
 

@@ -14,6 +14,7 @@ tie.
 from __future__ import annotations
 
 import re
+import unicodedata
 
 import torch
 
@@ -29,10 +30,25 @@ more most other such both few until while before after above below between throu
 REFERENCE_TEMPERATURE = 0.05  # one key point of three apart is p = 0.9988: a clear preference
 # the reference judge prefers one answer clearly when |p - 0.5| >= this (the evaluation's tie margin)
 CLEAR_MARGIN = 0.05
-# Letters and digits of any script (Cyrillic, Greek, accented Latin), with an English possessive or contraction.
-WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)?")
-# Scripts written without spaces between words: a run of them is read as its overlapping character pairs.
-UNSPACED = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+# Scripts written without spaces between words (CJK, Thai, Lao, Khmer, Myanmar): a run of them is read as its
+# overlapping character pairs.
+UNSPACED = re.compile(r"[\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff"
+                      r"\uf900-\ufaff]")
+
+
+def words(text: str) -> list[str]:
+    """Runs of letters, digits and combining marks of any script (Cyrillic, accented Latin, Devanagari's vowel
+    signs), with an English possessive or contraction kept: "dog's", "don't"."""
+    found, current = [], []
+    for char in text:
+        if unicodedata.category(char)[0] in "LNM" or (char in "'’" and current):
+            current.append("'" if char == "’" else char)
+        elif current:
+            found.append("".join(current).strip("'"))
+            current = []
+    if current:
+        found.append("".join(current).strip("'"))
+    return [word for word in found if word]
 
 
 def stem(word: str) -> str:
@@ -46,13 +62,13 @@ def stem(word: str) -> str:
 
 
 def content_words(text: str) -> set[str]:
-    words = set()
-    for word in WORD.findall(text.lower()):
+    found = set()
+    for word in words(text.lower()):
         if UNSPACED.search(word):
-            words.update(word[i : i + 2] for i in range(max(1, len(word) - 1)))
+            found.update(word[i : i + 2] for i in range(max(1, len(word) - 1)))
         elif word not in STOP_WORDS:
-            words.add(stem(word))
-    return words
+            found.add(stem(word))
+    return found
 
 
 def check_points(rows: list[dict]) -> None:

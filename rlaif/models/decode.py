@@ -133,13 +133,13 @@ class StaticDecode:
     puts a new batch of that shape in them, so a graph captured on an earlier batch replays on it."""
 
     def __init__(self, model, batch: int, slots: int, device, *, max_new_tokens: int, temperature: float, top_k: int,
-                 top_p: float, eos_ids: list[int], pad_id: int, min_new_tokens: int):
+                 top_p: float, eos_ids: tuple[int, ...], pad_id: int, min_new_tokens: int):
         from transformers import StaticCache
 
         self.model, self.batch, self.max_new_tokens = model, batch, max_new_tokens
         self.sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
         # Every id a response ends at (none: rows run to max_new_tokens).
-        self.eos_ids = torch.tensor(eos_ids, dtype=torch.long, device=device)
+        self.eos_ids = torch.tensor(list(eos_ids), dtype=torch.long, device=device)
         self.pad_id, self.min_new_tokens = pad_id, min_new_tokens
         self.cache = StaticCache(config=model.config, max_cache_len=slots)
         # transformers 5.24 renamed forward's past_key_values to cache (the old name warns, then goes in 5.40).
@@ -338,7 +338,7 @@ def decode_static(model, enc: dict, seeds: list[int], *, max_new_tokens: int, te
     ids = enc["input_ids"]
     use_graph = ids.is_cuda if cuda_graph is None else cuda_graph
     settings = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                    eos_ids=eos_ids, pad_id=pad_id, min_new_tokens=min_new_tokens)
+                    eos_ids=tuple(eos_ids), pad_id=pad_id, min_new_tokens=min_new_tokens)  # hashable: a graph's key
     shape = (ids.shape[0], key_slots(ids.shape[1], max_new_tokens), str(ids.device))
     kept = CAPTURED.find(model, shape, settings) if use_graph else None
     state = kept[0] if kept else StaticDecode(model, shape[0], shape[1], ids.device, **settings)

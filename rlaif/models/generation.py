@@ -64,7 +64,7 @@ def prompt_token_ids(tokenizer, texts: list[str]) -> list[list[int]]:
         return []
     ids = tokenizer(texts, add_special_tokens=False).input_ids
     if (empty := next((text for text, row in zip(texts, ids) if text and not row), None)) is not None:
-        raise UserError(f"the policy's tokenizer encodes the prompt {empty[:60]!r} to no tokens (its vocabulary did "
+        raise UserError(f"the model's tokenizer encodes the prompt {empty[:60]!r} to no tokens (its vocabulary did "
                         "not load, or covers none of this text): save the model's tokenizer files with it")
     bos = leading_bos(tokenizer)
     return ids if bos is None else [row if row[:1] == [bos] else [bos, *row] for row in ids]

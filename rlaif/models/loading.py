@@ -211,8 +211,8 @@ def check_tokenizer_files(path: Path, what: str, trust_remote_code: bool) -> Non
     except (OSError, ValueError, ImportError) as exc:  # a custom class without trust_remote_code, a broken file
         raise UserError(f"the tokenizer in {path} does not load ({str(exc).splitlines()[0][:200]}): save the "
                         "model's tokenizer beside it") from None
-    if not tokenizer("The quick brown fox.", add_special_tokens=False).input_ids:
-        raise UserError(f"the tokenizer in {path} encodes text to no tokens (its vocabulary did not load: a "
+    if len(tokenizer) <= len(set(tokenizer.all_special_ids)):  # it encodes every text to no tokens
+        raise UserError(f"the tokenizer in {path} has no vocabulary beyond its special tokens (a "
                         "tokenizer_config.json alone?): save the model's tokenizer beside it (tokenizer.json, or "
                         "tokenizer.model / vocab.json)")
     if what == "policy model":

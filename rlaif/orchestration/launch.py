@@ -57,8 +57,6 @@ def prepare(cfg: PipelineConfig, pipeline: bool = False, launched: str | None = 
     output_files.check_writable(root)
     prompts = load_prompts(cfg.data)
     check_judges(cfg, prompts)
-    if launched == "label":
-        check_label_pod(cfg)
     check_models(cfg)
     check_packages(cfg)
     tracking.check_settings(cfg.tracking)
@@ -376,6 +374,8 @@ def launch(cfg: PipelineConfig, name: str, config_url: str, rerun: bool = False)
     """Runs one stage unless its output exists (`rerun`: even then); returns its manifest. Raises StageFailed or
     UserError."""
     stage = STAGE_BY_NAME[name]
+    if name == "label":  # every launcher comes here (the CLI, the DAGs' tasks, the KFP components)
+        check_label_pod(cfg)
     # Requires the upstream manifests (a clear error when one is missing), except a streamed one not committed yet:
     # then there is no cache key and no hit, and the stage follows that upstream's shards as they land.
     ctx = common.start_context(cfg, name)

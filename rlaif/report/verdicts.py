@@ -57,8 +57,8 @@ def verdicts(metrics: dict) -> list[str]:
     for name, judge in judges.items():
         if tied_throughout(judge):
             out.append(f"Judge '{name}' tied all {judge['ties']} comparisons: it told no two responses apart, so its "
-                       "rate says nothing about the tuned policy (for the reference judge: do the key points share "
-                       "words with the responses?).")
+                       "rate says nothing about the tuned policy (the two policies answered alike, or, for the "
+                       "reference judge, the key points share no words with the responses).")
             continue
         note = undecided_note(judge)
         if note:

@@ -110,14 +110,15 @@ class TransformersEngine:
 
     def __init__(self, cfg: PipelineConfig, model: str):
         from rlaif.distributed import local_device
-        from rlaif.models.loading import load_causal_lm, load_policy, load_tokenizer, resolve
+        from rlaif.models.loading import load_causal_lm, load_policy, load_tokenizer, resolve, with_model_stops
 
         if model == "policy":
             self.tokenizer, self.model = load_policy(cfg.policy)
         else:
             check_served_model(cfg, model)
             path = resolve(cfg.label.hf.model, "judge model")
-            self.tokenizer = load_tokenizer(path, cfg.label.hf.trust_remote_code, padding_side="left")
+            self.tokenizer = with_model_stops(load_tokenizer(path, cfg.label.hf.trust_remote_code, padding_side="left"),
+                                              path)  # a rationale ends where the in-process judge's does
             self.model = load_causal_lm(path, cfg.label.hf.trust_remote_code).eval()
         self.device = local_device()
         self.model.to(self.device)

@@ -8,11 +8,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlaif.config import PipelineConfig, dump_config, stage_config_hash
+from rlaif.config import PipelineConfig, cache_key_dump, sha256_json, stage_config_hash
 from rlaif.errors import UserError
 from rlaif.graph import STAGE_BY_NAME, Stage
 from rlaif.io import manifest, storage
 from rlaif.io.digest import spec_digest
+from rlaif.io.prompt_sources import named_format
 from rlaif.io.prompts import source_digest
 
 
@@ -122,7 +123,10 @@ def content_keyed_fields(cfg: PipelineConfig, name: str) -> list[str]:
 def file_digests(cfg: PipelineConfig, name: str) -> dict[str, str]:
     """Content digests of the prompts (where the stage reads them; s3:// objects, dataset directories, globs and hub
     datasets included) and of every file its config names (local or s3://)."""
-    digests = {"prompts": source_digest(cfg.data)} if STAGE_BY_NAME[name].uses_prompts else {}
+    # The format the prompts are read as: keyed by content, not path, the same bytes as p.txt and p.csv give other
+    # prompts (auto reads by suffix).
+    digests = {"prompts": source_digest(cfg.data), "prompts_read_as": named_format(cfg.data) or "by content"} \
+        if STAGE_BY_NAME[name].uses_prompts else {}
     files = config_files(cfg, name)
     return {**digests, **{f"file:{role}": spec_digest(spec, model=role.rsplit(".", 1)[-1] in MODEL_ROLES)
                           for role, spec in files.items()}}
@@ -213,8 +217,10 @@ LAUNCHED_CONFIG = "RLAIF_LAUNCHED_CONFIG"  # sha256 of the config text a launche
 
 
 def launched_config(cfg: PipelineConfig) -> str:
-    """The value of LAUNCHED_CONFIG for this config: what a stage compares the run's config.yaml with."""
-    return hashlib.sha256(dump_config(cfg).encode()).hexdigest()
+    """The value of LAUNCHED_CONFIG for this config: what a stage compares the run's config.yaml with. Settings of
+    how stages run (cache_key_dump leaves them out) may differ: KFP's label pod adds label.streaming, and launch lets
+    such a config rewrite config.yaml beside a running stage."""
+    return sha256_json(cache_key_dump(cfg))
 
 
 def check_launched_config(cfg: PipelineConfig) -> None:

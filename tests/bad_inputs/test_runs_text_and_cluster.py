@@ -305,19 +305,21 @@ def test_batch_sizes_that_do_not_split_over_the_processes_are_refused_before_wor
     assert not (tmp_path / "root" / "tiny").exists()  # no run started
 
 
-def test_an_hf_judge_on_a_label_pod_sized_without_a_gpu(cli, tmp_path, monkeypatch):
+def test_an_hf_judge_on_a_label_pod_sized_without_a_gpu(tmp_path, monkeypatch):
     """A pipeline compiled for a judge that runs no model gives label a CPU pod; its runtime `judge` parameter (or
-    another config) set to hf would load the judge model on the pod's CPUs: launch refuses before any work."""
+    another config) set to hf would load the judge model on the pod's CPUs: launch (which the CLI, the DAGs' tasks
+    and the KFP components all call) refuses before any work."""
     from rlaif.orchestration.pod import SIZED_FOR_JUDGE_ENV
 
     monkeypatch.setenv(SIZED_FOR_JUDGE_ENV, "rules")
-    hf = ["--set", "label.judge=hf", "--set", "label.hf.model=/models/judge"]
-    cli("launch", "label", "--config", TINY, "--storage-root", str(tmp_path / "root"), *hf,
-        needle="label's judge hf runs its model in this pod, which was sized without a GPU for judge 'rules': ")
-    assert not (tmp_path / "root").exists()
-    # the other stages, and label with a judge that runs no model there, go on to their own checks
-    cli("launch", "ppo", "--config", TINY, "--storage-root", str(tmp_path / "root"), *hf,
-        needle="/models/judge")
+    hf = load_config(TINY, [f"storage.root=file://{tmp_path}", "label.judge=hf", "label.hf.model=/models/judge"])
+    with pytest.raises(UserError, match="^label's judge hf runs its model in this pod, which was sized without a GPU "
+                                        "for judge 'rules': compile the pipeline for this config"):
+        launch.launch(hf, "label", "unused")
+    assert not list(tmp_path.iterdir())
+    served = load_config(TINY, [f"storage.root=file://{tmp_path}", "label.judge=hf", "label.hf.model=/models/judge",
+                                "label.hf.endpoint.base_url=http://judge:8000/v1"])
+    launch.check_label_pod(served)  # its model runs in the service: the CPU pod is right
 
 
 def test_a_stage_refuses_settings_its_launcher_did_not_start_it_with(cli, tmp_path, monkeypatch):

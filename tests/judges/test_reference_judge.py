@@ -124,6 +124,8 @@ def test_text_in_other_scripts_is_graded():
     assert judge.grade(chinese, "先洗米，然后煮十五分钟。")["covered"] == 2
     assert judge.grade(chinese, "我不知道。")["covered"] == 0
     assert content_words("café au lait") == {"café", "au", "lait"}  # not "caf"
+    assert content_words("हिन्दी भाषा") == {"हिन्दी", "भाषा"}  # vowel signs are combining marks, part of the word
+    assert content_words("Don’t, it's the dog's") == {"don't", "dog"}  # a typographic apostrophe as the plain one
 
 
 def test_key_points_with_nothing_to_match_are_refused():

@@ -205,20 +205,23 @@ def test_a_distilled_student_is_exported_with_its_agreement(tmp_path, backbone):
 def test_a_damaged_checkpoint_gives_way_to_the_one_before_it(reference_runs, backbone):
     """A checkpoint cut short (or a file of it lost) made every resume fail with a traceback: the one before it is
     loaded instead, to the same weights as an uninterrupted run; when none loads, one line names the fix."""
-    crashed = train(reference_runs, "damaged", backbone, 1, env={"RLAIF_FAULT": "train_rm:15:0"})
+    crashed = train(reference_runs, "damaged", backbone, 2, env={"RLAIF_FAULT": "train_rm:15:1"})
     assert crashed.returncode != 0
     checkpoints = reference_runs / "damaged/train_rm/checkpoints"
     assert json.loads((checkpoints / "latest.json").read_text())["history"] == ["step-00000010", "step-00000015"]
     engine = checkpoints / "step-00000015/engine.pt"
     os.truncate(engine, engine.stat().st_size // 2)
-    resumed = train(reference_runs, "damaged", backbone, 1)
+    resumed = train(reference_runs, "damaged", backbone, 2)  # both ranks take the same checkpoint
     assert resumed.returncode == 0, resumed.stderr[-4000:]
-    assert "resumed from checkpoint step-00000010, as step-00000015 is damaged (" in resumed.stdout
-    expected, got = weights(reference_runs, "one"), weights(reference_runs, "damaged")
+    assert "resumed from checkpoint step-00000010, as step-00000015 is damaged (engine.pt: " in resumed.stdout
+    marker = json.loads((checkpoints / "latest.json").read_text())
+    assert marker["history"] == sorted(set(marker["history"]))  # step 15 saved again, once, over the damaged one
+    expected, got = weights(reference_runs, "two"), weights(reference_runs, "damaged")
     for name in expected:
         torch.testing.assert_close(got[name], expected[name], atol=1e-6, rtol=1e-6, msg=name)
 
     crashed = train(reference_runs, "lost", backbone, 1, env={"RLAIF_FAULT": "train_rm:15:0"})
+    assert crashed.returncode != 0
     for step in (10, 15):
         (reference_runs / f"lost/train_rm/checkpoints/step-{step:08d}/client_state.json").unlink()
     refused = train(reference_runs, "lost", backbone, 1)

@@ -257,3 +257,10 @@ def test_files_are_keyed_by_content_not_by_how_their_path_is_spelled(copies, tmp
         assert stage_keys(*(spelling.format(names[role]) for role in roles)) == relative, spelling
     copies["prompts"].write_text(copies["prompts"].read_text().replace("How do I", "How can I", 1))
     assert all(key != relative[name] for name, key in stage_keys(*names.values()).items())
+    # keyed by content, the name's suffix still counts: it says how auto reads the same bytes (.txt: each line)
+    as_text = tmp_path / "prompts.txt"
+    as_text.write_text("prompt\nWhat is X?\nHow do I Y?\n")
+    as_csv = tmp_path / "prompts.csv"
+    as_csv.write_bytes(as_text.read_bytes())
+    others = [names["constitution"], names["judge"], names["demonstrations"]]
+    assert stage_keys(str(as_text), *others)["generate"] != stage_keys(str(as_csv), *others)["generate"]

@@ -87,8 +87,8 @@ def test_verdicts_say_what_the_numbers_mean():
     blind = {**_judge(0.5, 0.44, 0.56), "wins": 0, "ties": 256, "losses": 0}
     lines = verdicts({**base, "judges": {"training": _judge(0.66, 0.6, 0.72), "reference": blind}})
     assert lines == ["Judge 'reference' tied all 256 comparisons: it told no two responses apart, so its rate says "
-                     "nothing about the tuned policy (for the reference judge: do the key points share words with "
-                     "the responses?)."]
+                     "nothing about the tuned policy (the two policies answered alike, or, for the reference judge, "
+                     "the key points share no words with the responses)."]
 
 
 # A run as this version of rlaif writes it: stage manifests with times and code digests, config.yaml,

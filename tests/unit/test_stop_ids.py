@@ -62,3 +62,26 @@ def test_every_sampler_stops_at_the_models_end_of_turn(end_of_turn_policy, decod
     assert seeded[0, 0] == end_of_turn and (seeded[0, 1:] == tokenizer.pad_token_id).all()
     fixed = sample(model, tokenizer, enc, max_new_tokens=6, temperature=0, min_new_tokens=6, decoder=decoder)
     assert fixed.shape[1] == 6 and not is_stop(fixed, stop_ids(tokenizer)).any()  # no end id before min_new_tokens
+
+
+def test_the_graph_cache_keys_a_decode_with_several_end_ids(end_of_turn_policy, monkeypatch):
+    """The captured-graph path keeps each graph under its settings, the end ids among them: a list there was
+    unhashable and failed every GPU decode. The capture itself is stood in for (no GPU here) by its two eager steps."""
+    from rlaif.models import decode
+
+    path, policy, end_of_turn = end_of_turn_policy
+    tokenizer, model = policy_tokenizer(path, policy), load_causal_lm(path).eval()
+
+    def eager_capture(state):
+        state.step()
+        state.step()
+        return state.step
+
+    monkeypatch.setattr(decode, "capture", eager_capture)
+    monkeypatch.setattr(decode, "CAPTURED", decode.CapturedGraphs(2))
+    enc = encode_prompts(tokenizer, PROMPTS, "cpu")
+    kwargs = dict(max_new_tokens=8, temperature=0, eos_ids=stop_ids(tokenizer), pad_id=tokenizer.pad_token_id,
+                  cuda_graph=True)
+    first = decode.decode_static(model, enc, [1, 2, 3], **kwargs)
+    again = decode.decode_static(model, enc, [1, 2, 3], **kwargs)  # the kept "graph", found by its settings
+    assert first[0, 0] == end_of_turn and torch.equal(first, again)
