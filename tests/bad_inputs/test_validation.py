@@ -127,7 +127,8 @@ def test_prompt_files(cli, tmp_path, content, needle):
 def test_prompt_paths_that_are_not_files(cli, tmp_path):
     fifo = tmp_path / "prompts.jsonl"
     os.mkfifo(fifo)
-    for path in (fifo, tmp_path):
+    (tmp_path / "a-directory").mkdir()  # one holding data files is named as such (test_prompt_formats)
+    for path in (fifo, tmp_path / "a-directory"):
         cli("run", "--config", TINY, "--storage-root", f"file://{tmp_path}/root", "--set", f"data.prompts={path}",
             needle="is not a regular file")
     constitution = tmp_path / "constitution.yaml"
