@@ -295,7 +295,8 @@ class Checkpoints:
             if state is not None:
                 if dist.rank() == 0:
                     instead = f", as {', '.join(problems)}" if problems else ""
-                    print(f"resumed from checkpoint {name}{instead}", flush=True)
+                    print(f"resumed from checkpoint {name} (step {int(name.removeprefix('step-'))}){instead}",
+                          flush=True)
                 return state
             problems.append(f"{name} is damaged ({problem})")
         raise UserError(f"no checkpoint under {self.url} loads ({'; '.join(problems)[:300]}): run the stage again from "

@@ -213,7 +213,7 @@ def test_a_damaged_checkpoint_gives_way_to_the_one_before_it(reference_runs, bac
     os.truncate(engine, engine.stat().st_size // 2)
     resumed = train(reference_runs, "damaged", backbone, 2)  # both ranks take the same checkpoint
     assert resumed.returncode == 0, resumed.stderr[-4000:]
-    assert "resumed from checkpoint step-00000010, as step-00000015 is damaged (engine.pt: " in resumed.stdout
+    assert "resumed from checkpoint step-00000010 (step 10), as step-00000015 is damaged (engine.pt: " in resumed.stdout
     marker = json.loads((checkpoints / "latest.json").read_text())
     assert marker["history"] == sorted(set(marker["history"]))  # step 15 saved again, once, over the damaged one
     expected, got = weights(reference_runs, "two"), weights(reference_runs, "damaged")
