@@ -235,7 +235,7 @@ def checkpoint_damage(local: Path, strategy: str) -> str | None:
                 zipfile.ZipFile(path).close()
             elif path.suffix == ".json":
                 json.loads(path.read_text(encoding="utf-8"))
-        except (zipfile.BadZipFile, ValueError, UnicodeDecodeError, OSError) as exc:
+        except (zipfile.BadZipFile, ValueError, OSError) as exc:  # ValueError: not JSON, or not UTF-8
             return f"{path.relative_to(local)}: {storage.first_line(exc)[:80]}"
     return None
 
@@ -252,9 +252,7 @@ class Checkpoints:
         written whole, so only something else cuts it short): the stage then starts afresh, saying so."""
         try:
             marker = json.loads(storage.read_text(storage.join(self.url, "latest.json")))
-        except FileNotFoundError:
-            return None
-        except (ValueError, UnicodeDecodeError):
+        except (FileNotFoundError, ValueError):  # ValueError: not JSON, or not UTF-8
             return None
         usable = isinstance(marker, dict) and isinstance(marker.get("name"), str)
         return marker if usable and marker.get("config_hash") == self.config_hash else None

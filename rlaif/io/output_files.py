@@ -88,7 +88,7 @@ def is_stream(url: str) -> bool:
         return True
     if "://" in url and not url.startswith("file://"):
         return False
-    path = url.removeprefix("file://")  # as given: normalising resolves /dev/stdout to a pipe's pseudo-name
+    path = _as_given(url)
     try:
         mode = os.stat(path).st_mode
     except OSError:
@@ -96,6 +96,11 @@ def is_stream(url: str) -> bool:
     redirected = stat.S_ISREG(mode) and (path in ("/dev/stdout", "/dev/stderr")
                                          or re.fullmatch(r"/dev/fd/\d+|/proc/self/fd/\d+", path) is not None)
     return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or redirected
+
+
+def _as_given(url: str) -> str:
+    """A stream's local path as the user wrote it: normalising would resolve /dev/stdout to a pipe's pseudo-name."""
+    return url.removeprefix("file://")
 
 
 def check_output_file(value: str, flag: str, what: str, example: str, suffixes: tuple[str, ...] = (),
@@ -107,7 +112,7 @@ def check_output_file(value: str, flag: str, what: str, example: str, suffixes: 
     `-`, a pipe or a /dev file (is_stream) is taken as it is. `remote`: s3:// is written too (a probe object).
     Returns the URL to give write_output_file."""
     if is_stream(value):
-        if value != STDOUT and not os.access(value.removeprefix("file://"), os.W_OK):
+        if value != STDOUT and not os.access(_as_given(value), os.W_OK):
             raise UserError(f"{flag} {value}: no permission to write it: name a file you can write, or -")
         return value
     try:
@@ -181,7 +186,7 @@ def write_output_file(url: str, data: bytes, flag: str) -> None:
             sys.stdout.buffer.flush()
         elif is_stream(url):
             # Appended: after what a shell redirect has written there already.
-            with open(url.removeprefix("file://"), "ab") as stream:
+            with open(_as_given(url), "ab") as stream:
                 stream.write(data)
         else:
             write_bytes_atomic(url, data)

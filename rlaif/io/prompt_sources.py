@@ -98,6 +98,12 @@ def named_format(data: DataConfig) -> str | None:
     return "hf" if storage.is_dir(data.prompts) else None
 
 
+def reading(data: DataConfig) -> str:
+    """What decides, besides the content, how the prompts are read: data.format and, under auto, the name's suffix
+    (the same bytes as p.txt and p.csv are other prompts). No storage call, unlike named_format."""
+    return f"{data.format} {_suffix(data.prompts)}"
+
+
 def _starts_with_a_json_object(url: str) -> bool:
     if storage.is_local(url) and not storage.local_path(url).is_file():
         return False  # missing, or a FIFO a read would block on: the text reader names it
@@ -167,12 +173,11 @@ def _check_not_rows(name: str, lines: list[str], prompt_column: str) -> None:
         return
     header = next(csv.reader([lines[0]]), [])
     if len(header) > 1 and prompt_column in (cell.strip() for cell in header):
-        found = "a CSV (its first line is a header naming the prompt column)"
+        fmt, found = "csv", "a CSV (its first line is a header naming the prompt column)"
     elif all(_is_json_object(line) for line in lines[:1000]):
-        found = "JSON Lines (each line a JSON object)"
+        fmt, found = "jsonl", "JSON Lines (each line a JSON object)"
     else:
         return
-    fmt = "csv" if found.startswith("a CSV") else "jsonl"
     raise UserError(f"{name} holds {found}, which plain text would read as raw prompts: rename it .{fmt} or set "
                     f"data.format={fmt} (data.format=text reads every line as a prompt)")
 
@@ -246,7 +251,6 @@ def _read_csv(data: DataConfig) -> Source:
     """A CSV file (TSV for .tsv) whose first row names the columns; a key-points cell holds a JSON list."""
     name = f"prompts file {data.prompts}"
     text = user_files.read_user_file(data.prompts, "prompts file", FIX)
-    # A cell may be as long as a prompt may be.
     # strict: a quoted cell never closed is an error, where it would swallow every row after it into one prompt.
     dialect = {"strict": True}
     if _suffix(data.prompts) == ".tsv":
@@ -254,7 +258,7 @@ def _read_csv(data: DataConfig) -> Source:
         header = next(iter(user_files.text_lines(text)), "").split("\t")
         quoted = all(len(cell) > 1 and cell[0] == cell[-1] == '"' for cell in header)
         dialect = {"delimiter": "\t", **({"strict": True} if quoted else {"quoting": csv.QUOTE_NONE})}
-    csv.field_size_limit(max(csv.field_size_limit(), 4 * data.max_prompt_chars))
+    csv.field_size_limit(max(csv.field_size_limit(), 4 * data.max_prompt_chars))  # a cell as long as a prompt
     try:
         table = list(csv.reader(io.StringIO(text, newline=""), **dialect))
     except csv.Error as exc:

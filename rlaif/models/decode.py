@@ -128,6 +128,12 @@ def key_slots(prompt_len: int, max_new_tokens: int) -> int:
     return -(-(prompt_len + max_new_tokens) // 16) * 16
 
 
+def is_end(tokens: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """Where `tokens` holds one of the end ids `ends` (a 1-D tensor on their device), as bools of their shape: a
+    broadcast comparison, with no host sync, so it also runs inside a captured CUDA graph."""
+    return (tokens[..., None] == ends).any(-1)
+
+
 class StaticDecode:
     """One batch shape's decode state: the preallocated cache and the buffers every step updates in place. `load`
     puts a new batch of that shape in them, so a graph captured on an earlier batch replays on it."""
@@ -247,12 +253,12 @@ class StaticDecode:
             logits[:, self.eos_ids] = torch.where(barred, float("-inf"), logits[:, self.eos_ids])
         token = choose_tokens(logits, self.uniforms.index_select(1, self.index.view(1))[:, 0], **self.sampling)
         token = torch.where(self.done, self.pad_id, token)
-        self.done |= (token[:, None] == self.eos_ids).any(1)
+        self.done |= is_end(token, self.eos_ids)
         self.tokens.index_copy_(1, self.index.view(1), token[:, None])
 
     def responses(self) -> torch.Tensor:
         """Token ids [batch, <= max_new_tokens], cut after the token where the last row ended (as generate())."""
-        is_eos = (self.tokens[..., None] == self.eos_ids).any(-1).long()
+        is_eos = is_end(self.tokens, self.eos_ids).long()
         lengths = ((is_eos.cumsum(1) - is_eos) == 0).sum(1)  # tokens up to and including each row's first EOS
         return self.tokens[:, : int(lengths.max())]
 

@@ -9,7 +9,7 @@ from rlaif.algo.logprobs import chosen_logprobs
 from rlaif.config.loading import switch
 from rlaif.errors import UserError
 from rlaif.models.adapters import unwrapped
-from rlaif.models.decode import decode_static, forward_takes, supports_static_decode
+from rlaif.models.decode import decode_static, forward_takes, is_end, supports_static_decode
 from rlaif.models.loading import STOP_IDS, config_position_limit
 from rlaif.models.packing import packs, response_states
 
@@ -306,7 +306,7 @@ def stop_ids(tokenizer) -> list[int]:
 
 def is_stop(responses: torch.Tensor, ids: list[int]) -> torch.Tensor:
     """Where `responses` holds one of the stop ids (bool, its shape)."""
-    return torch.isin(responses, torch.tensor(ids, dtype=responses.dtype, device=responses.device))
+    return is_end(responses, torch.tensor(ids, dtype=responses.dtype, device=responses.device))
 
 
 def response_mask(responses: torch.Tensor, eos: int | list[int] | None) -> torch.Tensor:

@@ -146,8 +146,8 @@ def pod_plan(stage: Stage, cluster: ClusterSpec, judge: str | None = None) -> Po
     is compiled (None: assume a judge that runs a model)."""
     override = cluster.stages.get(stage.name)
     gpus = stage_gpus(stage, cluster, judge)
-    dropped = stage.resources.gpu_for_judge_only and judge in JUDGES_WITHOUT_MODEL and gpus == 0
-    sized_for = {SIZED_FOR_JUDGE_ENV: judge} if dropped and stage_gpus(stage, cluster) else {}
+    # None where the stage has its GPUs, or would have none whatever the judge (a CPU cluster, an explicit 0).
+    sized_for = {SIZED_FOR_JUDGE_ENV: judge} if gpus == 0 and stage_gpus(stage, cluster) else {}
     return PodPlan(
         stage=stage.name,
         image=cluster.gpu_image if gpus else cluster.image,

@@ -13,7 +13,7 @@ from rlaif.errors import UserError
 from rlaif.graph import STAGE_BY_NAME, Stage
 from rlaif.io import manifest, storage
 from rlaif.io.digest import spec_digest
-from rlaif.io.prompt_sources import named_format
+from rlaif.io.prompt_sources import reading
 from rlaif.io.prompts import source_digest
 
 
@@ -123,9 +123,7 @@ def content_keyed_fields(cfg: PipelineConfig, name: str) -> list[str]:
 def file_digests(cfg: PipelineConfig, name: str) -> dict[str, str]:
     """Content digests of the prompts (where the stage reads them; s3:// objects, dataset directories, globs and hub
     datasets included) and of every file its config names (local or s3://)."""
-    # The format the prompts are read as: keyed by content, not path, the same bytes as p.txt and p.csv give other
-    # prompts (auto reads by suffix).
-    digests = {"prompts": source_digest(cfg.data), "prompts_read_as": named_format(cfg.data) or "by content"} \
+    digests = {"prompts": source_digest(cfg.data), "prompts_read_as": reading(cfg.data)} \
         if STAGE_BY_NAME[name].uses_prompts else {}
     files = config_files(cfg, name)
     return {**digests, **{f"file:{role}": spec_digest(spec, model=role.rsplit(".", 1)[-1] in MODEL_ROLES)
