@@ -221,9 +221,14 @@ class Engine:
         return state
 
 
+FILE_LIST = "files-rank{rank}.json"  # each rank's files in a checkpoint, with their sha256, written after them
+
+
 def checkpoint_damage(local: Path, strategy: str) -> str | None:
     """What is wrong with a checkpoint directory as files, or None: the files the engine reads there (DDP), every
-    torch file a whole zip archive (one cut short loses its central directory), every JSON file parsing."""
+    torch file a whole zip archive (one cut short loses its central directory), every JSON file parsing, and every
+    file a rank listed there with the checksum it was saved with (bytes changed in place keep the size and the zip
+    directory). Checkpoints saved before the lists existed are checked without them."""
     import zipfile
 
     required = ("engine.pt", "client_state.json") if strategy != "deepspeed" else ()
@@ -237,6 +242,21 @@ def checkpoint_damage(local: Path, strategy: str) -> str | None:
                 json.loads(path.read_text(encoding="utf-8"))
         except (zipfile.BadZipFile, ValueError, OSError) as exc:  # ValueError: not JSON, or not UTF-8
             return f"{path.relative_to(local)}: {storage.first_line(exc)[:80]}"
+    return _listed_file_damage(local)
+
+
+def _listed_file_damage(local: Path) -> str | None:
+    for listing in sorted(local.glob(FILE_LIST.format(rank="*"))):
+        entries = json.loads(listing.read_text(encoding="utf-8"))
+        if not isinstance(entries, list) or not all(isinstance(e, dict) and isinstance(e.get("path"), str)
+                                                    for e in entries):
+            return f"{listing.name} is not a list of files"
+        for entry in entries:
+            path = local / entry["path"]
+            if not path.is_file():
+                return f"{entry['path']} is missing"
+            if storage.sha256_file(path) != entry.get("sha256"):
+                return f"{entry['path']} does not match the checksum it was saved with"
     return None
 
 
@@ -266,8 +286,10 @@ class Checkpoints:
         dist.barrier()
         try:
             engine.save(local, client_state)
-            if local.exists():  # every rank uploads what it wrote (ZeRO shards are per rank)
-                storage.upload_dir(local, storage.join(self.url, name))
+            if local.exists():  # every rank uploads what it wrote (ZeRO shards are per rank), then their list
+                files = storage.upload_dir(local, storage.join(self.url, name))
+                storage.write_bytes_atomic(storage.join(self.url, name, FILE_LIST.format(rank=dist.rank())),
+                                           json.dumps(files).encode())
         finally:  # the stored copy is the checkpoint; keeping this one would fill the local disk
             shutil.rmtree(local_root, ignore_errors=True)
         dist.barrier()

@@ -203,17 +203,21 @@ def test_a_distilled_student_is_exported_with_its_agreement(tmp_path, backbone):
 
 
 def test_a_damaged_checkpoint_gives_way_to_the_one_before_it(reference_runs, backbone):
-    """A checkpoint cut short (or a file of it lost) made every resume fail with a traceback: the one before it is
-    loaded instead, to the same weights as an uninterrupted run; when none loads, one line names the fix."""
+    """A checkpoint damaged (bytes changed in place here; cut short or a file lost in tests/unit) made every resume
+    fail with a traceback, or load wrong weights: the one before it is loaded instead, to the same weights as an
+    uninterrupted run; when none loads, one line names the fix."""
     crashed = train(reference_runs, "damaged", backbone, 2, env={"RLAIF_FAULT": "train_rm:15:1"})
     assert crashed.returncode != 0
     checkpoints = reference_runs / "damaged/train_rm/checkpoints"
     assert json.loads((checkpoints / "latest.json").read_text())["history"] == ["step-00000010", "step-00000015"]
     engine = checkpoints / "step-00000015/engine.pt"
-    os.truncate(engine, engine.stat().st_size // 2)
+    with open(engine, "r+b") as f:  # bytes changed in place: the same size, an archive that still opens
+        f.seek(engine.stat().st_size // 2)
+        f.write(b"\x7f" * 8)
     resumed = train(reference_runs, "damaged", backbone, 2)  # both ranks take the same checkpoint
     assert resumed.returncode == 0, resumed.stderr[-4000:]
-    assert "resumed from checkpoint step-00000010 (step 10), as step-00000015 is damaged (engine.pt: " in resumed.stdout
+    assert ("resumed from checkpoint step-00000010 (step 10), as step-00000015 is damaged (engine.pt does not match "
+            "the checksum it was saved with)") in resumed.stdout
     marker = json.loads((checkpoints / "latest.json").read_text())
     assert marker["history"] == sorted(set(marker["history"]))  # step 15 saved again, once, over the damaged one
     expected, got = weights(reference_runs, "two"), weights(reference_runs, "damaged")
