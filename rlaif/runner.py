@@ -18,15 +18,22 @@ from rlaif.config import PipelineConfig
 from rlaif.errors import StageFailed, UserError
 from rlaif.graph import topological_order
 from rlaif.io import manifest, storage, stream
+from rlaif.io.lock import StageLock
 from rlaif.orchestration import launch
 from rlaif.orchestration.parent_guard import guarded
 from rlaif.stages import common
 
 
 def run(cfg: PipelineConfig, rerun: set[str] = frozenset()) -> dict:
-    """The whole graph; stages named in `rerun` run even where their output exists."""
-    config_url = launch.prepare(cfg, pipeline=True)
+    """The whole graph; stages named in `rerun` run even where their output exists. The run is held from before its
+    config is written to its end: a second launcher of it refuses up front, not between two of its stages."""
+    launch.check(cfg, pipeline=True)
     run_url = common.run_url(cfg)
+    with StageLock(run_url, f"run '{cfg.run_id}'") as held:
+        return _run_held(cfg, rerun, launch.write_config(cfg, held), run_url)
+
+
+def _run_held(cfg: PipelineConfig, rerun: set[str], config_url: str, run_url: str) -> dict:
     print(f"run_dir: {run_url}", flush=True)
     check_judge_services(cfg, rerun)
     for group in launch_groups(cfg):

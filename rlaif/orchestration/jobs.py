@@ -12,6 +12,7 @@ from rlaif.errors import StageFailed, Terminated, UserError
 from rlaif.graph import Stage
 from rlaif.orchestration.cluster import ClusterSpec, load
 from rlaif.orchestration.pod import SHM_VOLUME, PodPlan, pod_plan
+from rlaif.stages import common
 
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 API = {  # group, version, plural, terminal conditions (success, failure)
@@ -30,10 +31,11 @@ def job_manifest(stage: Stage, cfg: PipelineConfig, config_url: str, nodes: int,
                  namespace: str, cache_checked: str = "") -> dict:
     """The TrainJob or PyTorchJob custom resource for a stage on `nodes` pods, each pod from the stage's pod plan.
     `cache_checked`: the cache key its launcher found no valid output for (a miss, a damaged output, --rerun), so
-    the pods run the stage without checking the cache again."""
+    the pods run the stage without checking the cache again, and only with the settings the launcher checked."""
     plan = pod_plan(stage, spec, cfg.label.pod_judge)
     if cache_checked:
-        plan = replace(plan, env={**plan.env, "RLAIF_CACHE_CHECKED": cache_checked})
+        plan = replace(plan, env={**plan.env, "RLAIF_CACHE_CHECKED": cache_checked,
+                                  common.LAUNCHED_CONFIG: common.launched_config(cfg)})
     nproc = plan.gpus or getattr(cfg, stage.name).nproc
     entry = ["-m", "rlaif", *stage.argv(config_url)[1:]]
     metadata = {"name": job_name(stage, cfg), "namespace": namespace,

@@ -47,10 +47,15 @@ def load_config_source(source: str | None, overrides: list[str] = (), run_id: st
 
 
 def prepare(cfg: PipelineConfig, pipeline: bool = False, launched: str | None = None) -> str:
-    """Cheap checks before any work, then the resolved config written once per run; returns its URL. `pipeline`: the
-    whole graph will run, so both prompt splits must hold prompts (evaluate, the last stage, reads the eval split).
-    `launched`: the one stage launched, whose upstream outputs must be there and made from this config before the
-    run's config is rewritten."""
+    """Cheap checks before any work, then the resolved config written once per run; returns its URL."""
+    check(cfg, pipeline, launched)
+    return write_config(cfg)
+
+
+def check(cfg: PipelineConfig, pipeline: bool = False, launched: str | None = None) -> None:
+    """Cheap checks before any work. `pipeline`: the whole graph will run, so both prompt splits must hold prompts
+    (evaluate, the last stage, reads the eval split). `launched`: the one stage launched, whose upstream outputs must
+    be there and made from this config before the run's config is rewritten."""
     check_switches()
     storage.configure(cfg.storage.endpoint_url)
     root = storage.normalize(cfg.storage.root)
@@ -82,12 +87,17 @@ def prepare(cfg: PipelineConfig, pipeline: bool = False, launched: str | None = 
             settings.check_processes(processes_per_node(stage, cfg))
     if launched is not None:
         common.start_context(cfg, launched)
-    config_url = storage.join(root, cfg.run_id, "config.yaml")
+
+
+def write_config(cfg: PipelineConfig, holding: StageLock | None = None) -> str:
+    """The resolved config written once per run (refused while another launcher runs the run with other settings;
+    `holding`: the run's lock, which this launcher holds); returns its URL."""
+    config_url = storage.join(storage.normalize(cfg.storage.root), cfg.run_id, "config.yaml")
     text = dump_config(cfg).encode()
     written = storage.read_bytes(config_url) if storage.exists(config_url) else None
     if written != text:
         if written is not None and other_outputs(written, cfg):  # a run without its config.yaml has not started
-            refuse_while_running(cfg)
+            refuse_while_running(cfg, holding)
         storage.write_bytes_atomic(config_url, text)
     return config_url
 
@@ -117,14 +127,16 @@ def check_enough_pairs(cfg: PipelineConfig, prompts: list[dict]) -> None:
                         "train_rm.held_out_fraction, or lower train_rm.batch_size")
 
 
-def refuse_while_running(cfg: PipelineConfig) -> None:
+def refuse_while_running(cfg: PipelineConfig, holding: StageLock | None = None) -> None:
     """A run's config.yaml is read by each of its stages as it starts: rewritten while another launcher runs the
-    run, that run's later stages would take these settings. Refused while any stage of the run is held."""
-    for stage in STAGE_BY_NAME.values():
-        holder = StageLock(common.stage_url(cfg, stage.name), "").live_holder()
-        if holder is not None:
-            raise UserError(f"run '{cfg.run_id}' is running with other settings (stage '{stage.name}', pid "
-                            f"{holder['pid']} on {holder['host']}): wait for it to finish, or use another --run-id")
+    run, that run's later stages would take these settings. Refused while the run (`rlaif run`, between its stages
+    too) or any stage of it is held."""
+    held = {f"stage '{stage.name}'": common.stage_url(cfg, stage.name) for stage in STAGE_BY_NAME.values()}
+    for what, url in {"`rlaif run`": common.run_url(cfg), **held}.items():
+        holder = StageLock(url, "").live_holder()
+        if holder is not None and (holding is None or holder["token"] != holding.token):
+            raise UserError(f"run '{cfg.run_id}' is running with other settings ({what}, pid {holder['pid']} on "
+                            f"{holder['host']}): wait for it to finish, or use another --run-id")
 
 
 def _has_gpus() -> bool:

@@ -9,13 +9,14 @@ import sys
 
 import pytest
 
+from rlaif import runner
 from rlaif.config import PolicyConfig, load_config
 from rlaif.errors import UserError
 from rlaif.io import storage
 from rlaif.io.lock import StageLock
 from rlaif.io.prompts import load_prompts
 from rlaif.orchestration import cluster, launch
-from rlaif.stages.common import stage_url
+from rlaif.stages.common import run_url, stage_url
 
 TINY = "configs/tiny.yaml"
 
@@ -34,6 +35,12 @@ def test_a_run_in_progress_keeps_its_settings(tmp_path):
         with pytest.raises(UserError, match="run 'busy' is running with other settings \\(stage 'train_rm', pid"):
             launch.prepare(other)
     assert storage.read_bytes(config_url) == written
+    with StageLock(run_url(cfg), "run 'busy'"):  # `rlaif run` between two stages: no stage is held then
+        with pytest.raises(UserError, match="run 'busy' is running with other settings \\(`rlaif run`, pid"):
+            launch.prepare(other)
+        with pytest.raises(UserError, match="run 'busy' is already running \\(pid"):  # a second `rlaif run`
+            runner.run(other)
+    assert storage.read_bytes(config_url) == written and not storage.exists(stage_url(cfg, "generate"))
     launch.prepare(other)  # once nothing runs, the run takes the new settings (and its stages re-run where changed)
     assert storage.read_bytes(config_url) != written
 

@@ -7,6 +7,7 @@ from rlaif.errors import Terminated, UserError
 from rlaif.graph import STAGE_BY_NAME
 from rlaif.orchestration import jobs
 from rlaif.orchestration.cluster import ClusterSpec
+from rlaif.stages.common import LAUNCHED_CONFIG, launched_config
 
 
 @pytest.fixture
@@ -110,6 +111,7 @@ def test_an_ended_job_from_an_earlier_attempt_is_replaced(cfg, monkeypatch, ende
     assert client.deleted == ["rlaif-exp-1-ppo"] and len(client.created) == 1
     env = {e["name"]: e.get("value") for e in client.created[0][4]["spec"]["trainer"]["env"]}
     assert env["RLAIF_CACHE_CHECKED"] == "key"  # the pods run it: they do not take the old output as a hit
+    assert env[LAUNCHED_CONFIG] == launched_config(cfg)  # and refuse a config.yaml rewritten since with other settings
 
 
 @pytest.mark.parametrize("stop", [KeyboardInterrupt, Terminated])
