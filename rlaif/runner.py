@@ -39,15 +39,15 @@ def _run_held(cfg: PipelineConfig, rerun: set[str], config_url: str, run_url: st
     for group in launch_groups(cfg):
         run_group(cfg, group, config_url, rerun)
     result = manifest.require(storage.join(run_url, "evaluate"), "evaluate")["summary"]
-    lo, hi = result["win_rate_ci95"]
-    print(f"evaluation: win rate {result['win_rate']:.3f} [95% CI {lo:.3f}, {hi:.3f}], length-controlled "
-          f"{result['win_rate_length_controlled']:.3f}, on {result['n_prompts']} held-out prompts; "
-          f"reward {result['reward_policy_mean']:.3f} (tuned) vs {result['reward_reference_mean']:.3f} (start); "
-          f"KL to reference {result['kl_to_reference']:.3f}")
+    lo, hi = map(_shown, result["win_rate_ci95"])
+    print(f"evaluation: win rate {_shown(result['win_rate'])} [95% CI {lo}, {hi}], length-controlled "
+          f"{_shown(result['win_rate_length_controlled'])}, on {result['n_prompts']} held-out prompts; "
+          f"reward {_shown(result['reward_policy_mean'])} (tuned) vs {_shown(result['reward_reference_mean'])} "
+          f"(start); KL to reference {_shown(result['kl_to_reference'])}")
     for name, j in result["judges"].items():
         if name != "training":
-            print(f"evaluation, judge '{name}': win rate {j['win_rate']:.3f} "
-                  f"[95% CI {j['win_rate_ci95'][0]:.3f}, {j['win_rate_ci95'][1]:.3f}]")
+            print(f"evaluation, judge '{name}': win rate {_shown(j['win_rate'])} "
+                  f"[95% CI {_shown(j['win_rate_ci95'][0])}, {_shown(j['win_rate_ci95'][1])}]")
     report_url = storage.join(run_url, "evaluate", "report.html")
     if not storage.exists(report_url):  # a view of evaluate's files, not one of them: rebuilt when it was removed
         from rlaif import report
@@ -55,6 +55,12 @@ def _run_held(cfg: PipelineConfig, rerun: set[str], config_url: str, run_url: st
         report_url = report.write(run_url)
     print(f"report: {storage.browsable(report_url)}")
     return {"run_dir": run_url, "evaluation": result}
+
+
+def _shown(value) -> str:
+    """A metric to three decimals; n/a where it is missing (JSON null: a NaN, e.g. the KL of a policy whose
+    log-probabilities are not finite)."""
+    return f"{value:.3f}" if isinstance(value, (int, float)) else "n/a"
 
 
 def check_judge_services(cfg: PipelineConfig, rerun: set[str]) -> None:

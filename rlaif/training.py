@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -222,6 +223,14 @@ class Engine:
 
 
 FILE_LIST = "files-rank{rank}.json"  # each rank's files in a checkpoint, with their sha256, written after them
+
+
+def refuse_diverged(row: dict, names: tuple[str, ...], where: str, fix: str) -> None:
+    """Stops a stage whose loss went NaN or infinite: every step after it trains on NaN, and its output, committed,
+    would be cached and evaluated as a policy. `row` holds values averaged over ranks, so every rank stops alike."""
+    if bad := [name for name in names if name in row and not math.isfinite(row[name])]:
+        raise UserError(f"{where}: {', '.join(bad)} {'is' if len(bad) == 1 else 'are'} NaN or infinite (the stage "
+                        f"stops; nothing is committed): {fix}")
 
 
 def checkpoint_damage(local: Path, strategy: str) -> str | None:

@@ -1,6 +1,8 @@
 """The base of every config model: unknown keys, bad values and NaN are errors; field docstrings are the docs."""
 from __future__ import annotations
 
+import math
+import struct
 import types
 from typing import Annotated, Union, get_args, get_origin
 from urllib.parse import urlsplit
@@ -91,9 +93,46 @@ def yes_no_for_a_number(annotation, value) -> bool:
     return isinstance(value, bool) and _numeric(annotation)
 
 
+def float32_problem(value: float) -> str | None:
+    """Why a finite number cannot be used where training computes in float32, or None: beyond its range it is
+    infinite there (a KL weight of 1e39 turned every loss into NaN), and a nonzero value below its smallest is 0
+    (a learning rate of 1e-300 trains nothing)."""
+    try:
+        as_float32 = struct.unpack("f", struct.pack("f", value))[0]
+    except OverflowError:  # where struct refuses instead of rounding to infinity
+        as_float32 = math.inf
+    if math.isinf(as_float32):
+        return f"is {value:g}, beyond float32's range (+-3.4e38), in which it is computed: give a smaller value"
+    if value != 0 and as_float32 == 0:
+        return f"is {value:g}, which float32 (in which it is computed) rounds to 0: give a larger value"
+    return None
+
+
+def text_problem(value: str) -> str | None:
+    """Why a string is not text, or None: a lone surrogate (YAML's \\udcff, or a byte that is not UTF-8 in a shell
+    argument) passes as a str until something encodes it, a stage's config dump for one."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return ("holds a lone surrogate (an unpaired \\ud800-\\udfff escape, or a byte that is not UTF-8 text), which "
+                "is not valid Unicode: fix or remove it")
+    return None
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True,
                               allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _computable(cls, value):
+        """Every number usable in float32 and every string valid Unicode, whatever the field (and in lists)."""
+        for item in value if isinstance(value, list) else [value]:
+            problem = (float32_problem(item) if isinstance(item, float) else
+                       text_problem(item) if isinstance(item, str) else None)
+            if problem:
+                raise ValueError(problem)
+        return value
 
     @field_validator("*", mode="before")
     @classmethod

@@ -42,7 +42,7 @@ from rlaif.models.reward import batched_rewards, load_reward_model, reward
 from rlaif.progress import progress
 from rlaif.stages.common import StageContext
 from rlaif.tracking import Tracker
-from rlaif.training import Checkpoints, Engine
+from rlaif.training import Checkpoints, Engine, refuse_diverged
 
 
 def held_out(key: str, fraction: float) -> bool:
@@ -185,6 +185,8 @@ def train(ctx: StageContext, engine, tokenizer, checkpoints: Checkpoints, positi
             grad_norm = engine.step()
             step += 1
             stats = dist.all_reduce_mean({"loss": loss_sum, "accuracy": correct})
+            refuse_diverged(stats, ("loss",), f"train_rm diverged at step {step}", "lower train_rm.lr, then run it "
+                            "again")
             pairs_per_s = (step - position["step"]) * settings.batch_size / max(time.time() - start
                                                                                  - position["seconds"], 1e-9)
             row = {**stats, "epoch": epoch, "lr": engine.lr(), "grad_norm": grad_norm, "samples_per_s": pairs_per_s}

@@ -55,6 +55,14 @@ def nothing_written(root) -> bool:
     ("evaluate.judges=[{name: a}, {name: a}]", "judge names must be unique"),
     ("evaluate.judges=[{name: 'bad name'}]", "'evaluate.judges.0.name'"),
     ("label.reference.min_point_overlap=0", "'label.reference.min_point_overlap'"),
+    # Finite in Python, not in the float32 training computes in: infinite there (NaN losses), or 0 (no training).
+    ("ppo.kl_coef=1e39", "'ppo.kl_coef': is 1e+39, beyond float32's range"),
+    ("ppo.missing_eos_penalty=1e308", "beyond float32's range"), ("ppo.lr=1e-300", "float32 (in which it is "
+                                                                   "computed) rounds to 0: give a larger value"),
+    ("ppo.value_clip=1e39", "'ppo.value_clip'"),
+    # A lone surrogate passes as a str until a stage encodes it (its config dump died with a traceback).
+    ("policy.prompt_template=Q: {prompt} \udcff", "'policy.prompt_template': holds a lone surrogate"),
+    ('generate.stop=["\\udcff"]', "'generate.stop': holds a lone surrogate"),
 ])
 def test_config_ranges_and_rules(cli, tmp_path, override, needle):
     key, _, value = override.partition("=")

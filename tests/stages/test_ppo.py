@@ -214,6 +214,18 @@ def test_a_user_error_inside_torchrun_ranks_exits_2_with_its_message(upstream, t
     assert not (run / "ppo/manifest.json").exists()
 
 
+def test_a_diverged_update_stops_the_stage_before_it_commits(upstream, tmp_path):
+    """A KL weight inside float32 whose products are not (1e38 x KL): the losses went NaN, every later step trained
+    on NaN, and the stage committed that policy, which evaluate then scored and the cache kept."""
+    run = copy_run(upstream, tmp_path, "diverged")
+    proc = launch_ppo(run, "ppo.kl_coef=1e38", "ppo.iterations=3")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ppo diverged at iteration 1: ") and "NaN or infinite (the stage stops; nothing is " \
+        "committed): lower ppo.lr or ppo.kl_coef" in last, last
+    assert "Traceback" not in proc.stderr and not (run / "ppo/manifest.json").exists()
+
+
 def test_adafactor_trains_and_exports(upstream, tmp_path):
     run = copy_run(upstream, tmp_path, "adafactor")
     proc = launch_ppo(run, "ppo.optimizer=adafactor", "ppo.iterations=2", "ppo.checkpoint_every=1")
