@@ -15,6 +15,16 @@ MAX_RESPONSE_BYTES = 64 * 2**20  # far above any completion; a server streaming 
 MAX_BACKOFF_S = 600.0
 
 
+async def read_body(stream, limit: int) -> bytes:
+    """A response body to its end, or its first `limit` bytes: a stream's read(n) returns what has arrived so far,
+    the first network packet of a body sent in several."""
+    chunks, size = [], 0
+    while size < limit and (chunk := await stream.read(limit - size)):
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
 class ServiceClient:
     """`settings` has base_url, api_key_env, concurrency, timeout_s, max_retries, backoff_s (a ServiceEndpoint or the
     openai judge's section); `section` names them in errors (e.g. `generate.endpoint`)."""
@@ -109,7 +119,7 @@ class ServiceClient:
             try:
                 async with session.post(url, json=body) as resp:
                     if resp.status == 200:
-                        return self._json(url, await resp.content.read(MAX_RESPONSE_BYTES + 1))
+                        return self._json(url, await read_body(resp.content, MAX_RESPONSE_BYTES + 1))
                     if resp.status not in RETRYABLE:
                         key = (f" and the API key in ${self.settings.api_key_env}" if self.settings.api_key_env
                                else "")

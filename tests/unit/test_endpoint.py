@@ -19,6 +19,18 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(b'{"data": []}' if self.path == "/models" else b"no")
 
+    def do_POST(self):  # noqa: N802
+        """A completion whose body arrives in several writes, a moment apart (a proxy, a slow network)."""
+        self.rfile.read(int(self.headers["Content-Length"]))
+        body = b'{"choices": [{"text": "' + b"x" * 70_000 + b'"}]}'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        for start in range(0, len(body), 20_000):
+            self.wfile.write(body[start:start + 20_000])
+            self.wfile.flush()
+            time.sleep(0.05)
+
     def log_message(self, *args):
         pass
 
@@ -76,3 +88,15 @@ def test_the_service_client_check_says_which_failure(server, silent):
         client(server).get("/v1/models")
     with pytest.raises(UserError, match=r"at http://\*\*\*@127.0.0.1:\d+/models did not answer within 0.5s: start it"):
         client(silent.replace("http://", "http://me:pw@")).get("/models")
+
+
+def test_a_body_sent_in_pieces_is_read_to_its_end(server):
+    """The client read only what had arrived with the first packet and called a valid answer "not JSON"."""
+    from types import SimpleNamespace
+
+    from rlaif.serving.client import ServiceClient
+
+    settings = SimpleNamespace(base_url=server, api_key_env=None, timeout_s=10, concurrency=2, max_retries=0,
+                               backoff_s=0.1)
+    answers = ServiceClient(settings, "label.openai").post_all("/completions", [{"prompt": "a"}, {"prompt": "b"}])
+    assert [len(answer["choices"][0]["text"]) for answer in answers] == [70_000, 70_000]
