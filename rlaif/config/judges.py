@@ -57,6 +57,9 @@ class OpenAIJudgeConfig(Strict):
     top_logprobs: int = Field(5, ge=2, le=20)
     """Log-probs asked for per token (at least 2: both answers' odds); the answer's probabilities come from these
     when the server returns them."""
+    max_unreadable_fraction: float = Field(0.1, ge=0, le=1)
+    """The most of the judge's answers that may be neither 1 nor 2 (each labelled 0.5, a tie) before the stage stops:
+    a model that answers something else is not judging (checked from the 8th answer on)."""
 
 
 class RulesJudgeConfig(Strict):

@@ -8,6 +8,8 @@ continuation, rescaled from [1, 10] to [-1, 1].
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from rlaif.config.judges import SHORTEST_JUDGE_INPUT
@@ -85,7 +87,9 @@ def answer_logprobs(choice: dict, answer_ids: list[int]) -> list[float]:
     """The answers' log-probs from a served choice's top log-probs (by token id); an answer outside them gets the least
     likely shown, an upper bound."""
     try:
-        top = dict((int(tid), lp) for tid, lp in choice["logprobs"]["top_token_ids"][0])
+        top = {int(tid): float(lp) for tid, lp in choice["logprobs"]["top_token_ids"][0]}
+        if not top or any(math.isnan(lp) or lp > 1e-6 for lp in top.values()):
+            raise ValueError("no log-probabilities")
     except (KeyError, IndexError, TypeError, ValueError):
         raise UserError(f"the judge service returned no token-id log-probs ({str(choice)[:120]}): serve the judge "
                         "with `rlaif serve --set serve.model=judge`") from None
@@ -135,8 +139,8 @@ class HFJudge:
         """One request per row of the batch `enc`, its padding named, so the service pads it as this batch does."""
         rows = [ids[mask.bool()].tolist() for ids, mask in zip(enc["input_ids"], enc["attention_mask"])]
         width = enc["input_ids"].shape[1]
-        return [r["choices"][0] for r in self.client.post_all(
-            "/completions", [{"prompt": row, "pad_to_tokens": width, "temperature": 0, **request} for row in rows])]
+        return [r["choices"][0] for r in self.client.completions(
+            [{"prompt": row, "pad_to_tokens": width, "temperature": 0, **request} for row in rows])]
 
     @torch.no_grad()
     def _rationales(self, texts: list[str]) -> list[str]:

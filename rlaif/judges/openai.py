@@ -8,6 +8,7 @@ anything else 0.5, counted). The API key comes from the environment variable tha
 from __future__ import annotations
 
 import math
+import re
 
 import torch
 
@@ -38,10 +39,11 @@ class OpenAIJudge:
                  for p, a, b, pr in zip(prompts, first, second, principles)]
         labels = torch.tensor(self.client.map(self._judge_one, texts), dtype=torch.float32)
         answered = sum(self.stats[k] for k in ("answers_from_logprobs", "answers_parsed", "answers_unreadable"))
-        if answered >= UNREADABLE_CHECKED_AFTER and self.stats["answers_unreadable"] == answered:
-            raise UserError(f"judge endpoint {self.url} answered none of its first {answered} comparisons with 1 or 2 "
-                            f"(every label would be 0.5): check {s.setting}.openai.model and .api (chat models "
-                            f"need `chat`)")
+        unreadable = self.stats["answers_unreadable"]
+        if answered >= UNREADABLE_CHECKED_AFTER and unreadable > s.openai.max_unreadable_fraction * answered:
+            raise UserError(f"judge endpoint {self.url} answered {unreadable} of its first {answered} comparisons with "
+                            f"neither 1 nor 2 (each a 0.5 label, a tie): check {s.setting}.openai.model and .api (chat "
+                            f"models need `chat`), or raise {s.setting}.openai.max_unreadable_fraction")
         return labels
 
     async def _judge_one(self, session, text: str) -> float:
@@ -59,10 +61,9 @@ class OpenAIJudge:
                 l1, l2 = (_log_sum_exp(lp[a]) if lp[a] else floor for a in ("1", "2"))
                 self.stats["answers_from_logprobs"] += 1
                 return _sigmoid(l1 - l2)
-        answer = answer.strip()
-        if answer[:1] in ("1", "2"):
+        if read := ANSWER.fullmatch(answer.strip()):
             self.stats["answers_parsed"] += 1
-            return 1.0 if answer[0] == "1" else 0.0
+            return 1.0 if read.group(1) == "1" else 0.0
         self.stats["answers_unreadable"] += 1
         return 0.5
 
@@ -100,6 +101,9 @@ class OpenAIJudge:
         return self._parse(await self.client.post(session, self.path, self._body(text, max_tokens, want_logprobs)))
 
 
+# The whole answer is the choice: "1", "2.", "**2**", "Response 1", "Answer: 2"; "10", "2023" or "2 is worse than 1"
+# are not (the first character alone read them as confident votes).
+ANSWER = re.compile(r"(?:(?:answer|response)\s*[:#]?\s*)?[*\"'(\[]*([12])[*\"')\]]*[.!]?", re.IGNORECASE)
 UNREADABLE_CHECKED_AFTER = 8  # answers: a judge that reads none of them as 1 or 2 is not judging
 LOWEST_LOGPROB = -1e4  # servers write an impossible token's log-prob as -9999 (vLLM) or -inf: the same to a label
 

@@ -109,6 +109,19 @@ class ServiceClient:
                     return await work(session, item)
             return list(await asyncio.gather(*(one(item) for item in items)))
 
+    def completions(self, bodies: list[dict]) -> list[dict]:
+        """POST /completions once per body; each answer checked to hold a first choice with its text (an answer
+        without one is a server that is not an OpenAI-compatible completions API, or a broken one: one line)."""
+        answers = self.post_all("/completions", bodies)
+        for answer in answers:
+            choices = answer.get("choices") if isinstance(answer, dict) else None
+            choice = choices[0] if isinstance(choices, list) and choices else None
+            if not isinstance(choice, dict) or not isinstance(choice.get("text"), str):
+                raise UserError(f"{redact(self.base_url)}/completions answered without a completion's text "
+                                f"({str(answer)[:120]}): check that {self.section}.base_url is an OpenAI-compatible "
+                                "completions API")
+        return answers
+
     async def post(self, session, path: str, body: dict) -> dict:
         import aiohttp
 

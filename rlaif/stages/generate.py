@@ -147,8 +147,15 @@ class EndpointBackend(Backend):
         bodies = [{"prompt": text, "seed": seed, "max_tokens": g.max_new_tokens, "temperature": g.temperature,
                    "top_p": g.top_p, "top_k": g.top_k or -1, "stop": g.stop, "pad_to_tokens": width}
                   for text, seed in zip(texts, seeds)]
-        return [(r["choices"][0]["text"], r["usage"]["completion_tokens"])
-                for r in self.client.post_all("/completions", bodies)]
+        return [(r["choices"][0]["text"], self.completion_tokens(r)) for r in self.client.completions(bodies)]
+
+    def completion_tokens(self, answer: dict) -> int:
+        """The service's count (usage is optional in the API), else the policy tokenizer's of the text."""
+        usage = answer.get("usage")
+        count = usage.get("completion_tokens") if isinstance(usage, dict) else None
+        if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
+            return count
+        return len(self.tokenizer(answer["choices"][0]["text"], add_special_tokens=False)["input_ids"])
 
 
 BACKENDS = {"transformers": TransformersBackend, "vllm": VLLMBackend, "endpoint": EndpointBackend}

@@ -156,6 +156,8 @@ def run(ctx: StageContext) -> dict:
     agreement = ("" if summary["reference_agreement"] is None else
                  f"agreement with the reference judge {summary['reference_agreement']:.3f} "
                  f"({tally.reference_clear} clear pairs), ")
-    print(f"label: {tally.seen} pairs judged by {judge.name}, {consistency}{agreement}{tally.seen - tally.kept} "
-          f"dropped as low-confidence, p(a) histogram {tally.histogram}")
+    unreadable = summary.get("endpoint", {}).get("answers_unreadable")
+    unread = f"{unreadable} answers neither 1 nor 2 (labelled 0.5), " if unreadable else ""
+    print(f"label: {tally.seen} pairs judged by {judge.name}, {consistency}{agreement}{unread}"
+          f"{tally.seen - tally.kept} dropped as low-confidence, p(a) histogram {tally.histogram}")
     return ctx.commit(shards=writer.shards, files=files, summary=summary)

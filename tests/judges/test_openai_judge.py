@@ -150,11 +150,25 @@ def test_replies_a_label_cannot_be_computed_from_are_one_clear_error():
             load_config("configs/tiny.yaml", [f"label.openai.{k}={v}" for k, v in bad.items()])
 
 
-def test_a_judge_that_answers_neither_1_nor_2_is_refused(judge_model_dir):
-    server = JudgeServer(judge_model_dir, logprobs=False, answer="I think both are fine")
+@pytest.mark.parametrize("answer", ["I think both are fine", "10", "2 is worse than 1"])
+def test_a_judge_that_answers_neither_1_nor_2_is_refused(judge_model_dir, answer):
+    """Answers that only began with 1 or 2 ("10", "2023", "2 is worse than 1") were read as confident votes."""
+    server = JudgeServer(judge_model_dir, logprobs=False, answer=answer)
     try:
         judge = make_judge(endpoint_settings(server, api="chat"), 8)
-        with pytest.raises(UserError, match="answered none of its first 8 comparisons with 1 or 2"):
+        with pytest.raises(UserError, match="answered 8 of its first 8 comparisons with neither 1 nor 2 .* or raise "
+                                            "label.openai.max_unreadable_fraction"):
             judge.prefer_first(PROMPTS[:8], FIRST[:8], SECOND[:8], PRINCIPLES[:8])
+        tolerant = make_judge(endpoint_settings(server, api="chat", max_unreadable_fraction=1.0), 8)
+        assert tolerant.prefer_first(PROMPTS[:8], FIRST[:8], SECOND[:8], PRINCIPLES[:8]).tolist() == [0.5] * 8
     finally:
         server.close()
+
+
+def test_only_a_whole_answer_is_a_vote():
+    """A parsed answer is 1 or 2 alone (with the marks chat models put around it), nothing longer."""
+    from rlaif.judges.openai import OpenAIJudge
+
+    judge = OpenAIJudge(settings(judge="openai", openai={"base_url": "http://127.0.0.1:9/v1", "model": "m"}))
+    read = [judge._p_first(answer, None) for answer in ("1", "**2**", "Response 1", "Answer: 2", "2.", "1/2", "12")]
+    assert read == [1.0, 0.0, 1.0, 0.0, 0.0, 0.5, 0.5] and judge.stats["answers_unreadable"] == 2

@@ -1,8 +1,10 @@
 """The one bounded GET behind every "does this server answer" check (KFP, MLflow, a model service), against real
-sockets on loopback: an HTTP error status is an answer, silence and refusal are not, and no credential is shown."""
+sockets on loopback: an HTTP error status is an answer, silence and refusal are not, and no credential is shown; a
+model service's answers are read whole and checked for what is taken from them."""
 from __future__ import annotations
 
 import http.server
+import json
 import socket
 import threading
 import time
@@ -12,6 +14,9 @@ import pytest
 from rlaif.errors import UserError
 from rlaif.io import endpoint
 
+BROKEN = {"empty": b'{"choices": []}', "none": b'{"id": "x"}', "number": b'{"choices": [{"text": 42}]}',
+          "list": b'[1, 2]'}
+
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):  # noqa: N802 (the standard library's name)
@@ -20,9 +25,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.wfile.write(b'{"data": []}' if self.path == "/models" else b"no")
 
     def do_POST(self):  # noqa: N802
-        """A completion whose body arrives in several writes, a moment apart (a proxy, a slow network)."""
-        self.rfile.read(int(self.headers["Content-Length"]))
-        body = b'{"choices": [{"text": "' + b"x" * 70_000 + b'"}]}'
+        """A completion whose body arrives in several writes, a moment apart (a proxy, a slow network); a prompt
+        naming one of BROKEN gets that answer."""
+        prompt = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["prompt"]
+        body = BROKEN.get(prompt, b'{"choices": [{"text": "' + b"x" * 70_000 + b'"}]}')
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -98,5 +104,36 @@ def test_a_body_sent_in_pieces_is_read_to_its_end(server):
 
     settings = SimpleNamespace(base_url=server, api_key_env=None, timeout_s=10, concurrency=2, max_retries=0,
                                backoff_s=0.1)
-    answers = ServiceClient(settings, "label.openai").post_all("/completions", [{"prompt": "a"}, {"prompt": "b"}])
+    client = ServiceClient(settings, "label.openai")
+    answers = client.post_all("/completions", [{"prompt": "a"}, {"prompt": "b"}])
     assert [len(answer["choices"][0]["text"]) for answer in answers] == [70_000, 70_000]
+    # An answer without a completion's text (a served judge or policy) is one line, not an IndexError or KeyError
+    for broken in BROKEN:
+        with pytest.raises(UserError, match=r"/completions answered without a completion's text \(.*\): check that "
+                                            "label.openai.base_url is an OpenAI-compatible completions API"):
+            client.completions([{"prompt": "a"}, {"prompt": broken}])
+
+
+def test_a_served_judges_log_probs_that_are_not_numbers_are_one_line():
+    from rlaif.judges.hf import answer_logprobs
+
+    assert answer_logprobs({"logprobs": {"top_token_ids": [[[5, -0.5], [6, -2.0]]]}}, [5, 7]) == [-0.5, -2.0]
+    for top in ([[]], [[[5, "x"], [6, "y"]]], [[[5, float("nan")]]], [[[5, 0.5]]], []):
+        with pytest.raises(UserError, match="the judge service returned no token-id log-probs"):
+            answer_logprobs({"logprobs": {"top_token_ids": top}}, [5, 6])
+
+
+def test_a_served_policys_token_count_without_usage_comes_from_the_tokenizer():
+    """usage is optional in the API: its absence was a KeyError under torchrun."""
+    from transformers import AutoTokenizer
+
+    from rlaif.models.loading import minilm_dir
+    from rlaif.stages.generate import EndpointBackend
+
+    backend = object.__new__(EndpointBackend)  # its constructor asks a live service who it is
+    backend.tokenizer = AutoTokenizer.from_pretrained(str(minilm_dir()))
+    answer = {"choices": [{"text": "hello there world"}]}
+    assert backend.completion_tokens({**answer, "usage": {"completion_tokens": 7}}) == 7
+    for usage in ({}, {"usage": None}, {"usage": {"completion_tokens": "many"}},
+                  {"usage": {"completion_tokens": True}}):
+        assert backend.completion_tokens({**answer, **usage}) == 3
