@@ -293,9 +293,9 @@ def _wrong_kind_on_disk(error: OSError) -> str | None:
 
 
 def disk_problem(exc: BaseException) -> str | None:
-    """A full or read-only disk, or a path of the wrong kind (a file where the storage tree or cache holds a
-    directory, or the reverse), behind an exception (an OSError, or a library's error wrapping one: safetensors,
-    torch.save), as a one-line user error; None for anything else."""
+    """A full or read-only disk, a path this user may not use, or a path of the wrong kind (a file where the storage
+    tree or cache holds a directory, or the reverse), behind an exception (an OSError, or a library's error wrapping
+    one: safetensors, torch.save), as a one-line user error; None for anything else."""
     seen = exc
     while seen is not None:
         if isinstance(seen, OSError) and seen.errno in WRONG_KIND and (where := _wrong_kind_on_disk(seen)):
@@ -306,6 +306,10 @@ def disk_problem(exc: BaseException) -> str | None:
             fix = ("point it at a writable disk" if seen.errno == errno.EROFS
                    else f"free space there, or point {ELSEWHERE} at a disk with room")
             return f"cannot write{f' {where}' if where else ''}: {seen.strerror}: {fix}"
+        if isinstance(seen, PermissionError):  # a directory this user may not write, or not even search
+            where = seen.filename2 or seen.filename
+            return (f"cannot use{f' {where}' if where else ''}: {seen.strerror}: give this user access to it, or "
+                    f"point storage.root, the output path or RLAIF_CACHE elsewhere")
         text = str(seen).splitlines()[0][:200] if str(seen) else ""
         if any(marker in text for marker in DISK_FULL):
             return f"a write failed for lack of disk space ({text}): free space, or point {ELSEWHERE} elsewhere"

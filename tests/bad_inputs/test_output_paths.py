@@ -3,6 +3,10 @@ helper (output_files.check_output_file) and written by one (output_files.write_o
 missing, a file, not writable or /proc, and the path a directory, each one line; and path or URL options given an
 empty value, or a config file that holds no settings, refused instead of running the defaults."""
 import os
+import shlex
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -70,6 +74,36 @@ def test_an_existing_read_only_output_is_refused_and_kept(cli, tmp_path):
     existing.chmod(0o444)
     cli("compile", "kfp", "--output", str(existing), needle=f"--output {existing}: no permission to write it")
     assert existing.read_text() == "old"
+
+
+def unprivileged(argv: list[str]) -> list[str]:
+    """`argv` as a user whom file modes bind (root without the capabilities that bypass them)."""
+    if os.geteuid() != 0:
+        return argv
+    if not shutil.which("capsh"):
+        pytest.skip("root without capsh: file modes do not bind here")
+    return ["capsh", "--drop=cap_dac_override,cap_dac_read_search", "--", "-c", shlex.join(argv)]
+
+
+def test_paths_this_user_may_not_use_are_one_line(tmp_path):
+    """A storage root under a directory the user may not search, a colleague's run directory, an output there: a
+    PermissionError traceback (exit 1) from the first stat or write."""
+    closed, theirs = tmp_path / "closed", tmp_path / "runs/theirs"
+    closed.mkdir(mode=0o000)
+    theirs.mkdir(parents=True, mode=0o555)
+    try:
+        for args, where in ((["run", "--config", TINY, "--storage-root", f"file://{closed}/sub"], f"{closed}/sub"),
+                            (["run", "--config", TINY, "--storage-root", f"file://{tmp_path}/runs", "--run-id",
+                              "theirs"], str(theirs)),
+                            (["compile", "kfp", "--output", f"{closed}/p.yaml"], f"{closed}/p.yaml")):
+            proc = subprocess.run(unprivileged([sys.executable, "-m", "rlaif", *args]), capture_output=True,
+                                  text=True, timeout=300)
+            assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+            assert proc.stderr.startswith(f"error: cannot use {where}") and "Permission denied: give this user " \
+                "access to it, or point storage.root" in proc.stderr, proc.stderr
+        assert os.listdir(theirs) == []
+    finally:
+        closed.chmod(0o700)
 
 
 @pytest.fixture
