@@ -205,9 +205,22 @@ def check_run_id(args) -> None:
         raise UserError(f"--run-id {value!r}: {exc}") from None
 
 
+def check_flags_agree(args) -> None:
+    """--run-id and --storage-root beside a --set of the same setting to another value: the flag won, silently."""
+    from rlaif.config.loading import parse_value
+
+    for flag, key in (("--run-id", "run_id"), ("--storage-root", "storage.root")):
+        value = getattr(args, flag[2:].replace("-", "_"), None)
+        for item in getattr(args, "overrides", None) or []:
+            name, _, given = item.partition("=")
+            if value and name.strip() == key and str(parse_value(given)) != value:
+                raise UserError(f"{flag} {value} and --set {item} name two values of {key}: give one of them")
+
+
 def _dispatch(args) -> int:
     try:
         check_run_id(args)
+        check_flags_agree(args)
         if args.command not in ("graph", "config"):
             from rlaif.io import storage
 

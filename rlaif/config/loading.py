@@ -33,7 +33,7 @@ def safe_run_id(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")[:128].rstrip("-.") or "run"
 
 
-def _parse_value(text: str) -> Any:
+def parse_value(text: str) -> Any:
     """`--set` values are YAML scalars: 3, 0.5, true, null, "text" (integers in decimal only, as in config files)."""
     try:
         return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
@@ -60,7 +60,7 @@ def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
                 raise UserError(f"--set {key}: {part!r} is a value, not a section: give its whole value, e.g. "
                                 f"--set {example}")
             node = child
-        node[parts[-1]] = _parse_value(value)
+        node[parts[-1]] = parse_value(value)
     return raw
 
 
@@ -116,7 +116,7 @@ def _describe(err: ValidationError) -> str:
     if first["type"] == "string_type" and isinstance(first.get("input"), (bool, int, float, datetime.date)):
         message += ": put it in quotes to keep it text (YAML reads yes/no/on/off, numbers and dates as such)"
     elif (first["type"] in ("list_type", "dict_type", "model_type") and isinstance(first.get("input"), str)
-          and first["input"].lstrip().startswith(("[", "{"))):  # _parse_value kept the text: it is not YAML
+          and first["input"].lstrip().startswith(("[", "{"))):  # parse_value kept the text: it is not YAML
         message += ": it was read as text, not as a YAML list or mapping: check its brackets, commas and quotes"
     elif first["type"] == "list_type" and isinstance(first.get("input"), dict):
         if all(str(item).isdigit() for item in first["input"]):  # --set key.0=x made a mapping {"0": "x"}

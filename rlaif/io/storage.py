@@ -87,7 +87,8 @@ def check_no_variables(url: str) -> None:
 
 
 def normalize(url: str) -> str:
-    """Absolute URL: bare paths and relative file:// paths resolve against the working directory (~ expanded)."""
+    """Absolute URL: bare paths and relative file:// paths resolve against the working directory (~ expanded);
+    file://localhost/path is /path."""
     check_no_variables(url)
     if "://" not in url:
         if MALFORMED_SCHEME.match(url):
@@ -99,6 +100,8 @@ def normalize(url: str) -> str:
         if not rest:
             raise UserError(f"storage URL {url!r} has no path: write file:///absolute/path, file://relative/path or "
                             "a plain local path")
+        if rest.startswith("localhost/"):  # RFC 8089's explicit local host (some tools write it): an absolute path
+            rest = rest[len("localhost"):]
         return "file://" + str(Path(rest).expanduser().resolve())
     if scheme != "s3":
         raise UserError(f"storage URL {url!r}: only file:// and s3:// are supported")

@@ -10,7 +10,15 @@ import stat
 import unicodedata
 
 from rlaif.errors import UserError
-from rlaif.io.storage import botocore_errors, check_no_variables, first_line, is_local, local_path, read_bytes
+from rlaif.io.storage import (
+    MALFORMED_SCHEME,
+    botocore_errors,
+    check_no_variables,
+    first_line,
+    is_local,
+    local_path,
+    read_bytes,
+)
 
 
 @contextlib.contextmanager
@@ -20,6 +28,9 @@ def user_read_errors(url: str, what: str, fix: str, also: tuple[str, ...] = ()):
     access denied, no credentials (s3fs raises OSError kinds for most of them; botocore's own errors, credentials
     and connections among them, come through as they are)."""
     check_no_variables(url)
+    if "://" not in url and MALFORMED_SCHEME.match(url):
+        raise UserError(f"{what} {url!r} looks like a URL without its '//': write file:///absolute/path, "
+                        f"s3://bucket/key, or a plain path ({fix})")
     scheme = url.split("://", 1)[0] if "://" in url else "file"
     if scheme not in also and (why := _unreadable_scheme(scheme)):
         raise UserError(f"{what} {url}: {scheme}:// cannot be read here ({why}): copy it to local disk, s3:// or "
@@ -27,7 +38,9 @@ def user_read_errors(url: str, what: str, fix: str, also: tuple[str, ...] = ()):
     try:
         yield
     except FileNotFoundError:
-        raise UserError(f"{what} not found: {url} ({fix})") from None
+        relative = "" if "://" in url or os.path.isabs(os.path.expanduser(url)) else \
+            f"; a relative path is read from the working directory, {os.getcwd()}, not from the config's"
+        raise UserError(f"{what} not found: {url} ({fix}{relative})") from None
     except (PermissionError, IsADirectoryError, NotADirectoryError) as exc:
         inside = f" at {exc.filename}" if exc.filename and str(exc.filename) not in url else ""  # a run's file
         raise UserError(f"{what} {url} cannot be read ({type(exc).__name__}{inside}): {_fix_for(url, fix)}") from None

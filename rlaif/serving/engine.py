@@ -8,6 +8,7 @@
 """
 from __future__ import annotations
 
+import errno
 import threading
 from dataclasses import dataclass, field
 
@@ -238,5 +239,8 @@ def check_bindable(host: str, port: int) -> None:
         try:
             probe.bind(address)
         except OSError as error:
-            raise UserError(f"cannot listen on {host}:{port} ({error.strerror}): pick another serve.port or stop "
-                            "what holds it") from None
+            fix = {errno.EADDRNOTAVAIL: f"serve.host={host} is not an address of this machine: use 0.0.0.0, "
+                                        "127.0.0.1 or one of its own addresses",
+                   errno.EACCES: "ports below 1024 need privileges: pick a serve.port of 1024 or more"}
+            raise UserError(f"cannot listen on {host}:{port} ({error.strerror}): "
+                            f"{fix.get(error.errno, 'pick another serve.port or stop what holds it')}") from None

@@ -6,6 +6,7 @@ credential in plain text. Each: exit 2 and one line, or the value read as writte
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -345,3 +346,27 @@ def test_a_stage_refuses_settings_its_launcher_did_not_start_it_with(cli, tmp_pa
     assert not storage.exists(f"{root}/shared/generate")
     streamed = load_config(TINY, [f"storage.root={root}", "run_id=shared", "label.streaming=true"])
     assert launched_config(streamed) == launched_config(ours)  # how a stage runs (KFP's label pod streams) may differ
+
+
+def test_a_flag_and_a_set_of_the_same_setting_must_agree(cli, tmp_path):
+    """--run-id aa --set run_id=bb ran as aa, and --storage-root beside --set storage.root kept the flag's: silently."""
+    root = f"file://{tmp_path}/root"
+    cli("run", "--config", TINY, "--run-id", "aa", "--set", "run_id=bb", "--storage-root", root,
+        needle="--run-id aa and --set run_id=bb name two values of run_id: give one of them")
+    cli("launch", "generate", "--config", TINY, "--storage-root", root, "--set", f"storage.root=file://{tmp_path}/b",
+        needle=f"--storage-root {root} and --set storage.root=file://{tmp_path}/b name two values of storage.root")
+    assert not (tmp_path / "root").exists() and not (tmp_path / "b").exists()
+    cli("run", "--config", TINY, "--run-id", "aa", "--set", "run_id=aa", "--storage-root", root, "--set",
+        "seed=x", needle="'seed'")  # the same value twice is no conflict: the next check speaks
+
+
+def test_messages_that_name_the_real_fix(cli, tmp_path, monkeypatch):
+    """A relative path missing when run from another directory, a config URL without its '//', and an address this
+    machine does not have (the message said to pick another port)."""
+    config = str(Path(TINY).resolve())
+    monkeypatch.chdir(tmp_path)
+    cli("run", "--config", config, "--storage-root", str(tmp_path / "root"),
+        needle=f"a relative path is read from the working directory, {tmp_path}, not from the config's")
+    cli("run", "--config", "file:configs/tiny.yaml", needle="looks like a URL without its '//'")
+    cli("serve", "--config", config, "--no-ray", "--set", "serve.host=192.0.2.1",
+        needle="serve.host=192.0.2.1 is not an address of this machine")

@@ -299,3 +299,10 @@ def test_non_finite_numbers_are_written_as_null_in_strict_json(tmp_path):
     stored = json.loads((tmp_path / "evaluate" / "manifest.json").read_text(), parse_constant=refuse)
     assert stored["summary"] == {"std": None, "ratio": [1.0, None], "ok": 0.5} == written["summary"]
     assert manifest.damage(url, manifest.read(url)) is None  # the digest is over what was written
+
+
+def test_file_localhost_is_the_local_root(tmp_path, monkeypatch):
+    """file://localhost/tmp/x (RFC 8089's explicit local host) became ./localhost/tmp/x under the working directory."""
+    monkeypatch.chdir(tmp_path)
+    assert storage.normalize("file://localhost/srv/runs") == "file:///srv/runs"
+    assert storage.normalize("file://runs/x") == f"file://{tmp_path}/runs/x"  # a relative path, as documented
