@@ -68,8 +68,9 @@ class DataConfig(Strict):
     """hf, hub datasets only: which of the repository's files to load (a path or glob, or a list of them)."""
     eval_fraction: float = 0.1
     """Fraction of prompts held out for evaluation, chosen by a hash of the prompt id (stable across runs)."""
-    max_prompt_chars: int = Field(2000, ge=1)
-    """Prompts longer than this are refused with an error naming the prompt."""
+    max_prompt_chars: int = Field(2000, ge=1, le=1_000_000)
+    """Prompts longer than this are refused with an error naming the prompt (at most 1,000,000: a served policy takes
+    requests of up to 4 MiB)."""
 
     @field_validator("prompts")
     @classmethod

@@ -95,8 +95,9 @@ class GenerateConfig(Strict):
     """Nucleus sampling mass."""
     top_k: int = Field(0, ge=0)
     """Keep only the k most likely tokens (0: off)."""
-    stop: list[NonEmptyString] = []
-    """Stop strings: a response ends before the first of these (besides the EOS token)."""
+    stop: list[NonEmptyString] = Field([], max_length=256)
+    """Stop strings: a response ends before the first of these (besides the EOS token); at most 256 (as many as a
+    served policy takes per request)."""
     fixed_length: bool = False
     """Sample exactly max_new_tokens tokens per response: EOS is barred until then (transformers' min_new_tokens),
     as peers' benchmarks generate. Off: a response ends at its EOS."""

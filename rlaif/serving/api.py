@@ -17,6 +17,8 @@ from rlaif.io import user_files
 from rlaif.io.prompts import encodable
 from rlaif.serving.engine import BadRequest, Choice, Request
 
+MAX_REQUEST_BYTES = 4 * 2**20  # far above any prompt the stages send (data.max_prompt_chars and judge prompts)
+MAX_STOP_STRINGS = 256  # each is searched for in every completion at every step
 REPLICA_HEADER = "x-rlaif-replica"  # the answering replica's process id: which replica served a request
 
 
@@ -73,6 +75,8 @@ def parse_request(body: dict) -> Request:
     if parsed.logprobs is not None and not (parsed.max_tokens == 1 and temperature == 0):
         raise BadRequest("logprobs are served for next-token scoring only: max_tokens 1 at temperature 0")
     stop = [parsed.stop] if isinstance(parsed.stop, str) else list(parsed.stop or [])
+    if len(stop) > MAX_STOP_STRINGS:
+        raise BadRequest(f"stop holds {len(stop)} strings, more than the {MAX_STOP_STRINGS} a request may give")
     if "" in stop:
         raise BadRequest("stop holds an empty string, which would end every completion at once: remove it")
     if not all(map(encodable, stop)):
@@ -97,13 +101,14 @@ def _logprobs(engine, choice: Choice) -> dict | None:
             "top_token_ids": [[[tid, lp] for tid, lp in step] for step in tops]}  # exact ids: strings may collide
 
 
-async def completion_response(engine, name: str, raw: bytes):
-    """The HTTP response to a completions request's raw body, in both apps: the completion, or a 400 in OpenAI's
-    error format for a body that is not a JSON object (FastAPI's own check would answer 422 in its own format) or a
-    request the service refuses."""
+async def completion_response(engine, name: str, request):
+    """The HTTP response to a completions request, in both apps: the completion, or a 400 in OpenAI's error format
+    for a body too large, not a JSON object (FastAPI's own check would answer 422 in its own format) or a request the
+    service refuses."""
     from fastapi.responses import JSONResponse
 
     try:
+        raw = await body_within_limit(request)
         try:
             body = json.loads(raw, object_pairs_hook=user_files.unique_keys)
         except user_files.DuplicateKey as exc:  # which of its values would be meant is a guess
@@ -115,6 +120,20 @@ async def completion_response(engine, name: str, raw: bytes):
         return JSONResponse(await complete(engine, name, body), headers=replica_headers())
     except BadRequest as exc:
         return JSONResponse({"error": {"message": str(exc), "type": "invalid_request_error"}}, status_code=400)
+
+
+async def body_within_limit(request) -> bytes:
+    """The request's body, refused past MAX_REQUEST_BYTES before it is read where its length is declared (one
+    oversized request held the replica for a minute while the prompt was tokenized, and every client behind it)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_REQUEST_BYTES:
+        raise BadRequest(f"the body is {int(declared) >> 20} MiB, more than the {MAX_REQUEST_BYTES >> 20} MiB a "
+                         "completions request may be: send fewer or shorter prompts per request")
+    raw = await request.body()
+    if len(raw) > MAX_REQUEST_BYTES:
+        raise BadRequest(f"the body is more than the {MAX_REQUEST_BYTES >> 20} MiB a completions request may be: "
+                         "send fewer or shorter prompts per request")
+    return raw
 
 
 async def complete(engine, name: str, body: dict) -> dict:
@@ -158,7 +177,7 @@ def plain_app(engine, name: str, route_prefix: str = "/"):
         return JSONResponse(models(engine, name), headers=replica_headers())
 
     async def completions(request):
-        return await completion_response(engine, name, await request.body())
+        return await completion_response(engine, name, request)
 
     # The raw request, not a `dict` body FastAPI would check (and answer 422 in its own format); the annotation is
     # set here, where fastapi is imported, not as a string FastAPI would resolve in this module's globals.

@@ -42,7 +42,7 @@ class ModelServer:
     @app.post("/v1/completions")
     async def completions(self, request: StarletteRequest):  # a real annotation (no postponed ones in this module):
         # Serve's class-based view cannot resolve a string one, and FastAPI would take `request` for a query parameter
-        return await api.completion_response(self.engine, self.name, await request.body())
+        return await api.completion_response(self.engine, self.name, request)
 
 
 def deployment_options(cfg: PipelineConfig) -> dict:
