@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import random
+import unicodedata
 
 import torch
 
@@ -61,13 +62,7 @@ def load_constitution(path: str, setting: str = "label.constitution", optional: 
             kind = "a plain string" if isinstance(principle, str) else f"a {type(principle).__name__}"
             raise UserError(f"{where} is {kind}: write each principle as a mapping, e.g. '- name: helpful' then "
                             "'  text: Prefer the response that answers the question.'")
-        if not isinstance(principle.get("text"), str) or is_blank(principle["text"]):
-            raise UserError(f"{where}: needs a non-empty string 'text' (YAML reads yes/no/on/off and numbers as "
-                            "others: put such a text in quotes)")
-        for key in ("contrast", "name"):
-            value = principle.get(key)
-            if key in principle and (not isinstance(value, str) or is_blank(value)):
-                raise UserError(f"{where}: {key!r} must be a non-empty string")
+        _check_texts(where, principle)
         if _said(principle.get("contrast", "")) == _said(principle["text"]):
             raise UserError(f"{where}: its 'contrast' repeats its 'text': describe the response it disfavours, or "
                             "leave 'contrast' out")
@@ -88,6 +83,31 @@ def load_constitution(path: str, setting: str = "label.constitution", optional: 
             principle["name"] = default if default not in given else f"{default} ({i + 1})"
             given.append(principle["name"])
     return principles
+
+
+MAX_NAME_CHARS = 100  # a name labels report rows and every label record
+
+
+def _check_texts(where: str, principle: dict) -> None:
+    """text (required), contrast and name: non-empty strings of readable text; a text or contrast with no letter or
+    digit (emoji alone) says nothing a judge can weigh, and a control character (NUL) is refused as in prompts."""
+    if not isinstance(principle.get("text"), str) or is_blank(principle["text"]):
+        raise UserError(f"{where}: needs a non-empty string 'text' (YAML reads yes/no/on/off and numbers as "
+                        "others: put such a text in quotes)")
+    for key in ("text", "contrast", "name"):
+        value = principle.get(key)
+        if key not in principle:
+            continue
+        if not isinstance(value, str) or is_blank(value):
+            raise UserError(f"{where}: {key!r} must be a non-empty string")
+        if any(unicodedata.category(char) == "Cc" and char not in "\t\n\r" for char in value):
+            raise UserError(f"{where}: its {key!r} holds a control character (a NUL?): remove it")
+        if key != "name" and not any(unicodedata.category(char)[0] in "LN" for char in value):
+            raise UserError(f"{where}: its {key!r} has no letters or digits, so a judge reads nothing in it: "
+                            "describe the response in words")
+    if len(principle.get("name", "")) > MAX_NAME_CHARS:
+        raise UserError(f"{where}: its name is {len(principle['name'])} characters long: give a name of at most "
+                        f"{MAX_NAME_CHARS} (the text holds the description)")
 
 
 def _said(text: str) -> str:

@@ -266,6 +266,11 @@ def test_file_url_expands_home(tmp_path, monkeypatch):
     ("principles:\n  - {name: a, text: be kind}\n", "is a mapping with key 'principles' holding the list: put the "
                                                     "list of {name, text} principles at the top level"),
     ("- {name: a, text: Be kind., contrast: '  be  KIND. '}\n", "its 'contrast' repeats its 'text'"),
+    # texts a judge reads nothing in, a NUL (refused in prompts), a name the size of a text (labels every row)
+    ("- {name: a, text: \"\\U0001F600\\U0001F600\"}\n", "its 'text' has no letters or digits"),
+    ("- {name: a, text: be kind, contrast: '!!! ...'}\n", "its 'contrast' has no letters or digits"),
+    ("- {name: a, text: \"be\\0 kind\"}\n", "its 'text' holds a control character"),
+    ("- {name: " + "n" * 101 + ", text: be kind}\n", "its name is 101 characters long: give a name of at most 100"),
 ])
 def test_constitution_keys_and_types(cli, tmp_path, root, principle, needle):
     constitution = tmp_path / "c.yaml"
