@@ -26,6 +26,15 @@ def _non_blank(text: str) -> str:
 NonEmptyString = Annotated[str, AfterValidator(_non_empty)]
 Phrase = Annotated[str, AfterValidator(_non_blank)]
 
+PATTERN_WORDS: dict[str, str] = {}  # a field's regular expression -> what it asks for, in words, for its error
+
+
+def described(regex: str, words: str) -> str:
+    """A field's `pattern`, registered with the words its error says instead of the regular expression."""
+    PATTERN_WORDS[regex] = words
+    return regex
+
+
 # Sampling divides logits by the temperature: far below this they overflow (NaN log-probs at 1e-40). vLLM samples
 # greedily below it; the served API does the same, and stage settings refuse it.
 MIN_TEMPERATURE = 1e-5

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from rlaif.config.base import Phrase, Strict, runtime_field, service_url, without
+from rlaif.config.base import Phrase, Strict, described, runtime_field, service_url, without
 from rlaif.config.serving import ServiceEndpoint
 
 DEFAULT_PREAMBLE = ("You compare two responses to a request. A better response follows the principle below more "
@@ -201,7 +201,8 @@ class JudgeSettings(Strict):
 class JudgeSpec(JudgeSettings):
     """A further judge used by the evaluation (the training judge, `label`'s, is always first, named `training`)."""
 
-    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    name: str = Field(min_length=1, max_length=64, pattern=described(r"^[A-Za-z0-9_-]+$", "letters, digits, '-' "
+                                                                                        "and '_'"))
     """Name shown in the report, e.g. `heldout` (letters, digits, '-', '_')."""
 
     @property

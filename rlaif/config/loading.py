@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from rlaif.config.base import cache_key_dump
+from rlaif.config.base import PATTERN_WORDS, cache_key_dump
 from rlaif.config.stages import PipelineConfig
 from rlaif.errors import UserError
 from rlaif.io.strict_yaml import UniqueKeyLoader
@@ -112,6 +112,8 @@ def _describe(err: ValidationError) -> str:
         return f"section '{key}' is empty: give it keys, or remove the line (`rlaif config` lists them)"
     if section and not any(isinstance(part, int) for part in first["loc"]):
         return f"'{key}' is a section, not a value: set its keys, e.g. {key}.<key>=VALUE (`rlaif config` lists them)"
+    if first["type"] == "string_pattern_mismatch" and (words := PATTERN_WORDS.get(first["ctx"]["pattern"])):
+        return f"bad value for config key '{key}': {first['input']!r} is not {words}"
     message = f"bad value for config key '{key}': {first['msg'].removeprefix('Value error, ')}"
     if first["type"] == "string_type" and isinstance(first.get("input"), (bool, int, float, datetime.date)):
         message += ": put it in quotes to keep it text (YAML reads yes/no/on/off, numbers and dates as such)"
@@ -127,7 +129,8 @@ def _describe(err: ValidationError) -> str:
         item = str(first["input"]).lower() if isinstance(first["input"], bool) else first["input"]
         message += f": write it as a YAML list, e.g. {key}=[{item}]"
     elif "input" in first and first["input"] is None:
-        message += ": it was given no value (empty, or null): write one, or leave the key out for its default"
+        empty = " (for empty text: '')" if first["type"] == "string_type" else ""
+        message += f": it was given no value (empty, or null): write one{empty}, or leave the key out for its default"
     return message
 
 

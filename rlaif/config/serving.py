@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from rlaif.config.base import Strict, service_url
+from rlaif.config.base import Strict, described, service_url
 
 
 class ServiceEndpoint(Strict):
@@ -71,11 +71,13 @@ class ServeConfig(Strict):
     """Address the HTTP proxy binds locally (0.0.0.0 to accept other machines)."""
     port: int = Field(8000, ge=1, le=65535)
     """HTTP port of the service."""
-    route_prefix: str = Field("/", pattern=r"^/([A-Za-z0-9_-]+)?$")
+    route_prefix: str = Field("/", pattern=described(r"^/([A-Za-z0-9_-]+)?$", "/ or one path segment, e.g. /policy "
+                                                                           "(letters, digits, '-', '_')"))
     """Path of this service (`/`, or `/policy` to host several services on one Ray cluster and port; `--no-ray`
     serves under it too); the API root is then http://HOST:PORT<route_prefix>/v1. The Kubernetes manifests serve at
     `/` (each service has its own name)."""
-    name: str = Field("", max_length=40, pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)?$")
+    name: str = Field("", max_length=40, pattern=described(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)?$", "a Kubernetes "
+                      "name: lowercase letters, digits and '-', starting and ending with a letter or digit"))
     """Kubernetes name of the service; empty: rlaif-<model>."""
 
     @model_validator(mode="after")

@@ -155,14 +155,15 @@ def check_judges(cfg: PipelineConfig, prompts: list[dict]) -> None:
         if judge.judge in ("hf", "openai"):
             load_few_shot(judge.few_shot)
         if judge.judge == "hf" and not judge.hf.model:
-            raise UserError(f"{where}: judge 'hf' needs hf.model, a Hugging Face causal-LM directory")
+            raise UserError(f"{where}: judge 'hf' needs {where}.hf.model, a Hugging Face causal-LM directory")
         if judge.judge == "openai" and not (judge.openai.base_url and judge.openai.model):
-            raise UserError(f"{where}: judge 'openai' needs openai.base_url and openai.model")
+            raise UserError(f"{where}: judge 'openai' needs {where}.openai.base_url and {where}.openai.model")
         key_env = judge.openai.api_key_env
         if judge.judge == "openai" and key_env and not os.environ.get(key_env):
+            flag = " (--set \"label.openai.api_key_env=''\")" if where == "label" else ""
             raise UserError(f"{where}: the endpoint judge's API key variable ${key_env} is not set: export it (on "
-                            "a cluster: the rlaif-judge secret), or set openai.api_key_env to '' for a server without "
-                            "keys")
+                            f"a cluster: the rlaif-judge secret), or set {where}.openai.api_key_env to ''{flag} for a "
+                            "server without keys")
     scorers = ("hf", "rules", "reference")
     if cfg.label.mode == "score" and cfg.label.judge not in scorers:
         raise UserError(f"label.mode=score needs a judge that scores one response alone (hf, rules or reference), not "

@@ -53,7 +53,10 @@ def nothing_written(root) -> bool:
     (f"label.openai.base_url=http://u:{SECRET}@judge:8000/v1", "must not contain a user name or password"),
     ("evaluate.judges=[{name: training}]", "the name 'training' is the label stage's judge"),
     ("evaluate.judges=[{name: a}, {name: a}]", "judge names must be unique"),
-    ("evaluate.judges=[{name: 'bad name'}]", "'evaluate.judges.0.name'"),
+    ("evaluate.judges=[{name: 'bad name'}]", "'evaluate.judges.0.name': 'bad name' is not letters, digits"),
+    ("serve.name=My_Service", "'serve.name': 'My_Service' is not a Kubernetes name: lowercase letters"),
+    ("serve.route_prefix=/a/b", "'/a/b' is not / or one path segment"),
+    ("label.openai.api_key_env=", "write one (for empty text: ''), or leave the key out"),
     ("label.reference.min_point_overlap=0", "'label.reference.min_point_overlap'"),
     # Finite in Python, not in the float32 training computes in: infinite there (NaN losses), or 0 (no training).
     ("ppo.kl_coef=1e39", "'ppo.kl_coef': is 1e+39, beyond float32's range"),
