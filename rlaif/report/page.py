@@ -165,11 +165,20 @@ def _shown(value, fmt: str) -> str:
     return fmt.format(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
 
 
+def _gates(gates) -> str:
+    if not isinstance(gates, dict) or not gates.get("checked"):
+        return "not set"
+    return "passed" if gates.get("passed") else "FAILED: " + "; ".join(map(str, gates.get("failures", [])))
+
+
 def compare(run_urls: list[str]) -> tuple[str, str]:
     """A side-by-side table of several runs' headline metrics, as Markdown and as HTML."""
-    runs = [(name, evaluated_metrics(url)) for name, url in zip(column_names(run_urls), run_urls)]
+    evaluated = [evaluated_metrics(url) for url in run_urls]
+    runs = [(name, metrics) for name, (metrics, _) in zip(column_names(run_urls), evaluated)]
     header = ["metric", *[name for name, _ in runs]]
-    body = []
+    body = [["evaluation", *["committed" if committed else "not committed (no evaluate manifest: unfinished, earlier "
+                             "or gate-failed; unverified)" for _, committed in evaluated]],
+            ["quality gates", *[_gates(metrics.get("gates")) for metrics, _ in evaluated]]]
     for key, fmt in COMPARE_KEYS:
         body.append([key, *[_shown(m.get(key), fmt) for _, m in runs]])
     for judge in dict.fromkeys(j for _, m in runs for j in m.get("judges", {})):

@@ -146,11 +146,14 @@ def _recorded(stage_manifest: dict | None) -> dict:
             if isinstance(entry, dict)}
 
 
-def evaluated_metrics(run_url: str) -> dict:
-    """A run's evaluate/metrics.json, checked against evaluate's manifest where it has one (for comparisons)."""
+def evaluated_metrics(run_url: str) -> tuple[dict, bool]:
+    """A run's evaluate/metrics.json, checked against evaluate's manifest where it has one (for comparisons), and
+    whether it has one (without, the metrics are an earlier or unfinished evaluation's, or one whose quality gates
+    failed: not committed, and not checked)."""
     with user_files.user_read_errors(run_url, "run", "check the run's path, and for s3:// the endpoint and "
                                                      "credentials"):
-        return read_metrics(run_url, _recorded(_manifest(storage.join(run_url, "evaluate"))))
+        evaluated = _manifest(storage.join(run_url, "evaluate"))
+        return read_metrics(run_url, _recorded(evaluated)), evaluated is not None
 
 
 def stale_notes(run: Run) -> list[str]:

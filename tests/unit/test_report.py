@@ -2,7 +2,7 @@ import json
 import random
 
 from rlaif import report
-from rlaif.io import storage
+from rlaif.io import manifest, storage
 
 
 def _fake_run(root, name="r1", gates=None):
@@ -54,10 +54,21 @@ def test_failed_gate_is_shown(tmp_path):
 
 def test_compare_runs_side_by_side(tmp_path):
     storage.configure(None)
-    a, b = _fake_run(tmp_path, "alpha"), _fake_run(tmp_path, "beta")
+    a = _fake_run(tmp_path, "alpha")
+    b = _fake_run(tmp_path, "beta", gates={"checked": True, "passed": False, "failures": ["win rate 0.650 < 0.9"]})
+    metrics = (a / "evaluate/metrics.json").read_bytes()
+    (a / "evaluate/manifest.json").write_text(json.dumps({
+        "schema_version": manifest.SCHEMA_VERSION, "stage": "evaluate", "config_hash": "h", "inputs": {}, "shards": [],
+        "num_samples": 0, "summary": {}, "digest": "d",
+        "files": [{"path": "metrics.json", "bytes": len(metrics), "sha256": storage.sha256_file(
+            a / "evaluate/metrics.json")}]}))
     md, page = report.compare([storage.normalize(str(a)), storage.normalize(str(b))])
     lines = md.splitlines()
     assert lines[0] == "| metric | alpha | beta |"
+    # a run whose evaluation was not committed (its gate failed here) showed its numbers like a finished run's
+    assert lines[2] == ("| evaluation | committed | not committed (no evaluate manifest: unfinished, earlier or "
+                        "gate-failed; unverified) |")
+    assert lines[3] == "| quality gates | not set | FAILED: win rate 0.650 < 0.9 |"
     assert any(line.startswith("| win_rate | 0.650 | 0.650 |") for line in lines)
     assert any("judge 'heldout'" in line for line in lines) and "<table>" in page
 
