@@ -114,6 +114,8 @@ def _describe(err: ValidationError) -> str:
         return f"'{key}' is a section, not a value: set its keys, e.g. {key}.<key>=VALUE (`rlaif config` lists them)"
     if first["type"] == "string_pattern_mismatch" and (words := PATTERN_WORDS.get(first["ctx"]["pattern"])):
         return f"bad value for config key '{key}': {first['input']!r} is not {words}"
+    if not first["loc"]:  # a rule across sections: its message names the keys
+        return first["msg"].removeprefix("Value error, ")
     message = f"bad value for config key '{key}': {first['msg'].removeprefix('Value error, ')}"
     if first["type"] == "string_type" and isinstance(first.get("input"), (bool, int, float, datetime.date)):
         message += ": put it in quotes to keep it text (YAML reads yes/no/on/off, numbers and dates as such)"

@@ -368,6 +368,18 @@ class PipelineConfig(Strict):
             raise ValueError("ppo.reward_model=student needs a student: set train_rm.student.layers (e.g. 1)")
         return self
 
+    @model_validator(mode="after")
+    def _further_judges_differ(self):
+        """An evaluation judge with the training judge's every setting repeats its numbers as a further opinion."""
+        fields = set(JudgeSettings.model_fields)
+        training = self.label.model_dump(mode="json", include=fields)
+        for judge in self.evaluate.judges:
+            if judge.model_dump(mode="json", include=fields) == training:
+                raise ValueError(f"evaluate.judges[{judge.name}] has the training judge's settings (label's judge, "
+                                 "constitution and principles): it would report the training judge's numbers again as "
+                                 "a further judge: give it another constitution or judge, or remove it")
+        return self
+
     @field_validator("run_id")
     @classmethod
     def _run_id(cls, v: str) -> str:

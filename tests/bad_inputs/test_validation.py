@@ -53,6 +53,8 @@ def nothing_written(root) -> bool:
     (f"label.openai.base_url=http://u:{SECRET}@judge:8000/v1", "must not contain a user name or password"),
     ("evaluate.judges=[{name: training}]", "the name 'training' is the label stage's judge"),
     ("evaluate.judges=[{name: a}, {name: a}]", "judge names must be unique"),
+    ("evaluate.judges=[{name: copy, constitution: data/constitution.yaml}]",  # the tiny config's label judge again
+     "error: evaluate.judges[copy] has the training judge's settings"),
     ("evaluate.judges=[{name: 'bad name'}]", "'evaluate.judges.0.name': 'bad name' is not letters, digits"),
     ("serve.name=My_Service", "'serve.name': 'My_Service' is not a Kubernetes name: lowercase letters"),
     ("serve.route_prefix=/a/b", "'/a/b' is not / or one path segment"),
