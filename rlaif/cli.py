@@ -35,9 +35,10 @@ def _report(runs: list[str], output: str | None) -> int:
         return 0
     markdown, page = report.compare(urls)
     said = sys.stderr if target and output_files.is_stream(target) else sys.stdout  # the page alone on a stream
+    if target:  # written before anything is printed: a reader of the table that stops early (| head) loses nothing
+        output_files.write_output_file(target, page.encode(), "--output")
     print(markdown, file=said)
     if target:
-        output_files.write_output_file(target, page.encode(), "--output")
         print(f"comparison: {target}", file=said)
     return 0
 
@@ -280,7 +281,8 @@ def _user_error(message: str) -> int:
     return 2
 
 
-PRINTS_ONLY = ("graph", "config")  # commands whose output is all they do: a reader may stop early
+# Commands that print only after all they write (or print all they do): a reader may stop early.
+PRINTS_ONLY = ("graph", "config", "report")
 DISK_FULL = ("No space left on device", "Disk quota exceeded", "StorageFull")
 READ_ONLY = ("Read-only file system", "ReadOnlyFilesystem")
 ELSEWHERE = "storage.root, TMPDIR or RLAIF_CACHE"

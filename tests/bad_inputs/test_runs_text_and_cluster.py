@@ -370,3 +370,21 @@ def test_messages_that_name_the_real_fix(cli, tmp_path, monkeypatch):
     cli("run", "--config", "file:configs/tiny.yaml", needle="looks like a URL without its '//'")
     cli("serve", "--config", config, "--no-ray", "--set", "serve.host=192.0.2.1",
         needle="serve.host=192.0.2.1 is not an address of this machine")
+
+
+def test_a_comparison_read_through_a_closed_pipe_is_still_written(tmp_path):
+    """`rlaif report A B --output c.html | head -1`: the table was printed before the page was written, so a reader
+    that left early cost the page, and the command exited 2."""
+    for name in ("a", "b"):
+        (tmp_path / name / "evaluate").mkdir(parents=True)
+        judge = {"judge": "embedding", "win_rate": 0.6, "win_rate_ci95": [0.5, 0.7], "wins": 6, "ties": 0, "losses": 4}
+        (tmp_path / name / "evaluate/metrics.json").write_text(json.dumps({
+            "n_prompts": 10, "win_rate": 0.6, "win_rate_ci95": [0.5, 0.7], "win_rate_length_controlled": 0.6,
+            "wins": 6, "ties": 0, "losses": 4, "judges": {"training": judge}, "gates": {"checked": False}}))
+    page = tmp_path / "c.html"
+    proc = subprocess.Popen([sys.executable, "-m", "rlaif", "report", str(tmp_path / "a"), str(tmp_path / "b"),
+                             "--output", str(page)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 0 and "Traceback" not in err, err
+    assert "<table>" in page.read_text()
