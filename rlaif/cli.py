@@ -307,6 +307,12 @@ def _wrong_kind_on_disk(error: OSError) -> str | None:
     return None
 
 
+def _object_storage_failure(exc: BaseException) -> bool:
+    from rlaif.io import storage
+
+    return storage.failure_message(exc) is not None
+
+
 def disk_problem(exc: BaseException) -> str | None:
     """A full or read-only disk, a path this user may not use, or a path of the wrong kind (a file where the storage
     tree or cache holds a directory, or the reverse), behind an exception (an OSError, or a library's error wrapping
@@ -321,7 +327,8 @@ def disk_problem(exc: BaseException) -> str | None:
             fix = ("point it at a writable disk" if seen.errno == errno.EROFS
                    else f"free space there, or point {ELSEWHERE} at a disk with room")
             return f"cannot write{f' {where}' if where else ''}: {seen.strerror}: {fix}"
-        if isinstance(seen, PermissionError):  # a directory this user may not write, or not even search
+        if isinstance(seen, PermissionError) and not _object_storage_failure(exc):  # a local path this user may
+            # not write, or not even search (s3fs raises PermissionError for S3's AccessDenied: its own message)
             where = seen.filename2 or seen.filename
             return (f"cannot use{f' {where}' if where else ''}: {seen.strerror}: give this user access to it, or "
                     f"point storage.root, the output path or RLAIF_CACHE elsewhere")

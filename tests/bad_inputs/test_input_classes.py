@@ -492,7 +492,8 @@ def test_a_full_disk_is_one_line_and_leaves_no_partial_files(cli, tmp_path, monk
     (RuntimeError("IoError(Os { code: 30, kind: ReadOnlyFilesystem })"), "a write failed on a read-only disk"),
     (OSError(30, "Read-only file system", "/mnt/runs/x"),
      "cannot write /mnt/runs/x: Read-only file system: point it at a writable disk"),
-    (OSError(13, "Permission denied", "/mnt/runs/x"), None),
+    (OSError(13, "Permission denied", "/mnt/runs/x"),
+     "cannot use /mnt/runs/x: Permission denied: give this user access to it, or point storage.root"),
     (ValueError("no space in this string"), None),
 ])
 def test_disk_problems_inside_other_errors(error, message):
@@ -500,6 +501,18 @@ def test_disk_problems_inside_other_errors(error, message):
 
     found = disk_problem(error)
     assert found is None if message is None else found.startswith(message)
+
+
+def test_s3_access_denied_keeps_its_own_message():
+    """s3fs raises PermissionError for S3's AccessDenied: object storage's line (credentials, endpoint), not a local
+    path's."""
+    from botocore.exceptions import ClientError
+
+    from rlaif.cli import disk_problem
+
+    denied = PermissionError(13, "Access Denied")
+    denied.__cause__ = ClientError({"Error": {"Code": "AccessDenied", "Message": "Access Denied"}}, "PutObject")
+    assert disk_problem(denied) is None and storage.failure_message(denied).startswith("object storage failed")
 
 
 @pytest.mark.parametrize("where, needle", [
