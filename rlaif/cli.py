@@ -3,6 +3,7 @@ exit code 2."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import signal
 import sys
@@ -115,8 +116,6 @@ def _submit(args) -> int:
 
 
 def _launch(args) -> int:
-    import json
-
     from rlaif.io import manifest, output_files, storage
     from rlaif.orchestration import launch
 
@@ -128,7 +127,9 @@ def _launch(args) -> int:
         extra = None
     if not isinstance(extra, list) or not all(isinstance(x, str) for x in extra):
         raise UserError(f"--set-json must be a JSON list of KEY=VALUE strings, got {args.set_json!r}")
-    run_id = args.run_id or (safe_run_id(args.default_run_id) if args.default_run_id else "")
+    given = any(item.partition("=")[0].strip() == "run_id" for item in _override_items(args))
+    # An orchestrator's run name (--default-run-id) names the run unless the user named it (a --set run_id included)
+    run_id = args.run_id or (safe_run_id(args.default_run_id) if args.default_run_id and not given else "")
     cfg = launch.load_config_source(args.config, [*args.overrides, *extra], run_id, args.storage_root)
     config_url = launch.prepare(cfg, pipeline=args.pipeline, launched=args.name)
     done = launch.launch(cfg, args.name, config_url, rerun=args.rerun)
@@ -212,10 +213,20 @@ def check_flags_agree(args) -> None:
 
     for flag, key in (("--run-id", "run_id"), ("--storage-root", "storage.root")):
         value = getattr(args, flag[2:].replace("-", "_"), None)
-        for item in getattr(args, "overrides", None) or []:
+        for item in _override_items(args):
             name, _, given = item.partition("=")
             if value and name.strip() == key and str(parse_value(given)) != value:
                 raise UserError(f"{flag} {value} and --set {item} name two values of {key}: give one of them")
+
+
+def _override_items(args) -> list[str]:
+    """--set's items, and --set-json's where it holds a list of strings (launch says what else is wrong with it)."""
+    try:
+        extra = json.loads(getattr(args, "set_json", None) or "[]")
+    except json.JSONDecodeError:
+        extra = []
+    extra = extra if isinstance(extra, list) and all(isinstance(x, str) for x in extra) else []
+    return [*(getattr(args, "overrides", None) or []), *extra]
 
 
 def _dispatch(args) -> int:

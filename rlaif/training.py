@@ -251,20 +251,23 @@ def checkpoint_damage(local: Path, strategy: str) -> str | None:
                 json.loads(path.read_text(encoding="utf-8"))
         except (zipfile.BadZipFile, ValueError, OSError) as exc:  # ValueError: not JSON, or not UTF-8
             return f"{path.relative_to(local)}: {storage.first_line(exc)[:80]}"
-    return _listed_file_damage(local)
+    return _listed_file_damage(local, dist.rank())
 
 
-def _listed_file_damage(local: Path) -> str | None:
-    for listing in sorted(local.glob(FILE_LIST.format(rank="*"))):
+def _listed_file_damage(local: Path, rank: int) -> str | None:
+    """The files rank `rank` listed (each rank checks its own list; the ranks then agree): every rank's own list
+    alone, not every list on every rank, which would read a large checkpoint once per rank."""
+    for listing in sorted(local.glob(FILE_LIST.format(rank=rank))):
         entries = json.loads(listing.read_text(encoding="utf-8"))
         if not isinstance(entries, list) or not all(isinstance(e, dict) and isinstance(e.get("path"), str)
                                                     for e in entries):
             return f"{listing.name} is not a list of files"
         for entry in entries:
-            path = local / entry["path"]
-            if not path.is_file():
+            try:
+                matches = storage.sha256_file(local / entry["path"]) == entry.get("sha256")
+            except FileNotFoundError:
                 return f"{entry['path']} is missing"
-            if storage.sha256_file(path) != entry.get("sha256"):
+            if not matches:
                 return f"{entry['path']} does not match the checksum it was saved with"
     return None
 

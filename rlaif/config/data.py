@@ -70,7 +70,7 @@ class DataConfig(Strict):
     """Fraction of prompts held out for evaluation, chosen by a hash of the prompt id (stable across runs)."""
     max_prompt_chars: int = Field(2000, ge=1, le=1_000_000)
     """Prompts longer than this are refused with an error naming the prompt (at most 1,000,000: a served policy takes
-    requests of up to 4 MiB)."""
+    requests of up to 16 MiB)."""
 
     @field_validator("prompts")
     @classmethod

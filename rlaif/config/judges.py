@@ -59,7 +59,8 @@ class OpenAIJudgeConfig(Strict):
     when the server returns them."""
     max_unreadable_fraction: float = Field(0.1, ge=0, le=1)
     """The most of the judge's answers that may be neither 1 nor 2 (each labelled 0.5, a tie) before the stage stops:
-    a model that answers something else is not judging (checked from the 8th answer on)."""
+    a model that answers something else is not judging (checked from the 50th answer on; a judge that reads none of
+    its first 8 answers stops whatever this is)."""
 
 
 class RulesJudgeConfig(Strict):

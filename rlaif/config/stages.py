@@ -12,6 +12,7 @@ from rlaif.config.base import (
     Strict,
     Temperature,
     TemperatureOrGreedy,
+    cache_key_dump,
     no_credentials,
     processes,
     runtime_field,
@@ -371,10 +372,12 @@ class PipelineConfig(Strict):
     @model_validator(mode="after")
     def _further_judges_differ(self):
         """An evaluation judge with the training judge's every setting repeats its numbers as a further opinion."""
-        fields = set(JudgeSettings.model_fields)
-        training = self.label.model_dump(mode="json", include=fields)
+        def read(settings) -> dict:  # the judge settings its options read (cache_key_dump drops the others)
+            return {k: v for k, v in cache_key_dump(settings).items() if k in JudgeSettings.model_fields}
+
+        training = read(self.label)  # label keeps settings its own judge does not read (the reference judge's)
         for judge in self.evaluate.judges:
-            if judge.model_dump(mode="json", include=fields) == training:
+            if all(training.get(k) == v for k, v in read(judge).items()):
                 raise ValueError(f"evaluate.judges[{judge.name}] has the training judge's settings (label's judge, "
                                  "constitution and principles): it would report the training judge's numbers again as "
                                  "a further judge: give it another constitution or judge, or remove it")

@@ -136,6 +136,8 @@ def is_local(url: str) -> bool:
 
 
 def local_path(url: str) -> Path:
+    if url.startswith("file://localhost/"):  # RFC 8089's explicit local host, as normalize reads it
+        return Path(url[len("file://localhost"):])
     return Path(url[len("file://"):] if url.startswith("file://") else url)
 
 

@@ -40,7 +40,8 @@ class OpenAIJudge:
         labels = torch.tensor(self.client.map(self._judge_one, texts), dtype=torch.float32)
         answered = sum(self.stats[k] for k in ("answers_from_logprobs", "answers_parsed", "answers_unreadable"))
         unreadable = self.stats["answers_unreadable"]
-        if answered >= UNREADABLE_CHECKED_AFTER and unreadable > s.openai.max_unreadable_fraction * answered:
+        if (answered >= UNREADABLE_CHECKED_AFTER and unreadable == answered) or (
+                answered >= SHARE_CHECKED_AFTER and unreadable > s.openai.max_unreadable_fraction * answered):
             raise UserError(f"judge endpoint {self.url} answered {unreadable} of its first {answered} comparisons with "
                             f"neither 1 nor 2 (each a 0.5 label, a tie): check {s.setting}.openai.model and .api (chat "
                             f"models need `chat`), or raise {s.setting}.openai.max_unreadable_fraction")
@@ -105,6 +106,7 @@ class OpenAIJudge:
 # are not (the first character alone read them as confident votes).
 ANSWER = re.compile(r"(?:(?:answer|response)\s*[:#]?\s*)?[*\"'(\[]*([12])[*\"')\]]*[.!]?", re.IGNORECASE)
 UNREADABLE_CHECKED_AFTER = 8  # answers: a judge that reads none of them as 1 or 2 is not judging
+SHARE_CHECKED_AFTER = 50  # answers before their unreadable share is held to max_unreadable_fraction (1 in 8 is noise)
 LOWEST_LOGPROB = -1e4  # servers write an impossible token's log-prob as -9999 (vLLM) or -inf: the same to a label
 
 

@@ -17,7 +17,9 @@ from rlaif.io import user_files
 from rlaif.io.prompts import encodable
 from rlaif.serving.engine import BadRequest, Choice, Request
 
-MAX_REQUEST_BYTES = 4 * 2**20  # far above any prompt the stages send (data.max_prompt_chars and judge prompts)
+# Above any request the stages send: a prompt of data.max_prompt_chars (at most 1,000,000) characters, each escaped
+# to at most 12 bytes in JSON, and judge prompts of token ids.
+MAX_REQUEST_BYTES = 16 * 2**20
 MAX_STOP_STRINGS = 256  # each is searched for in every completion at every step
 REPLICA_HEADER = "x-rlaif-replica"  # the answering replica's process id: which replica served a request
 
@@ -127,7 +129,7 @@ async def body_within_limit(request) -> bytes:
     oversized request held the replica for a minute while the prompt was tokenized, and every client behind it)."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > MAX_REQUEST_BYTES:
-        raise BadRequest(f"the body is {int(declared) >> 20} MiB, more than the {MAX_REQUEST_BYTES >> 20} MiB a "
+        raise BadRequest(f"the body is {int(declared) / 2**20:.1f} MiB, more than the {MAX_REQUEST_BYTES >> 20} MiB a "
                          "completions request may be: send fewer or shorter prompts per request")
     raw = await request.body()
     if len(raw) > MAX_REQUEST_BYTES:

@@ -241,6 +241,7 @@ def check_bindable(host: str, port: int) -> None:
         except OSError as error:
             fix = {errno.EADDRNOTAVAIL: f"serve.host={host} is not an address of this machine: use 0.0.0.0, "
                                         "127.0.0.1 or one of its own addresses",
-                   errno.EACCES: "ports below 1024 need privileges: pick a serve.port of 1024 or more"}
+                   **({errno.EACCES: "ports below 1024 need privileges: pick a serve.port of 1024 or more"}
+                      if port < 1024 else {})}
             raise UserError(f"cannot listen on {host}:{port} ({error.strerror}): "
                             f"{fix.get(error.errno, 'pick another serve.port or stop what holds it')}") from None

@@ -333,7 +333,8 @@ def iteration(cfg, engine: Engine, rollouts: Rollouts, controller, it: int, amp)
     timings["iteration_s"] = clock() - t_iter
     row = {"iteration": it + 1, **dist.all_reduce_mean({**stats, **train_stats}), "kl_coef": controller.value,
            "samples_per_s": settings.rollout_batch_size / timings["iteration_s"], **timings}
-    refuse_diverged(row, ("reward_raw", "score", "kl", "policy_loss", "value_loss", "kl_loss", "entropy"),
+    norm = ("grad_norm",) if engine.strategy != "deepspeed" else ()  # DeepSpeed may report none (NaN) by design
+    refuse_diverged(row, ("reward_raw", "score", "kl", "policy_loss", "value_loss", "kl_loss", "entropy", *norm),
                     f"{settings.algorithm} diverged at iteration {it + 1}", "lower ppo.lr or ppo.kl_coef (or the "
                     "reward's scale: ppo.reward_clip), then run it again")
     if "kl" in row:  # a coefficient that adapts always has a reference

@@ -185,8 +185,9 @@ def train(ctx: StageContext, engine, tokenizer, checkpoints: Checkpoints, positi
             grad_norm = engine.step()
             step += 1
             stats = dist.all_reduce_mean({"loss": loss_sum, "accuracy": correct})
-            refuse_diverged(stats, ("loss",), f"train_rm diverged at step {step}", "lower train_rm.lr, then run it "
-                            "again")
+            checked = {**stats, **({"grad_norm": grad_norm} if engine.strategy != "deepspeed" else {})}
+            refuse_diverged(checked, ("loss", "grad_norm"), f"train_rm diverged at step {step}", "lower train_rm.lr, "
+                            "then run it again")
             pairs_per_s = (step - position["step"]) * settings.batch_size / max(time.time() - start
                                                                                  - position["seconds"], 1e-9)
             row = {**stats, "epoch": epoch, "lr": engine.lr(), "grad_norm": grad_norm, "samples_per_s": pairs_per_s}

@@ -388,3 +388,13 @@ def test_a_comparison_read_through_a_closed_pipe_is_still_written(tmp_path):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=300) == 0 and "Traceback" not in err, err
     assert "<table>" in page.read_text()
+
+
+def test_a_run_id_the_user_gave_beats_the_orchestrators_run_name(cli, tmp_path):
+    """The Airflow tasks pass the DAG run's name as --default-run-id; overrides naming run_id lost to it, and
+    --set-json items beside --run-id went unchecked."""
+    root = f"file://{tmp_path}/root"
+    cli("launch", "generate", "--config", TINY, "--storage-root", root, "--run-id", "aa", "--set-json",
+        '["run_id=bb"]', needle="--run-id aa and --set run_id=bb name two values of run_id")
+    cli("launch", "label", "--config", TINY, "--storage-root", root, "--default-run-id", "manual__2026", "--set-json",
+        '["run_id=mine"]', needle="/root/mine/generate/manifest.json does not exist")  # run 'mine', not manual__2026

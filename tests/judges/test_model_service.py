@@ -210,7 +210,7 @@ def test_plain_service_answers_and_scores_like_the_in_process_judge(judge_model_
                          (b'{"prompt": "x", "max_tokens": 2, "max_tokens": 9}', "gives the key 'max_tokens' twice"),
                          (b'{"prompt": "x", "temperature": NaN}', "finite number"),
                          # one request held the replica for a minute (a 20 MB prompt tokenized, 60k stop strings)
-                         (b'{"prompt": "' + b"x" * (5 << 20) + b'"}', "is 5 MiB, more than the 4 MiB"),
+                         (b'{"prompt": "' + b"x" * (17 << 20) + b'"}', "is 17.0 MiB, more than the 16 MiB"),
                          (json.dumps({"prompt": "x", "stop": [f"s{i}" for i in range(300)]}).encode(),
                           "stop holds 300 strings, more than the 256")):
         refused = client.post("/v1/completions", content=raw, headers={"content-type": "application/json"})

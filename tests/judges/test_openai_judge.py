@@ -160,7 +160,8 @@ def test_a_judge_that_answers_neither_1_nor_2_is_refused(judge_model_dir, answer
                                             "label.openai.max_unreadable_fraction"):
             judge.prefer_first(PROMPTS[:8], FIRST[:8], SECOND[:8], PRINCIPLES[:8])
         tolerant = make_judge(endpoint_settings(server, api="chat", max_unreadable_fraction=1.0), 8)
-        assert tolerant.prefer_first(PROMPTS[:8], FIRST[:8], SECOND[:8], PRINCIPLES[:8]).tolist() == [0.5] * 8
+        with pytest.raises(UserError, match="answered 8 of its first 8"):  # none read: a stop whatever the share
+            tolerant.prefer_first(PROMPTS[:8], FIRST[:8], SECOND[:8], PRINCIPLES[:8])
     finally:
         server.close()
 
@@ -172,3 +173,24 @@ def test_only_a_whole_answer_is_a_vote():
     judge = OpenAIJudge(settings(judge="openai", openai={"base_url": "http://127.0.0.1:9/v1", "model": "m"}))
     read = [judge._p_first(answer, None) for answer in ("1", "**2**", "Response 1", "Answer: 2", "2.", "1/2", "12")]
     assert read == [1.0, 0.0, 1.0, 0.0, 0.0, 0.5, 0.5] and judge.stats["answers_unreadable"] == 2
+
+
+def test_the_unreadable_share_is_held_to_its_limit_from_the_50th_answer():
+    """Seven answers in eight unreadable became 0.5 labels and the stage went on; one in eight among the first few
+    answers is noise, not a broken judge."""
+    from rlaif.judges.openai import OpenAIJudge
+
+    def judge_answering(answers: list[str], **openai):
+        judge = OpenAIJudge(settings(judge="openai", openai={"base_url": "http://127.0.0.1:9/v1", "model": "m",
+                                                             **openai}))
+        judge.client.map = lambda work, texts: [judge._p_first(answer, None) for answer in answers[:len(texts)]]
+        return judge
+
+    def judged(judge, n: int):
+        return judge.prefer_first(["q"] * n, ["a"] * n, ["b"] * n, ["Be helpful."] * n)
+
+    assert judged(judge_answering(["1"] * 7 + ["maybe"]), 8).tolist() == [1.0] * 7 + [0.5]
+    mostly_unreadable = ["maybe"] * 44 + ["2"] * 6
+    with pytest.raises(UserError, match="answered 44 of its first 50 comparisons with neither 1 nor 2"):
+        judged(judge_answering(mostly_unreadable), 50)
+    assert judged(judge_answering(mostly_unreadable, max_unreadable_fraction=0.9), 50).shape == (50,)

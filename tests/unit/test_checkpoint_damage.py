@@ -43,11 +43,12 @@ def test_a_cut_short_archive_a_lost_file_and_a_torn_listing(tmp_path):
     assert checkpoint_damage(local, "ddp") == "client_state.json is missing"
     rng = local.parent / "rng"
     (rng / "step").mkdir(parents=True)
-    torch.save({"torch": torch.get_rng_state()}, rng / "step/rng-rank1.pt")
+    torch.save({"torch": torch.get_rng_state()}, rng / "step/rng-rank0.pt")
     listing = storage.upload_dir(rng / "step", (rng / "step").as_uri())
-    (rng / "step/rng-rank1.pt").unlink()  # a file its rank listed, gone (no file is required under DeepSpeed)
-    (rng / "step" / FILE_LIST.format(rank=1)).write_text(json.dumps(listing))
-    assert checkpoint_damage(rng / "step", "deepspeed") == "rng-rank1.pt is missing"
+    (rng / "step/rng-rank0.pt").unlink()  # a file this rank listed, gone (no file is required under DeepSpeed)
+    (rng / "step" / FILE_LIST.format(rank=0)).write_text(json.dumps(listing))
+    (rng / "step" / FILE_LIST.format(rank=1)).write_text(json.dumps([{"path": "lost.pt", "sha256": "0"}]))
+    assert checkpoint_damage(rng / "step", "deepspeed") == "rng-rank0.pt is missing"  # each rank checks its own list
 
     local = saved(tmp_path / "torn")
     listing = local / FILE_LIST.format(rank=0)
