@@ -127,7 +127,7 @@ def _launch(args) -> int:
         extra = None
     if not isinstance(extra, list) or not all(isinstance(x, str) for x in extra):
         raise UserError(f"--set-json must be a JSON list of KEY=VALUE strings, got {args.set_json!r}")
-    given = any(item.partition("=")[0].strip() == "run_id" for item in _override_items(args))
+    given = any(item.partition("=")[0].strip() == "run_id" for item in [*args.overrides, *extra])
     # An orchestrator's run name (--default-run-id) names the run unless the user named it (a --set run_id included)
     run_id = args.run_id or (safe_run_id(args.default_run_id) if args.default_run_id and not given else "")
     cfg = launch.load_config_source(args.config, [*args.overrides, *extra], run_id, args.storage_root)

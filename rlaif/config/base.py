@@ -117,15 +117,22 @@ def float32_problem(value: float) -> str | None:
     return None
 
 
-def text_problem(value: str) -> str | None:
-    """Why a string is not text, or None: a lone surrogate (YAML's \\udcff, or a byte that is not UTF-8 in a shell
-    argument) passes as a str until something encodes it, a stage's config dump for one."""
+def encodable(text: str) -> bool:
+    """False for text holding a lone surrogate (JSON's \\ud800-style escapes can spell one, as can YAML's, or a byte
+    that is not UTF-8 in a shell argument): no tokenizer, shard or config dump can encode it."""
     try:
-        value.encode("utf-8")
+        text.encode("utf-8")
     except UnicodeEncodeError:
-        return ("holds a lone surrogate (an unpaired \\ud800-\\udfff escape, or a byte that is not UTF-8 text), which "
-                "is not valid Unicode: fix or remove it")
-    return None
+        return False
+    return True
+
+
+def text_problem(value: str) -> str | None:
+    """Why a string is not text, or None: a lone surrogate passes as a str until something encodes it."""
+    if encodable(value):
+        return None
+    return ("holds a lone surrogate (an unpaired \\ud800-\\udfff escape, or a byte that is not UTF-8 text), which "
+            "is not valid Unicode: fix or remove it")
 
 
 class Strict(BaseModel):

@@ -7,6 +7,7 @@ import hashlib
 import re
 
 from rlaif.config import DataConfig, PromptColumns
+from rlaif.config.base import encodable
 from rlaif.errors import UserError
 from rlaif.io import user_files
 from rlaif.io.prompt_sources import RawRow, read_source, source_digest
@@ -89,16 +90,6 @@ def _checked(row: RawRow, data: DataConfig) -> dict:
     for text in (checked["prompt"], checked.get("reference", ""), *checked.get("key_points", ())):
         _unicode(text, row.where)
     return checked
-
-
-def encodable(text: str) -> bool:
-    """False for text holding a lone surrogate (JSON's \\ud800-style escapes can spell one): no tokenizer or shard
-    can encode it."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _unicode(text: str, where: str) -> None:

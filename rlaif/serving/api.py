@@ -12,9 +12,8 @@ import uuid
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from rlaif.config.base import MIN_TEMPERATURE, yes_no_for_a_number
+from rlaif.config.base import MIN_TEMPERATURE, encodable, yes_no_for_a_number
 from rlaif.io import user_files
-from rlaif.io.prompts import encodable
 from rlaif.serving.engine import BadRequest, Choice, Request
 
 # Above any request the stages send: a prompt of data.max_prompt_chars (at most 1,000,000) characters, each escaped
