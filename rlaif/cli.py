@@ -11,7 +11,6 @@ import threading
 from pathlib import Path
 
 from rlaif import cli_args
-from rlaif.config import safe_run_id
 from rlaif.errors import StageFailed, Terminated, UserError, redact
 
 
@@ -127,9 +126,7 @@ def _launch(args) -> int:
         extra = None
     if not isinstance(extra, list) or not all(isinstance(x, str) for x in extra):
         raise UserError(f"--set-json must be a JSON list of KEY=VALUE strings, got {args.set_json!r}")
-    given = any(item.partition("=")[0].strip() == "run_id" for item in [*args.overrides, *extra])
-    # An orchestrator's run name (--default-run-id) names the run unless the user named it (a --set run_id included)
-    run_id = args.run_id or (safe_run_id(args.default_run_id) if args.default_run_id and not given else "")
+    run_id = launch.orchestrated_run_id([*args.overrides, *extra], args.run_id, args.default_run_id)
     cfg = launch.load_config_source(args.config, [*args.overrides, *extra], run_id, args.storage_root)
     config_url = launch.prepare(cfg, pipeline=args.pipeline, launched=args.name)
     done = launch.launch(cfg, args.name, config_url, rerun=args.rerun)
@@ -208,9 +205,11 @@ def check_run_id(args) -> None:
 
 
 def check_flags_agree(args) -> None:
-    """--run-id and --storage-root beside a --set of the same setting to another value: the flag won, silently."""
-    from rlaif.config.loading import parse_value
+    """--run-id and --storage-root beside a --set of the same setting to another value: the flag won, silently. A
+    setting given twice in --set / --set-json: the last won, silently."""
+    from rlaif.config.loading import parse_value, refuse_repeated_keys
 
+    refuse_repeated_keys(_override_items(args))
     for flag, key in (("--run-id", "run_id"), ("--storage-root", "storage.root")):
         value = getattr(args, flag[2:].replace("-", "_"), None)
         for item in _override_items(args):

@@ -144,8 +144,10 @@ def _first_failure(procs: dict[str, subprocess.Popen], poll_s: float) -> str | N
         time.sleep(poll_s)
 
 
-def _interrupt(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
-    """Ctrl-C for a still running `rlaif launch` and its stage process (they release the stage lock), then a kill."""
+def _interrupt(proc: subprocess.Popen, grace_s: float = launch.STOP_GRACE_S + 40) -> None:
+    """Ctrl-C for a still running `rlaif launch` and its stage process (they release the stage lock), then a kill.
+    The launcher may wait its own grace for its stage before it releases the lock: this one waits longer (a kill
+    before the release leaves a lock that only its dead pid marks as free)."""
     if proc.poll() is not None:
         return
     os.killpg(proc.pid, signal.SIGINT)

@@ -41,7 +41,31 @@ def parse_value(text: str) -> Any:
         return text
 
 
+def refuse_repeated_keys(overrides: list[str] | tuple[str, ...]) -> None:
+    """A user's own overrides giving one setting two values: the last would win without a word (a config file with a
+    key twice is refused too). Overrides an orchestrator appends (typed KFP parameters) are meant to win: not
+    checked."""
+    seen: dict[str, str] = {}
+    for item in overrides:
+        name, _, value = item.partition("=")
+        key = ".".join(part.strip() for part in name.split("."))
+        if key in seen and "=" in item and parse_value(seen[key].partition("=")[2]) != parse_value(value):
+            raise UserError(f"--set {seen[key]} and --set {item} set {key} to two values: give one")
+        seen[key] = item
+
+
+def _merge(section: dict, value: dict) -> None:
+    """A mapping given for a section sets the keys it names; the section's other settings stay as they were."""
+    for key, item in value.items():
+        if isinstance(item, dict) and isinstance(section.get(key), dict):
+            _merge(section[key], item)
+        else:
+            section[key] = item
+
+
 def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
+    """`section.key=VALUE` items applied to a raw config; a mapping VALUE for a section (`ppo={lr: 1e-5}`) sets the
+    keys it names and keeps the rest (every section is a model: there is no free-form mapping to replace)."""
     for item in overrides:
         if "=" not in item:
             raise UserError(f"--set {item!r}: expected KEY=VALUE, e.g. --set ppo.lr=1e-5")
@@ -60,7 +84,11 @@ def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
                 raise UserError(f"--set {key}: {part!r} is a value, not a section: give its whole value, e.g. "
                                 f"--set {example}")
             node = child
-        node[parts[-1]] = parse_value(value)
+        value = parse_value(value)
+        if isinstance(value, dict) and isinstance(node.get(parts[-1]), dict):
+            _merge(node[parts[-1]], value)
+        else:
+            node[parts[-1]] = value
     return raw
 
 

@@ -3,11 +3,13 @@ training operator), generated from graph.py and the cluster settings, created by
 it ends, and reported with its status. Every pod runs the same entrypoint as a single-node stage under torchrun."""
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import time
 from dataclasses import replace
 
-from rlaif.config import PipelineConfig, safe_run_id
+from rlaif.config import PipelineConfig
 from rlaif.errors import StageFailed, Terminated, UserError
 from rlaif.graph import Stage
 from rlaif.orchestration.cluster import ClusterSpec, load
@@ -19,12 +21,25 @@ API = {  # group, version, plural, terminal conditions (success, failure)
     "trainjob": ("trainer.kubeflow.org", "v1alpha1", "trainjobs", "Complete", "Failed"),
     "pytorchjob": ("kubeflow.org", "v1", "pytorchjobs", "Succeeded", "Failed"),
 }
+OWNER_KEYS = ("rlaif/run-dir", "rlaif/stage")  # annotations: the exact run directory and stage a job is for
 
 
 def job_name(stage: Stage, cfg: PipelineConfig) -> str:
-    """DNS-1123 name, stable for a run and stage so that a retried step finds the job it created."""
-    name = f"rlaif-{safe_run_id(cfg.run_id)}-{stage.name}".lower().replace("_", "-").replace(".", "-")
-    return name[:63].rstrip("-")
+    """An RFC 1035 name, the same for every attempt of a run's stage (a retried step finds the job it created) and
+    distinct across runs: a short hash of the run's directory follows a readable cut of its id, since ids that differ
+    in case or punctuation (`Exp_1`, `exp-1`) or only past a length limit would otherwise share one job. Short
+    enough for the names the operators derive from it (`<name>-master-0`, a JobSet's `<name>-node-0-0`)."""
+    readable = re.sub(r"[^a-z0-9]+", "-", cfg.run_id.lower()).strip("-")[:20].strip("-")
+    return "-".join(part for part in ("rlaif", readable, _run_hash(cfg), stage.name.replace("_", "-")) if part)
+
+
+def _run_hash(cfg: PipelineConfig) -> str:
+    return hashlib.sha256(common.run_url(cfg).encode()).hexdigest()[:8]
+
+
+def label_value(text: str) -> str:
+    """`text` as a Kubernetes label value: at most 63 characters of [A-Za-z0-9_.-], alphanumeric at both ends."""
+    return re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", re.sub(r"[^A-Za-z0-9_.-]+", "-", text)[:63])
 
 
 def job_manifest(stage: Stage, cfg: PipelineConfig, config_url: str, nodes: int, spec: ClusterSpec,
@@ -39,8 +54,10 @@ def job_manifest(stage: Stage, cfg: PipelineConfig, config_url: str, nodes: int,
     nproc = plan.gpus or getattr(cfg, stage.name).nproc
     entry = ["-m", "rlaif", *stage.argv(config_url)[1:]]
     metadata = {"name": job_name(stage, cfg), "namespace": namespace,
-                "labels": {"app.kubernetes.io/part-of": "rlaif", "rlaif/run-id": safe_run_id(cfg.run_id)[:63],
-                           "rlaif/stage": stage.name}}
+                "labels": {"app.kubernetes.io/part-of": "rlaif", "rlaif/run-id": label_value(cfg.run_id),
+                           "rlaif/stage": stage.name},
+                # The exact run: a job found under this name is this stage's of this run before it is reused.
+                "annotations": dict(zip(OWNER_KEYS, (common.run_url(cfg), stage.name)))}
     if spec.multinode_api == "trainjob":
         return _trainjob(plan, metadata, ["torchrun", *entry], nodes, nproc, spec.trainjob_runtime)
     # The operator sets RANK (the node's rank), WORLD_SIZE (nodes), MASTER_ADDR and MASTER_PORT on every replica.
@@ -136,6 +153,11 @@ def create_or_reuse(client, api: str, body: dict) -> None:
         if exc.status != 409:
             raise UserError(f"could not create {body['kind']} {ns}/{name}: {exc.status} {exc.reason}") from None
         job = client.get_namespaced_custom_object(group, version, ns, plural, name)
+        if owner(job) != owner(body):  # another run's or stage's job: never wait on it, never delete it
+            run_dir, stage = owner(job).values()
+            raise UserError(f"{body['kind']} {ns}/{name} exists but is not this stage's of this run (it is for "
+                            f"{run_dir or 'no rlaif run'}, stage {stage}): delete it (kubectl delete {plural} -n {ns} "
+                            f"{name}) or use another namespace") from None
         if job_state(job, api)[0] != "running":  # ended in an earlier attempt: start over
             client.delete_namespaced_custom_object(group, version, ns, plural, name)
             time.sleep(5)
@@ -143,6 +165,12 @@ def create_or_reuse(client, api: str, body: dict) -> None:
             print(f"replaced {body['kind']} {ns}/{name} (it had ended in an earlier attempt)", flush=True)
             return
         print(f"{body['kind']} {ns}/{name} exists (an earlier attempt): waiting on it", flush=True)
+
+
+def owner(job: dict) -> dict:
+    """The run directory and stage a job's annotations name (None where it has none: not made by rlaif)."""
+    annotations = (job.get("metadata") or {}).get("annotations") or {}
+    return {key: annotations.get(key) for key in OWNER_KEYS}
 
 
 def run_multinode(stage: Stage, cfg: PipelineConfig, config_url: str, nodes: int, config_hash: str) -> None:

@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 import os
 
-from rlaif.config import safe_run_id
+from rlaif.config.loading import refuse_repeated_keys
 from rlaif.errors import UserError
 from rlaif.io import manifest, storage
-from rlaif.orchestration.launch import launch, load_config_source, prepare
+from rlaif.orchestration.launch import launch, load_config_source, orchestrated_run_id, prepare
 from rlaif.stages import common
 
 
@@ -36,8 +36,10 @@ def run_component(name: str, config: str, overrides: list[str], run_id: str, sto
     quiet_transformers()
     # A retry of this step takes its lock back.
     os.environ.setdefault("RLAIF_LOCK_OWNER", f"kfp:{default_run_id}:{name}")
+    refuse_repeated_keys(overrides)  # the user's own; the typed parameters after them win
+    run_id = orchestrated_run_id(overrides, run_id, default_run_id)  # a run_id among them beats the KFP run's name
     overrides = [*overrides, *typed_overrides(**typed), *[f"{name}.streaming=true"] * streaming]
-    cfg = load_config_source(config, overrides, run_id or safe_run_id(default_run_id), storage_root)
+    cfg = load_config_source(config, overrides, run_id, storage_root)
     config_url = prepare(cfg, pipeline=True)
     for dep, artifact in upstream.items():
         if artifact is None:  # streamed: not committed when this step starts

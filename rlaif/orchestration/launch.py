@@ -22,6 +22,7 @@ from rlaif.config import (
     dump_config,
     load_config,
     parse_config,
+    safe_run_id,
 )
 from rlaif.errors import StageFailed, UserError
 from rlaif.graph import STAGE_BY_NAME, Stage
@@ -44,6 +45,14 @@ def load_config_source(source: str | None, overrides: list[str] = (), run_id: st
     if source and ("\n" in source or source.lstrip().startswith("{")):  # YAML text, or one line of JSON
         return parse_config(source, "inline config", overrides, given=True)
     return load_config(source or None, overrides)
+
+
+def orchestrated_run_id(overrides: list[str], run_id: str, default_run_id: str) -> str:
+    """The run id a launcher passes on: the user's (--run-id, or a run_id among their overrides, which the config
+    then keeps), else the orchestrator's run name (a KFP run, an Airflow DAG run), made a valid run id."""
+    if run_id or any(item.partition("=")[0].strip() == "run_id" for item in overrides):
+        return run_id
+    return safe_run_id(default_run_id) if default_run_id else ""
 
 
 def prepare(cfg: PipelineConfig, pipeline: bool = False, launched: str | None = None) -> str:
@@ -348,7 +357,10 @@ def run_relaying_stderr(cmd: list[str], env: dict) -> tuple[int, bytes]:
         stop(proc)
 
 
-def stop(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
+STOP_GRACE_S = 20.0
+
+
+def stop(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
     """SIGTERM to a child still running (torchrun passes it to its ranks), SIGKILL after grace_s (inside a pod's
     default 30 s termination grace, so the lock is released before the kubelet kills the launcher)."""
     if proc.poll() is not None:

@@ -12,11 +12,12 @@ import pytest
 
 from rlaif import runner
 from rlaif.config import PolicyConfig, load_config
+from rlaif.config.loading import refuse_repeated_keys
 from rlaif.errors import UserError
 from rlaif.io import storage
 from rlaif.io.lock import StageLock
 from rlaif.io.prompts import load_prompts
-from rlaif.orchestration import cluster, launch
+from rlaif.orchestration import cluster, kfp_steps, launch
 from rlaif.stages.common import run_url, stage_url
 
 TINY = "configs/tiny.yaml"
@@ -358,6 +359,32 @@ def test_a_flag_and_a_set_of_the_same_setting_must_agree(cli, tmp_path):
     assert not (tmp_path / "root").exists() and not (tmp_path / "b").exists()
     cli("run", "--config", TINY, "--run-id", "aa", "--set", "run_id=aa", "--storage-root", root, "--set",
         "seed=x", needle="'seed'")  # the same value twice is no conflict: the next check speaks
+
+
+def test_a_setting_given_twice_is_refused_and_a_mapping_sets_only_its_keys(cli, tmp_path, monkeypatch):
+    """`--set ppo.lr=1e-5 --set ppo.lr=2e-5` ran with the last value, and `--set 'ppo={lr: 1e-5}'` reset every other
+    ppo setting of the config file to its default (2 iterations became 40): both silently. The same value twice is
+    no conflict."""
+    root = f"file://{tmp_path}/root"
+    cli("run", "--config", TINY, "--storage-root", root, "--set", "ppo.lr=1e-5", "--set", "ppo . lr=2e-5",
+        needle="--set ppo.lr=1e-5 and --set ppo . lr=2e-5 set ppo.lr to two values: give one")
+    cli("launch", "generate", "--config", TINY, "--storage-root", root, "--set", "seed=1", "--set-json", '["seed=2"]',
+        needle="--set seed=1 and --set seed=2 set seed to two values: give one")
+    monkeypatch.setenv("RLAIF_LOCK_OWNER", "kfp:test")  # the user's overrides of a KFP step: refused the same way
+    with pytest.raises(UserError, match="set ppo.lr to two values"):
+        kfp_steps.run_component("generate", TINY, ["ppo.lr=1", "ppo.lr=2"], "", root, "kfp-run", {}, None, {})
+    assert not (tmp_path / "root").exists()
+    refuse_repeated_keys(["seed=1", "seed= 1", "ppo.lr=1e-5", "ppo.lr = 1e-5"])  # one value each: accepted
+    # A run_id among a KFP step's overrides names the run, as with `rlaif launch` (the KFP run's name did)
+    with pytest.raises(UserError, match=f"{tmp_path}/root/mine/generate/manifest.json does not exist"):
+        kfp_steps.run_component("label", TINY, ["run_id=mine"], "", root, "kfp-run-7", {}, None, {})
+
+    given = load_config(TINY)
+    merged = load_config(TINY, ["ppo={lr: 1e-5}", "policy={tiny: {hidden_size: 32}}"])
+    assert merged.ppo.lr == 1e-5 and merged.policy.tiny.hidden_size == 32
+    assert merged.ppo.model_dump(exclude={"lr"}) == given.ppo.model_dump(exclude={"lr"})
+    assert merged.policy.tiny.model_dump(exclude={"hidden_size"}) == given.policy.tiny.model_dump(
+        exclude={"hidden_size"})
 
 
 def test_messages_that_name_the_real_fix(cli, tmp_path, monkeypatch):

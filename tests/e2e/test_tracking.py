@@ -109,7 +109,8 @@ def test_metrics_arrive_while_the_stages_run(tmp_path, mlflow_server):
     assert "loss" in rm.data.metrics and rm.data.params["train_rm.batch_size"] == "8"
 
     # A re-run with a changed tracking setting is a cache hit: tracking is not part of any cache key.
-    again = subprocess.run([*argv, "--set", "tracking.flush_every_s=5"], cwd=REPO, capture_output=True, text=True,
+    changed = [item.replace("tracking.flush_every_s=1", "tracking.flush_every_s=5") for item in argv]
+    again = subprocess.run(changed, cwd=REPO, capture_output=True, text=True,
                            timeout=300)
     assert again.returncode == 0 and again.stdout.count("cache hit") == 5, again.stdout[-2000:]
 

@@ -1,8 +1,11 @@
 """Multi-node stages: the TrainJob / PyTorchJob specs generated from graph.py, and the create-and-wait loop against
 a fake Kubernetes API that records calls and walks the job through its conditions."""
+import json
+import re
+
 import pytest
 
-from rlaif.config import load_config
+from rlaif.config import load_config, safe_run_id
 from rlaif.errors import Terminated, UserError
 from rlaif.graph import STAGE_BY_NAME
 from rlaif.orchestration import jobs
@@ -19,7 +22,8 @@ def test_trainjob_spec(cfg):
     spec = ClusterSpec(gpus_per_node=8, env={"AWS_ENDPOINT_URL": "http://minio:9000"})
     body = jobs.job_manifest(STAGE_BY_NAME["ppo"], cfg, "s3://b/r/Exp_1/config.yaml", 4, spec, "team-a")
     assert body["apiVersion"] == "trainer.kubeflow.org/v1alpha1" and body["kind"] == "TrainJob"
-    assert body["metadata"]["name"] == "rlaif-exp-1-ppo" and body["metadata"]["namespace"] == "team-a"
+    assert re.fullmatch(r"rlaif-exp-1-[0-9a-f]{8}-ppo", body["metadata"]["name"])
+    assert body["metadata"]["namespace"] == "team-a"
     trainer = body["spec"]["trainer"]
     assert body["spec"]["runtimeRef"] == {"name": "torch-distributed"}
     assert trainer["numNodes"] == 4 and trainer["numProcPerNode"] == 8
@@ -61,6 +65,7 @@ class FakeCustomObjects:
 
     def __init__(self, final: str, polls: int = 2, exists: dict | None = None):
         self.final, self.polls, self.created, self.deleted, self.job = final, polls, [], [], exists
+        self.metadata = (exists or {}).get("metadata", {})
 
     def create_namespaced_custom_object(self, group, version, namespace, plural, body):
         from kubernetes.client.exceptions import ApiException
@@ -68,7 +73,7 @@ class FakeCustomObjects:
         if self.job is not None:
             raise ApiException(status=409, reason="AlreadyExists")
         self.created.append((group, version, namespace, plural, body))
-        self.job = {"status": {}}
+        self.job, self.metadata = {"status": {}}, body["metadata"]
 
     def delete_namespaced_custom_object(self, group, version, namespace, plural, name, **options):
         self.deleted.append(name)
@@ -77,8 +82,9 @@ class FakeCustomObjects:
     def get_namespaced_custom_object(self, group, version, namespace, plural, name):
         self.polls -= 1
         if self.polls > 0:
-            return {"status": {"conditions": [{"type": "Created", "status": "True"}]}}
-        return {"status": {"conditions": [{"type": "Created", "status": "True"},
+            return {"metadata": self.metadata, "status": {"conditions": [{"type": "Created", "status": "True"}]}}
+        return {"metadata": self.metadata,
+                "status": {"conditions": [{"type": "Created", "status": "True"},
                                           {"type": self.final, "status": "True", "message": f"job {self.final}"}]}}
 
 
@@ -100,15 +106,43 @@ def test_create_then_a_retry_reuses_the_running_job(cfg):
     assert len(client.created) == 1 and client.deleted == []
 
 
+def test_job_names_differ_across_runs_and_stages_and_fit_kubernetes():
+    """Run ids differing in case or punctuation, long ids differing past 50 characters (Airflow's run names), and one
+    id under two storage roots shared a job name, and a retry then waited on, or deleted, the other run's job."""
+    long_id = safe_run_id("asset_triggered__2026-11-29T00:40:12.345678+00:00_Kgn1OLYu")
+    ids = ["Exp_1", "exp-1", "exp.1", "x_", "Exp_1.", long_id, long_id[:-1] + "v"]
+    configs = [load_config("configs/tiny.yaml", [f"run_id={json.dumps(i)}", "storage.root=s3://a/r"]) for i in ids]
+    configs.append(load_config("configs/tiny.yaml", ["run_id=Exp_1", "storage.root=s3://b/r"]))
+    names = [jobs.job_name(STAGE_BY_NAME[stage], cfg) for cfg in configs for stage in ("generate", "train_rm", "ppo")]
+    assert len(set(names)) == len(names)
+    assert all(re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) and len(name) <= 45 for name in names), names
+    for cfg in configs:  # the label is a valid label value; the annotation keeps the run exactly
+        metadata = jobs.job_manifest(STAGE_BY_NAME["ppo"], cfg, "u", 2, ClusterSpec(), "ns")["metadata"]
+        assert re.fullmatch(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?", metadata["labels"]["rlaif/run-id"])
+        assert len(metadata["labels"]["rlaif/run-id"]) <= 63
+        assert metadata["annotations"]["rlaif/run-dir"].endswith("/" + cfg.run_id)
+
+
+def test_a_job_of_another_run_under_the_same_name_is_neither_waited_on_nor_deleted(cfg):
+    body = jobs.job_manifest(STAGE_BY_NAME["ppo"], cfg, "u", 2, ClusterSpec(), "ns")
+    others = {"metadata": {"annotations": {"rlaif/run-dir": "s3://b/elsewhere/Exp_1", "rlaif/stage": "ppo"}},
+              "status": {}}
+    for existing in (others, {"status": {}}):  # another run's; one rlaif did not make
+        client = FakeCustomObjects("Failed", polls=1, exists=existing)
+        with pytest.raises(UserError, match=f"TrainJob ns/{body['metadata']['name']} exists but is not this stage"):
+            jobs.create_or_reuse(client, "trainjob", body)
+        assert client.deleted == [] and client.created == []
+
+
 @pytest.mark.parametrize("ended", ["Failed", "Complete"])
 def test_an_ended_job_from_an_earlier_attempt_is_replaced(cfg, monkeypatch, ended):
     """Failed, or succeeded for another config or an output since damaged or rerun: its launcher found no valid
     output, so waiting on the old job would hand it back."""
     monkeypatch.setattr(jobs.time, "sleep", lambda s: None)
     body = jobs.job_manifest(STAGE_BY_NAME["ppo"], cfg, "u", 2, ClusterSpec(), "ns", cache_checked="key")
-    client = FakeCustomObjects(ended, polls=1, exists={"status": {}})
+    client = FakeCustomObjects(ended, polls=1, exists={"metadata": body["metadata"], "status": {}})
     jobs.create_or_reuse(client, "trainjob", body)
-    assert client.deleted == ["rlaif-exp-1-ppo"] and len(client.created) == 1
+    assert client.deleted == [body["metadata"]["name"]] and len(client.created) == 1
     env = {e["name"]: e.get("value") for e in client.created[0][4]["spec"]["trainer"]["env"]}
     assert env["RLAIF_CACHE_CHECKED"] == "key"  # the pods run it: they do not take the old output as a hit
     assert env[LAUNCHED_CONFIG] == launched_config(cfg)  # and refuse a config.yaml rewritten since with other settings
@@ -125,10 +159,11 @@ def test_a_stopped_launcher_deletes_its_job(cfg, monkeypatch, capsys, stop):
         raise stop
 
     monkeypatch.setattr(jobs.time, "sleep", stopped)
+    name = body["metadata"]["name"]
     with pytest.raises(stop):
-        jobs.wait_or_stop(client, "trainjob", "ns", "rlaif-exp-1-ppo")
-    assert client.deleted == ["rlaif-exp-1-ppo"] and client.job is None
-    assert "deleted trainjobs ns/rlaif-exp-1-ppo" in capsys.readouterr().out
+        jobs.wait_or_stop(client, "trainjob", "ns", name)
+    assert client.deleted == [name] and client.job is None
+    assert f"deleted trainjobs ns/{name}" in capsys.readouterr().out
     finished = FakeCustomObjects("Complete", polls=1, exists={"status": {}})
     assert jobs.wait_or_stop(finished, "trainjob", "ns", "j", poll_s=0)[0] == "succeeded" and finished.deleted == []
 
