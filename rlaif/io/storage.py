@@ -96,6 +96,7 @@ def normalize(url: str) -> str:
                             "file:///absolute/path, or a plain local path")
         return "file://" + str(Path(url).expanduser().resolve())
     scheme, rest = url.split("://", 1)
+    scheme = scheme.lower()  # RFC 3986: S3:// is s3://
     if scheme == "file":
         if not rest:
             raise UserError(f"storage URL {url!r} has no path: write file:///absolute/path, file://relative/path or "
@@ -108,7 +109,22 @@ def normalize(url: str) -> str:
     if any(part in ("", ".", "..") for part in rest.rstrip("/").split("/")[1:]):
         raise UserError(f"storage URL {url!r} has an empty, '.' or '..' part: S3 keeps keys literally (no "
                         "directories to resolve them against); write s3://bucket/prefix/...")
-    return url.rstrip("/")
+    _check_s3_url(url, rest)
+    return "s3://" + rest.rstrip("/")
+
+
+def _check_s3_url(url: str, rest: str) -> None:
+    """What s3fs would read as something else: '?versionId=' made every path under a root one object (the first
+    write replaced by the next, a stray object at the bucket's root); a host:port where the bucket goes."""
+    if bad := sorted({ch for ch in rest if ch in "?#" or not ch.isprintable()}):
+        raise UserError(f"storage URL {url!r} holds {', '.join(map(repr, bad))}, which object storage tools do not "
+                        "keep as part of a key ('?' starts a query, '#' a fragment): use a prefix of letters, digits, "
+                        "'-', '_', '.' and '/'")
+    bucket = rest.split("/", 1)[0]
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{1,254}", bucket):
+        hint = " (the endpoint goes in storage.endpoint_url)" if ":" in bucket else ""
+        raise UserError(f"storage URL {url!r}: {bucket!r} is not a bucket name{hint}: write s3://bucket/prefix, "
+                        "a bucket of 3-63 lowercase letters, digits, '-' and '.'")
 
 
 def browsable(url: str) -> str:

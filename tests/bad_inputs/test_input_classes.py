@@ -67,6 +67,17 @@ def test_s3_roots_that_would_be_created_or_taken_literally(cli, s3_endpoint, mon
     assert "no-such-bucket" not in [b["Name"] for b in buckets]
     for root in (f"s3://{bucket}/a/../b", f"s3://{bucket}//b"):
         cli("launch", "generate", "--config", TINY, "--storage-root", root, needle="has an empty, '.' or '..' part")
+    # s3fs reads 's3://b/x?versionId=1/run/...' as the object x: every file of the run replaced the one before, and
+    # a stray object x was written at the bucket's root before the run failed on a message about the endpoint.
+    s3 = boto3.client("s3", endpoint_url=endpoint)
+    for root, needle in ((f"s3://{bucket}/x?versionId=1", "holds '?', which object storage tools do not keep"),
+                         (f"s3://{bucket}/x#part", "holds '#'"),
+                         ("s3://127.0.0.1:9000/runs", "'127.0.0.1:9000' is not a bucket name (the endpoint goes in"),
+                         ("s3://b/runs", "'b' is not a bucket name")):
+        cli("launch", "generate", "--config", TINY, "--storage-root", root, needle=needle)
+        cli("run", "--config", TINY, "--set", f"storage.root={root}", needle=needle)
+    assert "Contents" not in s3.list_objects_v2(Bucket=bucket, Prefix="x")
+    assert storage.normalize("S3://rlaif-test/runs/") == "s3://rlaif-test/runs"
 
 
 def test_unreachable_hub(cli, tmp_path, root, monkeypatch):

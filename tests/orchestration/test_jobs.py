@@ -111,8 +111,8 @@ def test_job_names_differ_across_runs_and_stages_and_fit_kubernetes():
     id under two storage roots shared a job name, and a retry then waited on, or deleted, the other run's job."""
     long_id = safe_run_id("asset_triggered__2026-11-29T00:40:12.345678+00:00_Kgn1OLYu")
     ids = ["Exp_1", "exp-1", "exp.1", "x_", "Exp_1.", long_id, long_id[:-1] + "v"]
-    configs = [load_config("configs/tiny.yaml", [f"run_id={json.dumps(i)}", "storage.root=s3://a/r"]) for i in ids]
-    configs.append(load_config("configs/tiny.yaml", ["run_id=Exp_1", "storage.root=s3://b/r"]))
+    configs = [load_config("configs/tiny.yaml", [f"run_id={json.dumps(i)}", "storage.root=s3://team-a/r"]) for i in ids]
+    configs.append(load_config("configs/tiny.yaml", ["run_id=Exp_1", "storage.root=s3://team-b/r"]))
     names = [jobs.job_name(STAGE_BY_NAME[stage], cfg) for cfg in configs for stage in ("generate", "train_rm", "ppo")]
     assert len(set(names)) == len(names)
     assert all(re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) and len(name) <= 45 for name in names), names

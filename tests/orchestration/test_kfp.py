@@ -133,13 +133,13 @@ def test_submit_sends_the_config_inline_and_validates_it_first(tmp_path):
             return type("Run", (), {"run_id": "run-123"})()
 
     client = FakeClient()
-    run = kfp_pipeline.submit("http://kfp.invalid", "configs/tiny.yaml", ["ppo.iterations=3"], "exp1", "s3://b/r",
+    run = kfp_pipeline.submit("http://kfp.invalid", "configs/tiny.yaml", ["ppo.iterations=3"], "exp1", "s3://bucket-b/r",
                               None, "rlaif-dev", client=client)
     assert run == "run-123"
     _, experiment, args = client.calls[0]
     assert experiment == "rlaif-dev"
     assert args["config"] == (REPO / "configs/tiny.yaml").read_text() and args["overrides"] == ["ppo.iterations=3"]
-    assert args["run_id"] == "exp1" and args["storage_root"] == "s3://b/r"
+    assert args["run_id"] == "exp1" and args["storage_root"] == "s3://bucket-b/r"
     from rlaif.errors import UserError
 
     with pytest.raises(UserError, match="ppo.iterationz"):
