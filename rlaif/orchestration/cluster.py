@@ -178,10 +178,13 @@ def _check_types(spec: ClusterSpec) -> None:
 
 def _check_variables_unique(secrets: tuple[SecretEnv, ...], env: dict[str, str]) -> None:
     """One source per environment variable (a secret, or plain `env`): with two, the pod would get whichever
-    Kubernetes applies last. RLAIF_CLUSTER_JSON is the pod's own (this file, as the stages read it)."""
+    Kubernetes applies last. rlaif's own variables are never the user's: a shared RLAIF_LOCK_OWNER let a second
+    run take the first's locks, RLAIF_ERROR_FILE hid every error from the pod log, RLAIF_FRESH_START dropped every
+    checkpoint."""
     owner: dict[str, str] = {}
     for secret in secrets:
         for variable in secret.env:
+            _not_internal(variable, f"secrets: {secret.name} maps")
             if variable in owner:
                 raise ValueError(f"secrets: {variable} is mapped by both {owner[variable]} and {secret.name}: keep "
                                  "one of them")
@@ -189,8 +192,18 @@ def _check_variables_unique(secrets: tuple[SecretEnv, ...], env: dict[str, str])
     for variable in env:
         if variable in owner:
             raise ValueError(f"env: {variable} is also mapped by secret {owner[variable]}: keep one of them")
-        if variable in ("RLAIF_CLUSTER_JSON", "RLAIF_POD_SIZED_FOR_JUDGE"):
-            raise ValueError(f"env: {variable} is set by rlaif itself on each pod (for the stages): remove it")
+        _not_internal(variable, "env:")
+
+
+# Set by rlaif's launchers for the processes they start (and the test suite's fault switch); the documented switches
+# (RLAIF_DECODER, RLAIF_PACKING, RLAIF_CACHE, RLAIF_BIN, ...) stay the user's.
+INTERNAL_VARIABLES = ("RLAIF_CLUSTER_JSON", "RLAIF_POD_SIZED_FOR_JUDGE", "RLAIF_LOCK_OWNER", "RLAIF_CACHE_CHECKED",
+                      "RLAIF_LAUNCHED_CONFIG", "RLAIF_ERROR_FILE", "RLAIF_FRESH_START", "RLAIF_FAULT")
+
+
+def _not_internal(variable: str, where: str) -> None:
+    if variable in INTERNAL_VARIABLES:
+        raise ValueError(f"{where} {variable}, which rlaif sets itself for the processes it starts: remove it")
 
 
 def from_dict(raw: dict) -> ClusterSpec:

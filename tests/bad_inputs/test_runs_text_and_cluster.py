@@ -179,7 +179,13 @@ def test_config_file_numbers_written_in_decimal(tmp_path):
      "secrets: HF_TOKEN is mapped by both a and b: keep one of them"),
     ({"secrets": [{"name": "s3", "env": {"AWS_ENDPOINT_URL": "url"}}], "env": {"AWS_ENDPOINT_URL": "http://minio"}},
      "env: AWS_ENDPOINT_URL is also mapped by secret s3: keep one of them"),
-    ({"env": {"AWS_ACCESS_KEY_ID_FILE": "/k", "RLAIF_CLUSTER_JSON": "{}"}}, "RLAIF_CLUSTER_JSON is set by rlaif"),
+    ({"env": {"AWS_ACCESS_KEY_ID_FILE": "/k", "RLAIF_CLUSTER_JSON": "{}"}},
+     "env: RLAIF_CLUSTER_JSON, which rlaif sets itself for the processes it starts: remove it"),
+    # a shared lock owner let a second run take the first's locks; an error file hid every error from the pod log
+    ({"env": {"RLAIF_LOCK_OWNER": "team"}}, "env: RLAIF_LOCK_OWNER, which rlaif sets itself"),
+    ({"env": {"RLAIF_ERROR_FILE": "/tmp/e"}}, "env: RLAIF_ERROR_FILE, which rlaif sets itself"),
+    ({"secrets": [{"name": "s", "env": {"RLAIF_FRESH_START": "k"}}]},
+     "secrets: s maps RLAIF_FRESH_START, which rlaif sets itself"),
 ])
 def test_cluster_settings_kubernetes_would_refuse(settings, needle):
     with pytest.raises(ValueError) as refused:
@@ -189,6 +195,7 @@ def test_cluster_settings_kubernetes_would_refuse(settings, needle):
 
 def test_cluster_settings_that_stay_valid():
     plain = {"TOKENIZERS_PARALLELISM": "false", "AWS_ENDPOINT_URL": "http://minio:9000", "HF_TOKEN_PATH": "/t",
+             "RLAIF_DECODER": "static", "RLAIF_PACKING": "off",  # the documented switches stay the user's
              "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1", "GOOGLE_APPLICATION_CREDENTIALS": "/var/run/key.json",
              "AWS_WEB_IDENTITY_TOKEN_FILE": "/var/run/token"}  # switches and paths, not credentials
     spec = cluster.from_dict({"env": plain, "namespace": "ml-team", "node_selector": {"spot": "true"},
