@@ -22,6 +22,20 @@ from rlaif.orchestration.pod import SHM_VOLUME, PodPlan, pod_plan
 COMPONENTS = {"generate": generate, "label": label, "train_rm": train_rm, "ppo": ppo, "evaluate": evaluate}
 
 
+def secret_batches(plan: PodPlan) -> list[tuple[str, bool, dict[str, str]]]:
+    """The plan's secret variables as kfp-kubernetes takes them: per secret and `optional`, a key -> variable map,
+    so one key feeding two variables takes two maps (one map kept only the last variable, and one secret listed
+    twice took the first entry's `optional` for both)."""
+    batches: list[tuple[str, bool, dict[str, str]]] = []
+    for ref in plan.secret_env:
+        batch = next((b for b in batches if b[:2] == (ref.secret, ref.optional) and ref.key not in b[2]), None)
+        if batch is None:
+            batch = (ref.secret, ref.optional, {})
+            batches.append(batch)
+        batch[2][ref.key] = ref.env
+    return batches
+
+
 def configure_task(task: dsl.PipelineTask, plan: PodPlan) -> None:
     """The KFP translation of a stage's pod plan: image, resources, scheduling, secrets, /dev/shm and retries."""
     task.set_display_name(plan.stage).set_container_image(plan.image)
@@ -33,10 +47,8 @@ def configure_task(task: dsl.PipelineTask, plan: PodPlan) -> None:
     task.set_retry(plan.retries, backoff_duration="60s", backoff_factor=2.0)
     for name, value in sorted(plan.env.items()):
         task.set_env_variable(name, value)
-    for secret in dict.fromkeys(ref.secret for ref in plan.secret_env):  # one mount per secret, all its keys
-        refs = [ref for ref in plan.secret_env if ref.secret == secret]
-        kubernetes.use_secret_as_env(task, secret, secret_key_to_env={ref.key: ref.env for ref in refs},
-                                     optional=refs[0].optional)
+    for secret, optional, key_to_env in secret_batches(plan):
+        kubernetes.use_secret_as_env(task, secret, secret_key_to_env=key_to_env, optional=optional)
     kubernetes.empty_dir_mount(task, volume_name=SHM_VOLUME, mount_path="/dev/shm", medium="Memory",
                                size_limit=f"{plan.shm_gib}Gi")
     kubernetes.set_security_context(task, run_as_user=plan.run_as_user, run_as_non_root=True)

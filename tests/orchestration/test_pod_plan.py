@@ -77,6 +77,26 @@ def test_kfp_tasks_render_the_plan(tmp_path, judge):
         assert comparable(kfp_pod(compiled, platform, stage.name)) == expected(stage.name, judge), stage.name
 
 
+def test_kfp_tasks_keep_every_secret_variable(tmp_path):
+    """One secret key feeding two variables kept only the last in KFP, and one secret listed twice took its first
+    entry's `optional` for both; the Airflow pods and the TrainJobs had them right."""
+    from dataclasses import replace
+
+    from kfp import compiler
+
+    secrets = (cluster.SecretEnv("storage", {"AWS_ACCESS_KEY_ID": "key", "MINIO_ACCESS_KEY_ID": "key"}),
+               cluster.SecretEnv("shared", {"HF_TOKEN": "hf"}, optional=True),
+               cluster.SecretEnv("shared", {"RLAIF_JUDGE_API_KEY": "judge"}))
+    spec = replace(SPEC, secrets=secrets)
+    out = tmp_path / "p.yaml"
+    compiler.Compiler().compile(kfp_pipeline.build_pipeline(spec, None), str(out))
+    compiled, platform = yaml.safe_load_all(out.read_text())
+    for stage in STAGES:
+        assert comparable(kfp_pod(compiled, platform, stage.name)) == expected(stage.name, spec=spec), stage.name
+    env = kfp_pod(compiled, platform, "generate")["containers"][0]["env"]
+    assert {"AWS_ACCESS_KEY_ID", "MINIO_ACCESS_KEY_ID", "HF_TOKEN", "RLAIF_JUDGE_API_KEY"} <= {e["name"] for e in env}
+
+
 @pytest.mark.parametrize("api", ["trainjob", "pytorchjob"])
 @pytest.mark.parametrize("stage", ["train_rm", "ppo"])
 def test_multinode_jobs_render_the_plan(api, stage):
