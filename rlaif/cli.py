@@ -62,6 +62,10 @@ def _compile(args) -> int:
     from rlaif.io.output_files import is_stream
     from rlaif.orchestration import kfp_pipeline
 
+    for flag, given in (("--config", args.config), ("--cluster", args.cluster)):  # it would be replaced unread
+        if given and args.output and not is_stream(args.output) and "://" not in given and "\n" not in given \
+                and Path(given).resolve() == Path(args.output).resolve():
+            raise UserError(f"-o {args.output} is the {flag} file this reads: write the pipeline to another file")
     path = kfp_pipeline.compile_pipeline(args.output, args.cluster, args.components_dir, args.config)
     print(f"pipeline: {path}", file=sys.stderr if is_stream(path) else sys.stdout)  # the YAML alone on a stream
     return 0

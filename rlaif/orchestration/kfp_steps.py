@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 from rlaif.config.loading import refuse_repeated_keys
-from rlaif.errors import UserError
+from rlaif.errors import StageFailed, UserError, redact
 from rlaif.io import manifest, storage
 from rlaif.orchestration.launch import launch, load_config_source, orchestrated_run_id, prepare
 from rlaif.stages import common
@@ -26,6 +27,23 @@ def typed_overrides(policy_model: str = "", judge: str = "", ppo_lr: float = 0.0
 
 def run_component(name: str, config: str, overrides: list[str], run_id: str, storage_root: str,
                   default_run_id: str, upstream: dict, output, typed: dict, streaming: bool = False) -> dict:
+    """_run_component, its failures as `rlaif launch` reports them: one `error:` line and exit code 2 for a user error
+    (KFP's executor printed each as a 30-line traceback), exit code 1 for a stage that crashed."""
+    try:
+        return _run_component(name, config, overrides, run_id, storage_root, default_run_id, upstream, output, typed,
+                              streaming)
+    except (UserError, StageFailed) as exc:
+        print(f"error: {redact(str(exc))}", file=sys.stderr, flush=True)
+        raise SystemExit(1 if isinstance(exc, StageFailed) and exc.code != 2 else 2) from None
+    except Exception as exc:
+        if (problem := storage.failure_message(exc)) is None:
+            raise
+        print(f"error: {redact(problem)}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+
+
+def _run_component(name: str, config: str, overrides: list[str], run_id: str, storage_root: str,
+                   default_run_id: str, upstream: dict, output, typed: dict, streaming: bool = False) -> dict:
     """The body of every KFP component: check that the upstream artifacts are the manifests in storage (a stale or
     foreign run directory is refused), launch the stage, and publish its manifest as this step's artifact. `typed`
     (the typed pipeline parameters) win over `overrides`. `streaming` (a pipeline compiled for label.streaming) turns

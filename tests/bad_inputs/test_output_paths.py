@@ -44,6 +44,19 @@ def test_an_output_in_a_directory_that_cannot_be_written(cli, tmp_path, unwritab
     assert not (tmp_path / "root").exists()  # launch checked it before any stage work
 
 
+def test_compile_never_writes_over_a_file_it_reads(cli, tmp_path, monkeypatch):
+    """`compile kfp -o my.yaml --config my.yaml` replaced the user's config with the pipeline, silently."""
+    config, cluster_file = tmp_path / "my.yaml", tmp_path / "cluster.yaml"
+    shutil.copy(TINY, config)
+    cluster_file.write_text("retries: 1\n")
+    monkeypatch.chdir(tmp_path)
+    cli("compile", "kfp", "-o", str(config), "--config", str(config),
+        needle=f"-o {config} is the --config file this reads: write the pipeline to another file")
+    cli("compile", "kfp", "-o", "./cluster.yaml", "--cluster", str(cluster_file), "--config", str(config),
+        needle="-o ./cluster.yaml is the --cluster file this reads")
+    assert config.read_bytes() == Path(TINY).read_bytes() and cluster_file.read_text() == "retries: 1\n"
+
+
 def test_an_output_under_proc(cli, tmp_path):
     for args in output_commands(tmp_path, "/proc/out"):
         cli(*args, needle=f"{args[-2]} {args[-1]}: cannot write files in /proc")

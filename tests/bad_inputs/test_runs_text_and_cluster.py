@@ -368,7 +368,7 @@ def test_a_flag_and_a_set_of_the_same_setting_must_agree(cli, tmp_path):
         "seed=x", needle="'seed'")  # the same value twice is no conflict: the next check speaks
 
 
-def test_a_setting_given_twice_is_refused_and_a_mapping_sets_only_its_keys(cli, tmp_path, monkeypatch):
+def test_a_setting_given_twice_is_refused_and_a_mapping_sets_only_its_keys(cli, tmp_path, monkeypatch, capsys):
     """`--set ppo.lr=1e-5 --set ppo.lr=2e-5` ran with the last value, and `--set 'ppo={lr: 1e-5}'` reset every other
     ppo setting of the config file to its default (2 iterations became 40): both silently. The same value twice is
     no conflict."""
@@ -377,14 +377,18 @@ def test_a_setting_given_twice_is_refused_and_a_mapping_sets_only_its_keys(cli, 
         needle="--set ppo.lr=1e-5 and --set ppo . lr=2e-5 set ppo.lr to two values: give one")
     cli("launch", "generate", "--config", TINY, "--storage-root", root, "--set", "seed=1", "--set-json", '["seed=2"]',
         needle="--set seed=1 and --set seed=2 set seed to two values: give one")
-    monkeypatch.setenv("RLAIF_LOCK_OWNER", "kfp:test")  # the user's overrides of a KFP step: refused the same way
-    with pytest.raises(UserError, match="set ppo.lr to two values"):
+    monkeypatch.setenv("RLAIF_LOCK_OWNER", "kfp:test")  # the user's overrides of a KFP step: refused the same way,
+    with pytest.raises(SystemExit) as refused:  # in one line (KFP's executor printed a traceback)
         kfp_steps.run_component("generate", TINY, ["ppo.lr=1", "ppo.lr=2"], "", root, "kfp-run", {}, None, {})
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and err.startswith("error: --set ppo.lr=1 and --set ppo.lr=2 set ppo.lr to two")
+    assert len(err.splitlines()) == 1
     assert not (tmp_path / "root").exists()
     refuse_repeated_keys(["seed=1", "seed= 1", "ppo.lr=1e-5", "ppo.lr = 1e-5"])  # one value each: accepted
     # A run_id among a KFP step's overrides names the run, as with `rlaif launch` (the KFP run's name did)
-    with pytest.raises(UserError, match=f"{tmp_path}/root/mine/generate/manifest.json does not exist"):
+    with pytest.raises(SystemExit):
         kfp_steps.run_component("label", TINY, ["run_id=mine"], "", root, "kfp-run-7", {}, None, {})
+    assert f"{tmp_path}/root/mine/generate/manifest.json does not exist" in capsys.readouterr().err
 
     given = load_config(TINY)
     merged = load_config(TINY, ["ppo={lr: 1e-5}", "policy={tiny: {hidden_size: 32}}"])
