@@ -1,7 +1,8 @@
 """Scoring rollouts on the policy's token ids (ppo.reward_inputs): the reward model's pair template built around
 the response ids is exactly what its tokenizer makes of the text pair (special tokens, token types, longest-first
-truncation, padding side), for a decoder tokenizer (the demo policy's) and an encoder one (MiniLM's); scores match
-the text path; tokenizers that differ are told apart, and token_ids with a different tokenizer is refused."""
+truncation, padding side), for a decoder tokenizer (the built-in tiny policy's, built in seconds where the demo's
+takes a minute and a half) and an encoder one (MiniLM's); scores match the text path; tokenizers that differ are told
+apart, and token_ids with a different tokenizer is refused."""
 import json
 
 import pytest
@@ -20,7 +21,7 @@ def policy_dir():
     from rlaif.config import load_config
     from rlaif.models.loading import resolve_policy
 
-    return resolve_policy(load_config("configs/demo.yaml").policy)
+    return resolve_policy(load_config("configs/tiny.yaml").policy)
 
 
 @pytest.fixture(scope="module")
@@ -110,11 +111,11 @@ def test_token_ids_with_another_backbone_tokenizer_is_refused_at_launch(policy_d
     from rlaif.models.loading import minilm_dir
     from rlaif.orchestration.launch import check_reward_inputs
 
-    cfg = load_config("configs/demo.yaml", ["ppo.reward_inputs=token_ids"])
+    cfg = load_config("configs/tiny.yaml", ["ppo.reward_inputs=token_ids"])
     check_reward_inputs(cfg, policy_dir, policy_dir)  # a backbone on the policy's own tokenizer
     with pytest.raises(UserError, match="ppo.reward_inputs=token_ids needs the reward model's tokenizer"):
         check_reward_inputs(cfg, policy_dir, minilm_dir())
     check_reward_inputs(cfg, None, policy_dir)  # the unbuilt policy's tokenizer is the one its build trains
     with pytest.raises(UserError, match="ppo.reward_inputs=token_ids needs the reward model's tokenizer"):
         check_reward_inputs(cfg, None, minilm_dir())
-    check_reward_inputs(load_config("configs/demo.yaml"), policy_dir, minilm_dir())  # auto: text where they differ
+    check_reward_inputs(load_config("configs/tiny.yaml"), policy_dir, minilm_dir())  # auto: text where they differ
