@@ -63,6 +63,7 @@ def _compile(args) -> int:
     from rlaif.orchestration import kfp_pipeline
 
     for flag, given in (("--config", args.config), ("--cluster", args.cluster)):  # it would be replaced unread
+        given = given.removeprefix("file://") if given else given
         if given and args.output and not is_stream(args.output) and "://" not in given and "\n" not in given \
                 and Path(given).resolve() == Path(args.output).resolve():
             raise UserError(f"-o {args.output} is the {flag} file this reads: write the pipeline to another file")

@@ -125,8 +125,7 @@ def launch_together(names: list[str], config_url: str, rerun: set[str] = frozens
                 procs[name] = subprocess.Popen(argv, env=env, start_new_session=True)  # its group: the stage too
             failed = _first_failure(procs, poll_s)
         finally:
-            for proc in procs.values():
-                _interrupt(proc)
+            _interrupt(list(procs.values()))
         if failed:
             errors = Path(tmp) / f"{failed}.err"
             lines = [line.strip() for line in errors.read_text().splitlines()] if errors.exists() else []
@@ -144,18 +143,20 @@ def _first_failure(procs: dict[str, subprocess.Popen], poll_s: float) -> str | N
         time.sleep(poll_s)
 
 
-def _interrupt(proc: subprocess.Popen, grace_s: float = launch.STOP_GRACE_S + 40) -> None:
-    """Ctrl-C for a still running `rlaif launch` and its stage process (they release the stage lock), then a kill.
-    The launcher may wait its own grace for its stage before it releases the lock: this one waits longer (a kill
-    before the release leaves a lock that only its dead pid marks as free)."""
-    if proc.poll() is not None:
-        return
-    os.killpg(proc.pid, signal.SIGINT)
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+def _interrupt(procs: list[subprocess.Popen], grace_s: float = launch.STOP_GRACE_S + 40) -> None:
+    """Ctrl-C for the still running `rlaif launch`es and their stage processes (they release their stage locks), then
+    a kill. A launcher may wait its own grace for its stage before it releases its lock: this waits longer (a kill
+    before the release leaves a lock that only its dead pid marks as free), for all of them at once."""
+    running = [proc for proc in procs if proc.poll() is None]
+    for proc in running:
+        os.killpg(proc.pid, signal.SIGINT)
+    deadline = time.monotonic() + grace_s
+    for proc in running:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def run_stage(cfg: PipelineConfig, name: str, part_index: int = 0, num_parts: int = 1) -> None:

@@ -43,15 +43,25 @@ def parse_value(text: str) -> Any:
 
 def refuse_repeated_keys(overrides: list[str] | tuple[str, ...]) -> None:
     """A user's own overrides giving one setting two values: the last would win without a word (a config file with a
-    key twice is refused too). Overrides an orchestrator appends (typed KFP parameters) are meant to win: not
-    checked."""
-    seen: dict[str, str] = {}
+    key twice is refused too). A mapping counts as the settings it names (`ppo={lr: 1}` sets ppo.lr). Overrides an
+    orchestrator appends (typed KFP parameters) are meant to win: not checked."""
+    seen: dict[str, tuple[str, str]] = {}
     for item in overrides:
+        if "=" not in item:  # apply_overrides says what is wrong with it
+            continue
         name, _, value = item.partition("=")
-        key = ".".join(part.strip() for part in name.split("."))
-        if key in seen and "=" in item and parse_value(seen[key].partition("=")[2]) != parse_value(value):
-            raise UserError(f"--set {seen[key]} and --set {item} set {key} to two values: give one")
-        seen[key] = item
+        for key, setting in _settings(".".join(part.strip() for part in name.split(".")), parse_value(value)):
+            shown = json.dumps(setting, sort_keys=True, default=str)  # typed: true is not 1
+            if key in seen and seen[key][1] != shown:
+                raise UserError(f"--set {seen[key][0]} and --set {item} set {key} to two values: give one")
+            seen[key] = (item, shown)
+
+
+def _settings(key: str, value) -> list[tuple[str, object]]:
+    """(dotted key, value) of each setting an override names: a mapping's own keys, flattened."""
+    if isinstance(value, dict) and value:
+        return [pair for sub, item in value.items() for pair in _settings(f"{key}.{sub}", item)]
+    return [(key, value)]
 
 
 def _merge(section: dict, value: dict) -> None:

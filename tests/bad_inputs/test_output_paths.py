@@ -52,6 +52,7 @@ def test_compile_never_writes_over_a_file_it_reads(cli, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cli("compile", "kfp", "-o", str(config), "--config", str(config),
         needle=f"-o {config} is the --config file this reads: write the pipeline to another file")
+    cli("compile", "kfp", "-o", str(config), "--config", config.as_uri(), needle=f"-o {config} is the --config file")
     cli("compile", "kfp", "-o", "./cluster.yaml", "--cluster", str(cluster_file), "--config", str(config),
         needle="-o ./cluster.yaml is the --cluster file this reads")
     assert config.read_bytes() == Path(TINY).read_bytes() and cluster_file.read_text() == "retries: 1\n"
