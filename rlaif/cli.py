@@ -59,13 +59,13 @@ def _config(args) -> int:
 
 
 def _compile(args) -> int:
+    from rlaif.io import storage
     from rlaif.io.output_files import is_stream
     from rlaif.orchestration import kfp_pipeline
 
     for flag, given in (("--config", args.config), ("--cluster", args.cluster)):  # it would be replaced unread
-        given = given.removeprefix("file://") if given else given
-        if given and args.output and not is_stream(args.output) and "://" not in given and "\n" not in given \
-                and Path(given).resolve() == Path(args.output).resolve():
+        if given and "\n" not in given and not is_stream(args.output) \
+                and storage.normalize(given) == storage.normalize(args.output):
             raise UserError(f"-o {args.output} is the {flag} file this reads: write the pipeline to another file")
     path = kfp_pipeline.compile_pipeline(args.output, args.cluster, args.components_dir, args.config)
     print(f"pipeline: {path}", file=sys.stderr if is_stream(path) else sys.stdout)  # the YAML alone on a stream
@@ -242,8 +242,6 @@ def _dispatch(args) -> int:
 
             storage.configure(None)  # a config or run given as an s3:// URL needs the endpoint from the environment
         return COMMANDS[args.command](args)
-    except UserError as exc:
-        return _user_error(str(exc))
     except KeyboardInterrupt:
         _stopped("interrupted")
         return 130
@@ -253,17 +251,27 @@ def _dispatch(args) -> int:
             return 0
         return _user_error(f"`rlaif {args.command}` stopped: a pipe it wrote to was closed (the program reading its "
                            "output exited?): run it without the pipe, or send its output to a file")
-    except StageFailed as exc:
+    except Exception as exc:
+        if (code := report_failure(exc)) is None:
+            raise
+        return code
+
+
+def report_failure(exc: BaseException) -> int | None:
+    """A failure as a user sees it, and its exit code: a user error, a disk or object-storage problem in one line
+    (code 2), a failed stage in one line after its own output (1, or 2 for a stage's user error); None for a bug,
+    whose traceback stays. Also what a KFP step reports (its executor would print a traceback for each)."""
+    if isinstance(exc, UserError):
+        return _user_error(str(exc))
+    if isinstance(exc, StageFailed):
         print(f"error: {redact(str(exc))}", file=sys.stderr)
         return 2 if exc.code == 2 else 1
-    except Exception as exc:
-        from rlaif.io import storage
+    from rlaif.io import storage
 
-        if _a_peer_rank_reported_first():
-            return 1
-        if (problem := disk_problem(exc) or storage.failure_message(exc)) is None:
-            raise
-        return _user_error(problem)
+    if _a_peer_rank_reported_first():
+        return 1
+    problem = disk_problem(exc) or storage.failure_message(exc)
+    return None if problem is None else _user_error(problem)
 
 
 def _a_peer_rank_reported_first() -> bool:

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 from rlaif.config.loading import refuse_repeated_keys
-from rlaif.errors import StageFailed, UserError, redact
+from rlaif.errors import UserError
 from rlaif.io import manifest, storage
 from rlaif.orchestration.launch import launch, load_config_source, orchestrated_run_id, prepare
 from rlaif.stages import common
@@ -27,19 +26,17 @@ def typed_overrides(policy_model: str = "", judge: str = "", ppo_lr: float = 0.0
 
 def run_component(name: str, config: str, overrides: list[str], run_id: str, storage_root: str,
                   default_run_id: str, upstream: dict, output, typed: dict, streaming: bool = False) -> dict:
-    """_run_component, its failures as `rlaif launch` reports them: one `error:` line and exit code 2 for a user error
-    (KFP's executor printed each as a 30-line traceback), exit code 1 for a stage that crashed."""
+    """_run_component, its failures reported as `rlaif launch` reports them (cli.report_failure: one `error:` line,
+    exit code 2 for a user error), where KFP's executor printed a 30-line traceback for each."""
+    from rlaif.cli import report_failure
+
     try:
         return _run_component(name, config, overrides, run_id, storage_root, default_run_id, upstream, output, typed,
                               streaming)
-    except (UserError, StageFailed) as exc:
-        print(f"error: {redact(str(exc))}", file=sys.stderr, flush=True)
-        raise SystemExit(1 if isinstance(exc, StageFailed) and exc.code != 2 else 2) from None
     except Exception as exc:
-        if (problem := storage.failure_message(exc)) is None:
+        if (code := report_failure(exc)) is None:
             raise
-        print(f"error: {redact(problem)}", file=sys.stderr, flush=True)
-        raise SystemExit(2) from None
+        raise SystemExit(code) from None
 
 
 def _run_component(name: str, config: str, overrides: list[str], run_id: str, storage_root: str,
