@@ -7,10 +7,62 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 
 from rlaif.errors import looks_secret
 from rlaif.graph import STAGE_BY_NAME
+
+K8S_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # DNS-1123 label (63 at most): namespaces
+K8S_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")  # 253: secrets, accounts
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]+")
+QUALIFIED_PART = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")  # a label key's name part, a label value
+# A container image reference as the distribution spec writes it: [registry[:port]/]path[:tag][@algorithm:digest].
+_IMAGE_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_REGISTRY = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*(?::[0-9]+)?/)?"
+IMAGE_REF = re.compile(rf"{_REGISTRY}{_IMAGE_PART}(?:/{_IMAGE_PART})*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?"
+                       r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?")
+
+
+def _check_field_types(settings, where: str = "") -> None:
+    """Values Kubernetes takes as strings must be strings here (YAML reads `true` and `1` as others, which the
+    manifests would carry unquoted and the API refuse); whole numbers whole, switches true or false."""
+    for item in fields(settings):
+        value, name = getattr(settings, item.name), where + item.name
+        optional = item.type.endswith(" | None") and value is None
+        kind = item.type.removesuffix(" | None")
+        if optional or kind not in _TYPE_CHECKS:
+            continue
+        if not _TYPE_CHECKS[kind](value):
+            raise ValueError(_TYPE_ERRORS[kind].format(name=name, value=value))
+
+
+_TYPE_CHECKS = {
+    "str": lambda value: isinstance(value, str),
+    "bool": lambda value: isinstance(value, bool),
+    "int": lambda value: isinstance(value, int) and not isinstance(value, bool),
+    "dict[str, str]": lambda value: isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()),
+}
+_TYPE_ERRORS = {
+    "str": "{name} must be text, not {value!r}: put it in quotes",
+    "bool": "{name} must be true or false, not {value!r}",
+    "int": "{name} must be a whole number, not {value!r}",
+    "dict[str, str]": "{name} must map text to text, got {value!r}: put values such as true or 1 in quotes",
+}
+
+
+def qualified_name(text: str) -> bool:
+    """A Kubernetes qualified name (label keys, taint keys, extended resources): [prefix/]name, the prefix a DNS
+    subdomain of at most 253 characters, the name at most 63 of letters, digits, '-', '_', '.'."""
+    prefix, _, name = text.rpartition("/")
+    if "/" in text and not (prefix and len(prefix) <= 253 and K8S_SUBDOMAIN.fullmatch(prefix)):
+        return False
+    return len(name) <= 63 and bool(QUALIFIED_PART.fullmatch(name))
+
+
+def label_value_valid(text: str) -> bool:
+    return text == "" or (len(text) <= 63 and bool(QUALIFIED_PART.fullmatch(text)))
 
 
 @dataclass(frozen=True)
@@ -23,6 +75,17 @@ class SecretEnv:
     """Environment variable -> key in the secret."""
     optional: bool = False
     """Pods still start when the secret is absent (e.g. a judge key that only some configs need)."""
+
+    def __post_init__(self):
+        _check_field_types(self, "secrets: ")
+        if not (len(self.name) <= 253 and K8S_SUBDOMAIN.fullmatch(self.name)):
+            raise ValueError(f"secret {self.name!r} is not a Kubernetes name (lowercase letters, digits, '-' and '.')")
+        for variable, key in self.env.items():
+            if not ENV_NAME.fullmatch(variable):
+                raise ValueError(f"secret {self.name}: {variable!r} is not an environment variable name")
+            if not (len(key) <= 253 and SECRET_KEY.fullmatch(key)):
+                raise ValueError(f"secret {self.name}: {key!r} (for {variable}) is not a secret key (letters, digits, "
+                                 "'-', '_' and '.')")
 
 
 TOLERATION_OPERATORS = ("Exists", "Equal")
@@ -38,6 +101,16 @@ class Toleration:
 
     def __post_init__(self):
         # Kubernetes refuses these only when the pod is created: in the first pod of a run, not at compile time.
+        _check_field_types(self, "gpu_tolerations: ")
+        if self.key and not qualified_name(self.key):
+            raise ValueError(f"gpu_tolerations: key {self.key!r} is not a taint key (such as nvidia.com/gpu)")
+        if not self.key and self.operator != "Exists":
+            raise ValueError("gpu_tolerations: an entry without a key tolerates every taint and needs operator Exists")
+        if self.operator == "Exists" and self.value:
+            raise ValueError(f"gpu_tolerations: {self.key!r} has operator Exists and value {self.value!r}: a value "
+                             "needs operator Equal")
+        if self.value and not label_value_valid(self.value):
+            raise ValueError(f"gpu_tolerations: value {self.value!r} of {self.key!r} is not a taint value")
         if self.operator not in TOLERATION_OPERATORS:
             raise ValueError(f"gpu_tolerations: operator {self.operator!r} of {self.key!r} must be Exists or Equal")
         if self.effect not in (None, "", *TOLERATION_EFFECTS):
@@ -54,9 +127,10 @@ class StageResources:
     gpus: int | None = None
 
     def __post_init__(self):
+        _check_field_types(self)
         for name in ("cpu", "memory_gib", "gpus"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            if value is not None and value < 0:
                 raise ValueError(f"{name} must be a whole number >= 0, not {value!r}")
         if self.cpu == 0 or self.memory_gib == 0:
             raise ValueError("cpu and memory_gib must be at least 1")
@@ -105,8 +179,12 @@ class ClusterSpec:
     """`trainjob` (Kubeflow Trainer v2) or `pytorchjob` (the older training operator) for stages with nodes > 1."""
     trainjob_runtime: str = "torch-distributed"
     """ClusterTrainingRuntime a TrainJob refers to."""
+    multinode_start_timeout_s: int = 3600
+    """How long a multi-node job's pods may wait for nodes (unschedulable: no node has the GPUs, a node pool scaling
+    up) before the step fails with the scheduler's reason; 0 waits for good. A pod whose container cannot start (an
+    image that does not pull, a missing secret key) fails the step after 5 minutes whatever this says."""
     run_as_user: int = 1000
-    """Non-root user of the images."""
+    """Non-root user of the images (pods run with runAsNonRoot, so 0 would never start)."""
     stages: dict[str, StageResources] = field(default_factory=dict)
     """Per-stage pod sizes, e.g. {"ppo": {"cpu": 16, "memory_gib": 64, "gpus": 8}, "label": {"gpus": 0}}."""
 
@@ -122,32 +200,10 @@ class ClusterSpec:
         return json.dumps(asdict(self), sort_keys=True)
 
 
-K8S_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # DNS-1123 label (63 at most): namespaces
-K8S_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")  # 253: secrets, accounts
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-# A container image reference as the distribution spec writes it: [registry[:port]/]path[:tag][@algorithm:digest].
-_IMAGE_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-_REGISTRY = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*(?::[0-9]+)?/)?"
-IMAGE_REF = re.compile(rf"{_REGISTRY}{_IMAGE_PART}(?:/{_IMAGE_PART})*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?"
-                       r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?")
-
-
 def _check_types(spec: ClusterSpec) -> None:
-    """Values Kubernetes takes as strings must be strings here (YAML reads `true` and `1` as others, which the
-    manifests would carry unquoted and the API refuse); names must be names; secrets stay out of plain `env`."""
-    for item in fields(spec):
-        value = getattr(spec, item.name)
-        if item.type == "str" and not isinstance(value, str):
-            raise ValueError(f"{item.name} must be text, not {value!r}: put it in quotes")
-        if item.type == "bool" and not isinstance(value, bool):
-            raise ValueError(f"{item.name} must be true or false, not {value!r}")
-        if item.type in ("int", "int | None") and (isinstance(value, bool) or not isinstance(value, (int, type(None)))
-                                                   or (item.type == "int" and value is None)):
-            raise ValueError(f"{item.name} must be a whole number, not {value!r}")
-        if item.type == "dict[str, str]" and not (isinstance(value, dict) and all(
-                isinstance(k, str) and isinstance(v, str) for k, v in value.items())):
-            raise ValueError(f"{item.name} must map text to text, got {value!r}: put values such as true or 1 in "
-                             "quotes")
+    """The field types, then the names Kubernetes would refuse only when it creates the first pod of a run; secrets
+    stay out of plain `env`."""
+    _check_field_types(spec)
     if not spec.image or not spec.gpu_image:
         raise ValueError("image and gpu_image must name container images")
     for name, image in (("image", spec.image), ("gpu_image", spec.gpu_image)):
@@ -155,18 +211,17 @@ def _check_types(spec: ClusterSpec) -> None:
             raise ValueError(f"{name} {image!r} is not a container image reference: write it as "
                              "registry/name:tag, e.g. ghcr.io/rlaif/rlaif:0.1.0 (no spaces, lowercase name)")
     for name, value, low, high in (("gpus_per_node", spec.gpus_per_node, 0, 64), ("shm_gib", spec.shm_gib, 1, 4096),
-                                   ("retries", spec.retries, 0, 100), ("run_as_user", spec.run_as_user, 0, 2**31 - 1)):
+                                   ("retries", spec.retries, 0, 100), ("run_as_user", spec.run_as_user, 1, 2**31 - 1),
+                                   ("multinode_start_timeout_s", spec.multinode_start_timeout_s, 0, 7 * 86400)):
         if value is not None and not low <= value <= high:
             raise ValueError(f"{name} must be between {low} and {high}, not {value}")
     if spec.namespace and not (len(spec.namespace) <= 63 and K8S_LABEL.fullmatch(spec.namespace)):
         raise ValueError(f"namespace {spec.namespace!r} is not a Kubernetes namespace name (lowercase letters, "
                          "digits and '-', 63 at most)")
-    for what, name in [("service_account", spec.service_account), *[("secret", s.name) for s in spec.secrets]]:
+    for what, name in (("service_account", spec.service_account), ("trainjob_runtime", spec.trainjob_runtime)):
         if name and not (len(name) <= 253 and K8S_SUBDOMAIN.fullmatch(name)):
             raise ValueError(f"{what} {name!r} is not a Kubernetes name (lowercase letters, digits, '-' and '.')")
-    for secret in spec.secrets:
-        if not all(isinstance(k, str) and ENV_NAME.fullmatch(k) and isinstance(v, str) for k, v in secret.env.items()):
-            raise ValueError(f"secret {secret.name}: env must map variable names to the secret's keys (text)")
+    _check_scheduling_names(spec)
     for name in spec.env:
         if not ENV_NAME.fullmatch(name):
             raise ValueError(f"env: {name!r} is not an environment variable name")
@@ -174,6 +229,20 @@ def _check_types(spec: ClusterSpec) -> None:
             raise ValueError(f"env: {name} looks like a credential, which `env` would write into the pipeline in "
                              "plain text: put it in a Kubernetes secret and map it under `secrets`")
     _check_variables_unique(spec.secrets, spec.env)
+
+
+def _check_scheduling_names(spec: ClusterSpec) -> None:
+    for what, selector in (("node_selector", spec.node_selector), ("gpu_node_selector", spec.gpu_node_selector)):
+        for key, value in selector.items():
+            if not qualified_name(key):
+                raise ValueError(f"{what}: {key!r} is not a node label key ([prefix/]name, e.g. "
+                                 "nvidia.com/gpu.product)")
+            if not label_value_valid(value):
+                raise ValueError(f"{what}: {value!r} (for {key}) is not a label value (at most 63 letters, digits, "
+                                 "'-', '_', '.', beginning and ending with a letter or digit)")
+    if not ("/" in spec.gpu_resource and qualified_name(spec.gpu_resource)):
+        raise ValueError(f"gpu_resource {spec.gpu_resource!r} is not an extended resource name (domain/name, e.g. "
+                         "nvidia.com/gpu or amd.com/gpu)")
 
 
 def _check_variables_unique(secrets: tuple[SecretEnv, ...], env: dict[str, str]) -> None:
@@ -208,25 +277,46 @@ def _not_internal(variable: str, where: str) -> None:
 
 def from_dict(raw: dict) -> ClusterSpec:
     """A ClusterSpec from plain data, refusing unknown keys (a typo must not silently fall back to a default)."""
-    known = {f.name for f in fields(ClusterSpec)}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ValueError(f"unknown cluster setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
     raw = dict(raw)
+    _refuse_unknown(raw, ClusterSpec, "cluster setting")
     if "secrets" in raw:
-        raw["secrets"] = tuple(SecretEnv(**s) for s in raw["secrets"])
+        raw["secrets"] = tuple(SecretEnv(**_entry(s, SecretEnv, "secrets")) for s in _listed(raw["secrets"], "secrets"))
     if "gpu_tolerations" in raw:
-        raw["gpu_tolerations"] = tuple(Toleration(**t) for t in raw["gpu_tolerations"])
+        raw["gpu_tolerations"] = tuple(Toleration(**_entry(t, Toleration, "gpu_tolerations"))
+                                       for t in _listed(raw["gpu_tolerations"], "gpu_tolerations"))
     if "stages" in raw:
-        raw["stages"] = {name: _stage_resources(name, sizes) for name, sizes in (raw["stages"] or {}).items()}
+        stages = raw["stages"] or {}
+        if not isinstance(stages, dict):
+            raise ValueError(f"stages must map stage names to pod sizes, not {stages!r}")
+        raw["stages"] = {name: StageResources(**_entry(sizes, StageResources, f"stages.{name}"))
+                         for name, sizes in stages.items()}
     return ClusterSpec(**raw)
 
 
-def _stage_resources(stage: str, sizes) -> StageResources:
-    known = [f.name for f in fields(StageResources)]
-    if not isinstance(sizes, dict) or set(sizes) - set(known):
-        raise ValueError(f"stages.{stage}: give a mapping with keys among {', '.join(known)}, got {sizes!r}")
-    return StageResources(**sizes)
+def _refuse_unknown(raw: dict, kind, what: str) -> None:
+    known = {f.name for f in fields(kind)}
+    unknown = sorted(map(str, set(raw) - known))
+    if unknown:
+        raise ValueError(f"unknown {what}(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+
+
+def _listed(value, what: str) -> list:
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"{what} must be a list of entries, not {value!r}")
+    return list(value)
+
+
+def _entry(value, kind, what: str) -> dict:
+    """One nested entry (a secret, a toleration, a stage's sizes) as keyword arguments, its keys checked."""
+    known = [f.name for f in fields(kind)]
+    if not isinstance(value, dict):
+        raise ValueError(f"{what}: give a mapping with keys among {', '.join(known)}, got {value!r}")
+    _refuse_unknown(value, kind, f"{what} key")
+    required = [f.name for f in fields(kind) if f.default is MISSING and f.default_factory is MISSING]
+    missing = [name for name in required if name not in value]
+    if missing:
+        raise ValueError(f"{what}: {value!r} lacks {', '.join(missing)}")
+    return value
 
 
 def load(path: str | None = None) -> ClusterSpec:

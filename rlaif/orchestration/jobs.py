@@ -4,6 +4,7 @@ it ends, and reported with its status. Every pod runs the same entrypoint as a s
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import time
@@ -22,6 +23,17 @@ API = {  # group, version, plural, terminal conditions (success, failure)
     "pytorchjob": ("kubeflow.org", "v1", "pytorchjobs", "Succeeded", "Failed"),
 }
 OWNER_KEYS = ("rlaif/run-dir", "rlaif/stage")  # annotations: the exact run directory and stage a job is for
+POD_LABEL = {"trainjob": "jobset.sigs.k8s.io/jobset-name", "pytorchjob": "training.kubeflow.org/job-name"}
+TRANSIENT_STATUS = (429, 500, 502, 503, 504)
+API_PATIENCE_S = 300.0  # how long the API may fail in a row (a control-plane upgrade) before the step gives up
+START_GRACE_S = 300.0  # how long a container may fail to start (a registry hiccup passes; a wrong image does not)
+START_ERRORS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
+                "CreateContainerError")
+REPLACE_PATIENCE_S = 120.0  # how long a deleted job of an earlier attempt may take to go
+
+
+class ApiUnreachable(Exception):
+    """The Kubernetes API kept failing for API_PATIENCE_S: the job, if created, is left to a retried step."""
 
 
 def job_name(stage: Stage, cfg: PipelineConfig) -> str:
@@ -105,28 +117,124 @@ def job_state(job: dict, api: str) -> tuple[str, str]:
     return "running", ""
 
 
-def wait(client, api: str, namespace: str, name: str, poll_s: float = 15.0,
-         timeout_s: float | None = None) -> tuple[str, str]:
-    """Polls the job until it succeeds or fails (or the timeout passes); `client` is a kubernetes CustomObjectsApi."""
+def wait(client, api: str, namespace: str, name: str, poll_s: float = 15.0, timeout_s: float | None = None,
+         pods=None, start_timeout_s: float = 0) -> tuple[str, str]:
+    """Polls the job until it succeeds or fails (or the timeout passes); `client` is a kubernetes CustomObjectsApi.
+    With `pods` (a CoreV1Api) the job's pods are watched too: a pod that cannot start (an image that does not pull, a
+    missing secret key) for START_GRACE_S, or that no node takes for `start_timeout_s` (0: no limit), fails the wait
+    with Kubernetes' reason, where the job itself would wait for good."""
+    from kubernetes.client.exceptions import ApiException
+
     group, version, plural, _, _ = API[api]
-    start = time.time()
+    start, first_seen = time.time(), {}
     while True:
-        job = client.get_namespaced_custom_object(group, version, namespace, plural, name)
+        try:
+            job = call(f"read {plural} {namespace}/{name}",
+                       lambda: client.get_namespaced_custom_object(group, version, namespace, plural, name))
+        except ApiException as exc:
+            return "failed", _read_failure(exc, plural, namespace)
         state, message = job_state(job, api)
         if state != "running":
             return state, message
         if timeout_s is not None and time.time() - start > timeout_s:
             return "failed", f"still running after {timeout_s:.0f}s"
+        if pods is not None:
+            problem = pod_problem(pods, api, namespace, name, first_seen, start_timeout_s)
+            if problem is None:  # the account may not list pods: wait on the job alone
+                pods = None
+            elif problem:
+                return "failed", problem
         time.sleep(poll_s)
 
 
-def wait_or_stop(client, api: str, namespace: str, name: str, poll_s: float = 15.0) -> tuple[str, str]:
+def _read_failure(exc, plural: str, namespace: str) -> str:
+    if exc.status == 404:
+        return ("it was deleted while this step waited on it (kubectl delete, a namespace cleanup); a retried step "
+                "starts it again")
+    if exc.status in (401, 403):
+        raise UserError(f"the step's service account may not read {plural} in {namespace} ({exc.status} "
+                        f"{exc.reason}): grant it get, create and delete on {plural} (service_account in the cluster "
+                        "settings)") from None
+    return f"reading it failed: {exc.status} {exc.reason}"
+
+
+def call(what: str, request):
+    """request() against the Kubernetes API, tried again while the API fails in ways that pass (an API server
+    restarting or throttling, a dropped connection) for up to API_PATIENCE_S; any other ApiException is raised."""
+    import urllib3
+    from kubernetes.client.exceptions import ApiException
+
+    deadline, delay = time.time() + API_PATIENCE_S, 1.0
+    while True:
+        try:
+            return request()
+        except ApiException as exc:
+            if exc.status not in TRANSIENT_STATUS:
+                raise
+            problem = f"{exc.status} {exc.reason}"
+        except (OSError, urllib3.exceptions.HTTPError) as exc:
+            problem = " ".join(str(exc).split())[:200] or type(exc).__name__
+        if time.time() >= deadline:
+            raise ApiUnreachable(f"the Kubernetes API failed to {what} for {API_PATIENCE_S:.0f}s (last: {problem})")
+        time.sleep(delay)
+        delay = min(2 * delay, 30.0)
+
+
+def pod_problem(pods, api: str, namespace: str, name: str, first_seen: dict, start_timeout_s: float) -> str | None:
+    """Why the job's pods will not start on their own, once that has lasted its grace; "" while nothing has; None
+    when the service account may not list pods. `first_seen` carries when each problem was first seen."""
+    from kubernetes.client.exceptions import ApiException
+
+    selector = f"{POD_LABEL[api]}={name}"
+    try:
+        listed = call(f"list the pods of {name}", lambda: pods.list_namespaced_pod(
+            namespace, label_selector=selector, _preload_content=False))
+    except ApiException as exc:
+        if exc.status not in (401, 403):
+            raise
+        print(f"cannot list the pods of {name} ({exc.status} {exc.reason}): pods that never start will not be "
+              "reported; grant the step's service account list on pods to have them reported", flush=True)
+        return None
+    now, current = time.time(), {}
+    for pod in json.loads(listed.data).get("items") or []:
+        for key, (problem, grace) in _start_problems(pod, start_timeout_s).items():
+            current[key] = first_seen.get(key, now)
+            if grace and now - current[key] >= grace:
+                return problem
+    first_seen.clear()
+    first_seen.update(current)  # a problem that went away starts its grace again if it comes back
+    return ""
+
+
+def _start_problems(pod: dict, start_timeout_s: float) -> dict[str, tuple[str, float]]:
+    pod_name = (pod.get("metadata") or {}).get("name", "?")
+    status = pod.get("status") or {}
+    problems = {}
+    for container in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in START_ERRORS:
+            detail = " ".join(str(waiting.get("message", "")).split())[:300]
+            problems[f"{pod_name}/{container.get('name')}"] = (
+                f"pod {pod_name} cannot start {container.get('name')} for {START_GRACE_S:.0f}s: "
+                f"{waiting['reason']}{': ' + detail if detail else ''}", START_GRACE_S)
+    for condition in status.get("conditions") or []:
+        if (condition.get("type"), condition.get("status"), condition.get("reason")) == (
+                "PodScheduled", "False", "Unschedulable"):
+            detail = " ".join(str(condition.get("message", "")).split())[:300]
+            problems[f"{pod_name}/scheduling"] = (
+                f"pod {pod_name} found no node for {start_timeout_s:.0f}s: {detail} (multinode_start_timeout_s in "
+                "the cluster settings)", start_timeout_s)
+    return problems
+
+
+def wait_or_stop(client, api: str, namespace: str, name: str, poll_s: float = 15.0, pods=None,
+                 start_timeout_s: float = 0) -> tuple[str, str]:
     """wait(); a launcher stopped meanwhile (SIGTERM: a cancelled run, a deleted step pod, an evicted one; Ctrl-C)
     deletes the job and so its pods, which would otherwise train on, holding their GPUs, with no one waiting for
     them; a retried step then starts a new job, which resumes from the stage's last checkpoint. (A launcher killed
     outright leaves the job, which its retried step finds and waits on.)"""
     try:
-        return wait(client, api, namespace, name, poll_s)
+        return wait(client, api, namespace, name, poll_s, pods=pods, start_timeout_s=start_timeout_s)
     except (KeyboardInterrupt, Terminated):
         group, version, plural, _, _ = API[api]
         try:
@@ -145,26 +253,53 @@ def create_or_reuse(client, api: str, body: dict) -> None:
     from kubernetes.client.exceptions import ApiException
 
     group, version, plural, _, _ = API[api]
-    ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    ns, name, kind = body["metadata"]["namespace"], body["metadata"]["name"], body["kind"]
+
+    def create():
+        call(f"create {plural} {ns}/{name}",
+             lambda: client.create_namespaced_custom_object(group, version, ns, plural, body))
+
     try:
-        client.create_namespaced_custom_object(group, version, ns, plural, body)
-        print(f"created {body['kind']} {ns}/{name}", flush=True)
+        create()
+        print(f"created {kind} {ns}/{name}", flush=True)
+        return
     except ApiException as exc:
         if exc.status != 409:
-            raise UserError(f"could not create {body['kind']} {ns}/{name}: {exc.status} {exc.reason}") from None
-        job = client.get_namespaced_custom_object(group, version, ns, plural, name)
-        if owner(job) != owner(body):  # another run's or stage's job: never wait on it, never delete it
-            run_dir, stage = owner(job).values()
-            raise UserError(f"{body['kind']} {ns}/{name} exists but is not this stage's of this run (it is for "
-                            f"{run_dir or 'no rlaif run'}, stage {stage}): delete it (kubectl delete {plural} -n {ns} "
-                            f"{name}) or use another namespace") from None
-        if job_state(job, api)[0] != "running":  # ended in an earlier attempt: start over
-            client.delete_namespaced_custom_object(group, version, ns, plural, name)
-            time.sleep(5)
-            client.create_namespaced_custom_object(group, version, ns, plural, body)
-            print(f"replaced {body['kind']} {ns}/{name} (it had ended in an earlier attempt)", flush=True)
-            return
-        print(f"{body['kind']} {ns}/{name} exists (an earlier attempt): waiting on it", flush=True)
+            raise UserError(f"could not create {kind} {ns}/{name}: {exc.status} {exc.reason}") from None
+    job = call(f"read {plural} {ns}/{name}",
+               lambda: client.get_namespaced_custom_object(group, version, ns, plural, name))
+    if owner(job) != owner(body):  # another run's or stage's job: never wait on it, never delete it
+        run_dir, stage = owner(job).values()
+        raise UserError(f"{kind} {ns}/{name} exists but is not this stage's of this run (it is for "
+                        f"{run_dir or 'no rlaif run'}, stage {stage}): delete it (kubectl delete {plural} -n {ns} "
+                        f"{name}) or use another namespace")
+    if job_state(job, api)[0] == "running":
+        print(f"{kind} {ns}/{name} exists (an earlier attempt): waiting on it", flush=True)
+        return
+    # Ended in an earlier attempt: start over once the old one is gone.
+    call(f"delete {plural} {ns}/{name}",
+         lambda: client.delete_namespaced_custom_object(group, version, ns, plural, name))
+    _wait_gone(client, api, ns, name)
+    create()
+    print(f"replaced {kind} {ns}/{name} (it had ended in an earlier attempt)", flush=True)
+
+
+def _wait_gone(client, api: str, namespace: str, name: str) -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    group, version, plural, _, _ = API[api]
+    deadline = time.time() + REPLACE_PATIENCE_S
+    while time.time() < deadline:
+        try:
+            call(f"read {plural} {namespace}/{name}",
+                 lambda: client.get_namespaced_custom_object(group, version, namespace, plural, name))
+        except ApiException as exc:
+            if exc.status == 404:
+                return
+            raise
+        time.sleep(2)
+    raise ApiUnreachable(f"{plural} {namespace}/{name} of an earlier attempt was deleted but is still there after "
+                         f"{REPLACE_PATIENCE_S:.0f}s (a finalizer?)")
 
 
 def owner(job: dict) -> dict:
@@ -177,16 +312,24 @@ def run_multinode(stage: Stage, cfg: PipelineConfig, config_url: str, nodes: int
     """Called from inside a pipeline pod: create the job for this stage and wait for it."""
     from kubernetes import client, config
 
-    config.load_incluster_config()
+    try:
+        config.load_incluster_config()
+    except config.ConfigException as exc:
+        raise UserError(f"{stage.name}.nodes={nodes}: cannot reach the Kubernetes API from this pod ({exc}): the step "
+                        "needs its service account's token (automountServiceAccountToken)") from None
     spec = load()
     namespace = spec.namespace
     if not namespace and os.path.exists(SERVICE_ACCOUNT_NAMESPACE):
         with open(SERVICE_ACCOUNT_NAMESPACE, encoding="utf-8") as f:
             namespace = f.read().strip()
     body = job_manifest(stage, cfg, config_url, nodes, spec, namespace or "default", cache_checked=config_hash)
-    api = client.CustomObjectsApi()
-    create_or_reuse(api, spec.multinode_api, body)
-    state, message = wait_or_stop(api, spec.multinode_api, body["metadata"]["namespace"], body["metadata"]["name"])
+    api, kind, name = client.CustomObjectsApi(), body["kind"], body["metadata"]["name"]
+    try:
+        create_or_reuse(api, spec.multinode_api, body)
+        state, message = wait_or_stop(api, spec.multinode_api, body["metadata"]["namespace"], name,
+                                      pods=client.CoreV1Api(), start_timeout_s=spec.multinode_start_timeout_s)
+    except ApiUnreachable as exc:
+        state, message = "failed", f"{exc}; a job already created is left running and a retried step waits on it"
     if state != "succeeded":
-        print(f"{body['kind']} {body['metadata']['name']} failed: {message}", flush=True)
+        print(f"{kind} {name} failed: {message}", flush=True)
         raise StageFailed(stage.name, 1)

@@ -186,6 +186,23 @@ def test_config_file_numbers_written_in_decimal(tmp_path):
     ({"env": {"RLAIF_ERROR_FILE": "/tmp/e"}}, "env: RLAIF_ERROR_FILE, which rlaif sets itself"),
     ({"secrets": [{"name": "s", "env": {"RLAIF_FRESH_START": "k"}}]},
      "secrets: s maps RLAIF_FRESH_START, which rlaif sets itself"),
+    # Kubernetes' grammar, which it applies only when it creates the first pod of a run (or never schedules it)
+    ({"run_as_user": 0}, "run_as_user must be between 1 and"),  # runAsNonRoot pods as root never start
+    ({"node_selector": {"gpu type": "a100"}}, "node_selector: 'gpu type' is not a node label key"),
+    ({"gpu_node_selector": {"nvidia.com/gpu.product": "NVIDIA H100 80GB"}},
+     "gpu_node_selector: 'NVIDIA H100 80GB' (for nvidia.com/gpu.product) is not a label value"),
+    ({"node_selector": {"Bad_Prefix/x": "y"}}, "is not a node label key"),
+    ({"node_selector": {"pool": "x" * 64}}, "is not a label value"),
+    ({"gpu_resource": "gpu"}, "gpu_resource 'gpu' is not an extended resource name"),
+    ({"trainjob_runtime": "Torch Distributed"}, "trainjob_runtime 'Torch Distributed' is not a Kubernetes name"),
+    ({"secrets": [{"name": "s", "env": {"HF_TOKEN": "my token"}}]}, "secret s: 'my token' (for HF_TOKEN) is not a"),
+    ({"secrets": [{"name": "s", "env": {"HF-TOKEN": "t"}}]}, "secret s: 'HF-TOKEN' is not an environment variable"),
+    ({"secrets": [{"name": "", "env": {"X": "y"}}]}, "secret '' is not a Kubernetes name"),
+    ({"gpu_tolerations": [{"key": "gpu", "value": "true"}]}, "has operator Exists and value 'true'"),
+    ({"gpu_tolerations": [{"key": "", "operator": "Equal", "value": "x"}]}, "without a key tolerates every taint"),
+    ({"gpu_tolerations": [{"key": "nvidia.com gpu"}]}, "key 'nvidia.com gpu' is not a taint key"),
+    ({"gpu_tolerations": [{"key": 5}]}, "gpu_tolerations: key must be text, not 5"),
+    ({"gpu_tolerations": [{"key": "g", "operator": "Equal", "value": "a b"}]}, "value 'a b' of 'g' is not a taint"),
 ])
 def test_cluster_settings_kubernetes_would_refuse(settings, needle):
     with pytest.raises(ValueError) as refused:
@@ -205,8 +222,14 @@ def test_cluster_settings_that_stay_valid():
     images = {"image": "localhost:5000/team/rlaif:0.1.0", "gpu_image": f"nvcr.io/team/rlaif@sha256:{'a' * 64}"}
     assert cluster.from_dict(images).image == images["image"]
     tolerations = [{"key": "a", "operator": "Equal", "value": "x", "effect": "NoExecute"}, {"key": "b", "effect": None},
-                   {"key": "c", "effect": ""}, {"key": "d", "effect": "PreferNoSchedule"}]
-    assert len(cluster.from_dict({"gpu_tolerations": tolerations}).gpu_tolerations) == 4
+                   {"key": "c", "effect": ""}, {"key": "d", "effect": "PreferNoSchedule"}, {"key": ""},
+                   {"key": "example.com/t_1", "operator": "Equal", "value": ""}]
+    assert len(cluster.from_dict({"gpu_tolerations": tolerations}).gpu_tolerations) == 6
+    scheduling = {"node_selector": {"cloud.google.com/gke-nodepool": "gpu-pool_1", "spot": ""},
+                  "gpu_node_selector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+                  "gpu_resource": "amd.com/gpu",
+                  "secrets": [{"name": "s", "env": {"HF_TOKEN": "hf.token-1_a"}}], "run_as_user": 1}
+    assert cluster.from_dict(scheduling).gpu_resource == "amd.com/gpu"
     with pytest.raises(ValueError, match="use_gpus must be true or false, not 'false'"):
         cluster.from_dict({"use_gpus": "false"})
 

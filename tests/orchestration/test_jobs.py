@@ -80,6 +80,10 @@ class FakeCustomObjects:
         self.job = None
 
     def get_namespaced_custom_object(self, group, version, namespace, plural, name):
+        from kubernetes.client.exceptions import ApiException
+
+        if self.job is None and self.deleted:
+            raise ApiException(status=404, reason="Not Found")
         self.polls -= 1
         if self.polls > 0:
             return {"metadata": self.metadata, "status": {"conditions": [{"type": "Created", "status": "True"}]}}
@@ -176,3 +180,109 @@ def test_multinode_outside_a_cluster_is_refused_before_any_stage(cfg, monkeypatc
     with pytest.raises(UserError, match="ppo.nodes=2 needs a Kubernetes cluster"):
         launch.prepare(cfg)
     assert not (tmp_path / "tiny").exists()
+
+
+class FlakyCustomObjects(FakeCustomObjects):
+    """The API answers `failures` (status codes, or an OSError) before each good answer."""
+
+    def __init__(self, failures, **kwargs):
+        super().__init__("Complete", exists={"status": {}}, **kwargs)
+        self.failures = list(failures)
+
+    def get_namespaced_custom_object(self, *args):
+        from kubernetes.client.exceptions import ApiException
+
+        if self.failures:
+            failure = self.failures.pop(0)
+            raise failure if isinstance(failure, OSError) else ApiException(status=failure, reason="Bad")
+        return super().get_namespaced_custom_object(*args)
+
+
+@pytest.fixture
+def no_sleep(monkeypatch):
+    monkeypatch.setattr(jobs.time, "sleep", lambda s: None)
+
+
+def test_the_wait_rides_out_an_api_server_that_restarts(no_sleep):
+    client = FlakyCustomObjects([503, ConnectionResetError("reset by peer"), 429], polls=2)
+    assert jobs.wait(client, "trainjob", "ns", "j", poll_s=0) == ("succeeded", "job Complete")
+
+
+def test_an_api_that_stays_down_ends_the_wait_in_one_line(no_sleep, monkeypatch):
+    monkeypatch.setattr(jobs, "API_PATIENCE_S", 0.0)
+    with pytest.raises(jobs.ApiUnreachable, match=r"failed to read trainjobs ns/j for 0s \(last: 502 Bad\)"):
+        jobs.wait(FlakyCustomObjects([502] * 5), "trainjob", "ns", "j", poll_s=0)
+
+
+def test_a_job_deleted_under_the_wait_or_not_readable_is_reported(no_sleep):
+    client = FakeCustomObjects("Complete", polls=5)
+    client.delete_namespaced_custom_object("g", "v", "ns", "pytorchjobs", "j")  # kubectl delete while the step waited
+    state, message = jobs.wait(client, "pytorchjob", "ns", "j", poll_s=0)
+    assert state == "failed" and "deleted while this step waited on it" in message
+    with pytest.raises(UserError, match="service account may not read trainjobs in ns .403 Bad.: grant it get"):
+        jobs.wait(FlakyCustomObjects([403]), "trainjob", "ns", "j", poll_s=0)
+
+
+class FakePods:
+    """CoreV1Api.list_namespaced_pod with _preload_content=False: the pods' JSON, or a refusal."""
+
+    def __init__(self, pods: list[dict] | None = None, status: int | None = None):
+        self.pods, self.status, self.selectors = pods or [], status, []
+
+    def list_namespaced_pod(self, namespace, label_selector, _preload_content):
+        from types import SimpleNamespace
+
+        from kubernetes.client.exceptions import ApiException
+
+        self.selectors.append(label_selector)
+        if self.status:
+            raise ApiException(status=self.status, reason="Forbidden")
+        return SimpleNamespace(data=json.dumps({"items": self.pods}).encode())
+
+
+def waiting_pod(reason: str, message: str) -> dict:
+    return {"metadata": {"name": "rlaif-x-node-0-0"},
+            "status": {"containerStatuses": [{"name": "node", "state": {"waiting": {"reason": reason,
+                                                                                  "message": message}}}]}}
+
+
+UNSCHEDULABLE = {"metadata": {"name": "x-master-0"},
+                 "status": {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                            "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}]}}
+
+
+@pytest.mark.parametrize("reason", ["ImagePullBackOff", "ErrImagePull", "InvalidImageName",
+                                    "CreateContainerConfigError"])
+def test_pods_that_cannot_start_fail_the_wait_after_their_grace(no_sleep, monkeypatch, reason):
+    """The job itself stays 'running' for good when its image does not pull or a secret key is missing."""
+    monkeypatch.setattr(jobs, "START_GRACE_S", 1e-6)
+    pods = FakePods([waiting_pod(reason, 'Back-off pulling image "ghcr.io/team/rlaif:0.1.O"')])
+    state, message = jobs.wait(FakeCustomObjects("Complete", polls=100), "trainjob", "ns", "rlaif-x", poll_s=0,
+                               pods=pods)
+    assert state == "failed" and message.startswith(f"pod rlaif-x-node-0-0 cannot start node for 0s: {reason}: ")
+    assert 'ghcr.io/team/rlaif:0.1.O' in message and pods.selectors[0] == "jobset.sigs.k8s.io/jobset-name=rlaif-x"
+
+
+def test_a_pod_no_node_takes_fails_the_wait_only_past_the_start_timeout(no_sleep):
+    pods = FakePods([UNSCHEDULABLE])
+    state, message = jobs.wait(FakeCustomObjects("Failed", polls=3), "pytorchjob", "ns", "x", poll_s=0, pods=pods,
+                               start_timeout_s=1e-6)
+    assert state == "failed" and "pod x-master-0 found no node for 0s: 0/3 nodes are available: 3 Insuf" in message
+    assert pods.selectors[0] == "training.kubeflow.org/job-name=x"
+    for timeout in (0, 3600):  # 0: wait for good; an hour: a node pool may still be scaling up
+        client = FakeCustomObjects("Succeeded", polls=3)
+        assert jobs.wait(client, "pytorchjob", "ns", "x", poll_s=0, pods=FakePods([UNSCHEDULABLE]),
+                         start_timeout_s=timeout) == ("succeeded", "job Succeeded")
+
+
+def test_an_account_that_may_not_list_pods_still_waits_on_the_job(no_sleep, capsys):
+    pods = FakePods(status=403)
+    client = FakeCustomObjects("Complete", polls=4)
+    assert jobs.wait(client, "trainjob", "ns", "x", poll_s=0, pods=pods)[0] == "succeeded"
+    assert len(pods.selectors) == 1 and "pods that never start will not be reported" in capsys.readouterr().out
+
+
+def test_multinode_without_a_service_account_token_is_one_line(cfg, monkeypatch):
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(UserError, match="ppo.nodes=4: cannot reach the Kubernetes API from this pod"):
+        jobs.run_multinode(STAGE_BY_NAME["ppo"], cfg, "u", 4, "key")

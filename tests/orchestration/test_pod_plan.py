@@ -180,8 +180,17 @@ def test_compile_sizes_label_from_the_config(tmp_path):
 
 @pytest.mark.parametrize("text, message", [
     ("stages: {labl: {gpus: 0}}", "unknown stage(s) labl"),
-    ("stages: {label: {gpu: 0}}", "stages.label: give a mapping with keys among cpu, memory_gib, gpus"),
+    ("stages: {label: {gpu: 0}}", "unknown stages.label key(s) gpu; known: cpu, gpus, memory_gib"),
+    ("stages: {label: 4}", "stages.label: give a mapping with keys among cpu, memory_gib, gpus"),
+    ("stages: [ppo]", "stages must map stage names to pod sizes"),
+    ("gpu_tolerations: nvidia.com/gpu", "gpu_tolerations must be a list of entries"),
+    ("gpu_tolerations: [nvidia.com/gpu]", "gpu_tolerations: give a mapping with keys among key, operator"),
+    ("gpu_tolerations: [{operator: Exists}]", "gpu_tolerations: {'operator': 'Exists'} lacks key"),
+    ("secrets: [{name: s, env: HF_TOKEN}]", "secrets: env must map text to text, got 'HF_TOKEN'"),
+    ("secrets: [{name: s, env: {HF_TOKEN: t}, optional: 'yes'}]", "secrets: optional must be true or false"),
+    ("secrets: [{env: {HF_TOKEN: t}}]", "lacks name"),
     ("stages: {ppo: {cpu: -1}}", "cpu must be a whole number >= 0"),
+    ("stages: {ppo: {cpu: '4'}}", "cpu must be a whole number, not '4'"),
     ("stages: {ppo: {memory_gib: 0}}", "cpu and memory_gib must be at least 1"),
     ("use_gpu: true", "unknown cluster setting(s) use_gpu"),
     ("image: [a", "cluster settings"),
