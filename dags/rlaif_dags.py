@@ -73,17 +73,60 @@ def _doc(title: str) -> str:
 
 def _launch_args(stage) -> list[str]:
     """`rlaif launch` arguments, templated by Airflow: the same for a pod and for a local process."""
-    streams = ["--set", f"{stage.name}.streaming=true"] if STREAMING and stage.streams_from else []
+    streams = ["--streams"] if STREAMING and stage.streams_from else []
     return ["launch", stage.name, "--config", "{{ params.config }}", "--set-json", "{{ params.overrides | tojson }}",
             "--run-id", RUN_ID, "--default-run-id", DAG_RUN_ID, "--storage-root", "{{ params.storage_root }}",
             "--pipeline", *streams]
+
+
+class LaunchPodOperator(KubernetesPodOperator):
+    """A stage's pod: refuses run conf keys that are not the DAG's params before it starts one, and fails without
+    retries when `rlaif launch` exits with code 2 (a user error: a bad config, a missing input, a failed quality gate,
+    which a retry would meet again after redoing the stage's work)."""
+
+    def execute(self, context):
+        refuse_unknown_conf(context, PARAMS)
+        return super().execute(context)
+
+    def cleanup(self, pod, remote_pod, *args, **kwargs):
+        from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+        try:
+            return super().cleanup(pod, remote_pod, *args, **kwargs)
+        except AirflowFailException:
+            raise
+        except AirflowException as exc:
+            if exit_code(remote_pod, self.base_container_name) == 2:
+                raise AirflowFailException(f"rlaif launch {self.task_id}: user error (exit 2), see the pod log "
+                                           "above; not retried") from exc
+            raise
+
+
+def exit_code(remote_pod, container: str) -> int | None:
+    """The exit code of the pod's `container`, None while it has none."""
+    statuses = (remote_pod.status.container_statuses if remote_pod and remote_pod.status else None) or []
+    status = next((s for s in statuses if s.name == container), None)
+    terminated = status and status.state and status.state.terminated
+    return terminated.exit_code if terminated else None
+
+
+def refuse_unknown_conf(context, params: dict) -> None:
+    """A run's conf key that is no param of the DAG (`override` for `overrides`) would be ignored and the run go on
+    with the defaults: the task fails in one line instead, without retries."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    dag_run = context.get("dag_run")
+    unknown = sorted(set(getattr(dag_run, "conf", None) or {}) - set(params))
+    if unknown:
+        raise AirflowFailException(f"run conf {', '.join(map(repr, unknown))}: not a param of this DAG (its params: "
+                                   f"{', '.join(params)}); trigger it again without it")
 
 
 def _pod_task(stage) -> KubernetesPodOperator:
     """The Airflow translation of the stage's pod plan."""
     plan = pod_plan(stage, SPEC, JUDGE)
     resources = plan.resources()
-    return KubernetesPodOperator(
+    return LaunchPodOperator(
         task_id=stage.name,
         name=plan.pod_name,
         doc_md=stage.description,
@@ -112,7 +155,8 @@ def _pod_task(stage) -> KubernetesPodOperator:
     )
 
 
-def run_launch(launch_args: list[str], lock_owner: str = "", aws_conn_id: str = "", outlet_events=None) -> None:
+def run_launch(launch_args: list[str], lock_owner: str = "", aws_conn_id: str = "", outlet_events=None,
+               dag_run=None) -> None:
     """`$RLAIF_BIN launch <stage> ...` as a child process (an argv list, never a shell line), its output in the task
     log. Exit code 2 is a user error (bad config, missing input): failed without retries, which could not fix it.
     On success the stage's manifest URL and digest become the extra of its asset event."""
@@ -122,6 +166,7 @@ def run_launch(launch_args: list[str], lock_owner: str = "", aws_conn_id: str = 
 
     from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+    refuse_unknown_conf({"dag_run": dag_run}, LOCAL_PARAMS)
     stage = launch_args[1]
     aws = aws_env(aws_conn_id)
     # A connection's keys replace the worker's whole identity: no session token or profile of the worker mixed in.

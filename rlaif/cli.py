@@ -120,6 +120,7 @@ def _submit(args) -> int:
 
 
 def _launch(args) -> int:
+    from rlaif.graph import STAGE_BY_NAME, STAGES
     from rlaif.io import manifest, output_files, storage
     from rlaif.orchestration import launch
 
@@ -131,8 +132,14 @@ def _launch(args) -> int:
         extra = None
     if not isinstance(extra, list) or not all(isinstance(x, str) for x in extra):
         raise UserError(f"--set-json must be a JSON list of KEY=VALUE strings, got {args.set_json!r}")
-    run_id = launch.orchestrated_run_id([*args.overrides, *extra], args.run_id, args.default_run_id)
-    cfg = launch.load_config_source(args.config, [*args.overrides, *extra], run_id, args.storage_root)
+    overrides = [*args.overrides, *extra]
+    if args.streams:  # the pipeline has no edge from the upstream to wait on: this stage must stream, as in KFP
+        if not STAGE_BY_NAME[args.name].streams_from:
+            raise UserError(f"--streams: stage {args.name} reads no stage as it is written; only "
+                            f"{', '.join(s.name for s in STAGES if s.streams_from)} can")
+        overrides.append(f"{args.name}.streaming=true")
+    run_id = launch.orchestrated_run_id(overrides, args.run_id, args.default_run_id)
+    cfg = launch.load_config_source(args.config, overrides, run_id, args.storage_root)
     config_url = launch.prepare(cfg, pipeline=args.pipeline, launched=args.name)
     done = launch.launch(cfg, args.name, config_url, rerun=args.rerun)
     if manifest_out:

@@ -110,9 +110,49 @@ def test_a_streaming_dag_runs_label_beside_generate(monkeypatch):
         assert set(dag.task_ids) == set(STAGE_BY_NAME) and dag.get_task("label").upstream_task_ids == set()
         for stage in STAGES:
             assert dag.get_task(stage.name).upstream_task_ids == set(stage.waits_for(streaming=True)), stage.name
-    assert _rendered(module.rlaif.get_task("label"))[-2:] == ["--set", "label.streaming=true"]
-    assert module.rlaif_local.get_task("label").op_kwargs["launch_args"][-2:] == ["--set", "label.streaming=true"]
-    assert "--set" not in _rendered(module.rlaif.get_task("generate"))
+    # --streams: label streams whatever the run's overrides say (a `--set label.streaming=true` after them made a
+    # user's label.streaming=false two values of one setting)
+    assert _rendered(module.rlaif.get_task("label"))[-1] == "--streams"
+    assert module.rlaif_local.get_task("label").op_kwargs["launch_args"][-1] == "--streams"
+    assert "--streams" not in _rendered(module.rlaif.get_task("generate"))
+
+
+def test_a_run_conf_key_that_is_no_param_fails_the_task_at_once(dagbag, tmp_path):
+    """A misspelt key (`override`) was ignored and the run went on with the defaults."""
+    from types import SimpleNamespace
+
+    from airflow.sdk.exceptions import AirflowFailException
+    from airflow.utils.state import DagRunState
+
+    conf = {"config": "configs/tiny.yaml", "override": ["ppo.iterations=100"], "storage_root": f"file://{tmp_path}"}
+    with pytest.raises(AirflowFailException, match="run conf 'override': not a param of this DAG .its params: "
+                                                   "config, overrides, run_id, storage_root."):
+        dagbag.get_dag("rlaif").get_task("generate").execute({"dag_run": SimpleNamespace(conf=conf)})
+    dagrun = dagbag.get_dag("rlaif_local").test(run_conf=conf)
+    generate = dagrun.get_task_instance("generate")
+    assert dagrun.state == DagRunState.FAILED and generate.state == "failed" and generate.try_number == 1
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("code, retried", [(2, False), (1, True), (137, True)])
+def test_a_pod_that_exits_with_a_user_error_is_not_retried(dagbag, monkeypatch, code, retried):
+    """Exit code 2 (a bad config, a failed quality gate) fails the task for good: a retry would redo the stage's work
+    and meet the same error. Any other failure keeps the cluster's retries."""
+    from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException
+    from kubernetes.client import models as k8s
+
+    def failed(self, pod, remote_pod, *args, **kwargs):
+        raise AirflowException("Pod x returned a failure.")
+
+    monkeypatch.setattr(KubernetesPodOperator, "cleanup", failed)
+    task = dagbag.get_dag("rlaif").get_task("evaluate")
+    terminated = k8s.V1ContainerState(terminated=k8s.V1ContainerStateTerminated(exit_code=code))
+    remote = k8s.V1Pod(status=k8s.V1PodStatus(container_statuses=[k8s.V1ContainerStatus(
+        name=task.base_container_name, state=terminated, image="i", image_id="", ready=False, restart_count=0)]))
+    with pytest.raises(AirflowException) as raised:
+        task.cleanup(None, remote)
+    assert isinstance(raised.value, AirflowFailException) != retried
 
 
 def test_dag_environment_values_are_read_or_refused(monkeypatch):

@@ -391,6 +391,14 @@ def test_a_flag_and_a_set_of_the_same_setting_must_agree(cli, tmp_path):
         "seed=x", needle="'seed'")  # the same value twice is no conflict: the next check speaks
 
 
+def test_streams_names_a_stage_that_streams(cli, tmp_path):
+    """--streams (what a streaming DAG passes label, where its streaming wins over the user's overrides, as in KFP)
+    on a stage that reads nothing as it is written."""
+    cli("launch", "generate", "--config", TINY, "--storage-root", f"file://{tmp_path}", "--streams",
+        needle="--streams: stage generate reads no stage as it is written; only label can")
+    assert not any(tmp_path.iterdir())
+
+
 def test_a_setting_given_twice_is_refused_and_a_mapping_sets_only_its_keys(cli, tmp_path, monkeypatch, capsys):
     """`--set ppo.lr=1e-5 --set ppo.lr=2e-5` ran with the last value, and `--set 'ppo={lr: 1e-5}'` reset every other
     ppo setting of the config file to its default (2 iterations became 40): both silently. The same value twice is
