@@ -144,7 +144,7 @@ def _sent_config(config: str) -> str:
     files), with a line end, which makes the steps read it as YAML text rather than as a path."""
     from rlaif.io import user_files
 
-    if "://" in config and not config.startswith("file://"):
+    if "://" in config and not config.lower().startswith("file://"):
         return config
     text = user_files.read_user_file(config, "config file", "give a YAML config file, e.g. configs/demo.yaml")
     return text if text.endswith("\n") else text + "\n"
@@ -196,10 +196,27 @@ def check_answers(endpoint: str, timeout_s: float) -> None:
     from rlaif.io import endpoint as http
 
     try:
-        http.get(http.without_credentials(endpoint).rstrip("/") + HEALTHZ, timeout_s, proxies=False)
+        status, body = http.get(http.without_credentials(endpoint).rstrip("/") + HEALTHZ, timeout_s, proxies=False)
     except http.NoAnswer as why:
         raise UserError(f"KFP endpoint {redact(endpoint)} {why}: check --endpoint (the KFP API server's URL) and "
                         "that the server is up and reachable from here") from None
+    # kfp.Client would ask healthz 5 times, 5 s apart, printing a traceback for each, then blame a timeout.
+    if status == 404 or (status == 200 and not _json_object(body)):
+        raise UserError(f"KFP endpoint {redact(endpoint)} is not a KFP API server ({HEALTHZ} answered {status}"
+                        f"{' with a web page' if status == 200 else ''}): give the KFP API's URL, e.g. "
+                        "https://kfp.example.com/pipeline (behind an auth proxy, log in or pass its URL past it)")
+    if status >= 500:
+        raise UserError(f"KFP endpoint {redact(endpoint)} answered {status} at {HEALTHZ}: the KFP API server is not "
+                        "ready; submit again once it is")
+
+
+def _json_object(body: bytes) -> bool:
+    import json
+
+    try:
+        return isinstance(json.loads(body), dict)
+    except ValueError:
+        return False
 
 
 def bound_requests(api_client, timeout_s: float) -> None:
@@ -224,6 +241,52 @@ def _timed_out(exc: Exception) -> bool:
         getattr(exc, "reason", None), urllib3.exceptions.TimeoutError)
 
 
+def _create_run(endpoint: str, client, timeout_s: float, pipeline, experiment: str, arguments: dict):
+    """The run, created through kfp.Client (`client`, else a BoundedClient); any failure is one line."""
+    import logging
+    import warnings
+
+    from rlaif.errors import UserError, redact
+
+    try:
+        with warnings.catch_warnings():  # kfp.Client warns about server versions on every construction
+            warnings.simplefilter("ignore")  # and about hosts it rewrites: a failure is reported below
+            logging.disable(logging.ERROR)  # and logs a traceback for each failed attempt: reported below, once
+            client = client or BoundedClient(endpoint, timeout_s)
+            return client.create_run_from_pipeline_func(pipeline, experiment_name=experiment, arguments=arguments)
+    except Exception as exc:  # urllib3/kfp_server_api raise many types for one cause: the server did not answer
+        if isinstance(exc, UserError):
+            raise
+        if _timed_out(exc):
+            raise UserError(f"KFP endpoint {redact(endpoint)} did not answer within {timeout_s:g}s while submitting: "
+                            "check that the KFP API server is up and not overloaded, then submit again") from None
+        reason = " ".join(str(exc).split())[:160]
+        raise UserError(f"KFP endpoint {redact(endpoint)} did not accept the run ({type(exc).__name__}: "
+                        f"{redact(reason)}): check --endpoint and that the KFP API server is reachable") from None
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def check_runs_on_cluster(cfg, spec: ClusterSpec) -> None:
+    """What only the run's pods would refuse, refused before it is submitted: a storage root on a disk the pods do
+    not share, and batch sizes that do not split over the processes each stage gets on the cluster (its pod's GPUs,
+    or its config's nproc on CPU, times its nodes)."""
+    from rlaif.errors import UserError
+    from rlaif.graph import STAGES
+    from rlaif.io import storage
+
+    root = storage.normalize(cfg.storage.root)  # a malformed root (s3:/bucket) is refused as `rlaif run` refuses it
+    if root.startswith("file://"):
+        raise UserError(f"storage root {cfg.storage.root} is a local directory, which each stage's pod would have to "
+                        "itself (the stages pass their outputs through it): give --storage-root "
+                        "s3://bucket/prefix (or set storage.root in the config)")
+    for stage in STAGES:
+        settings = getattr(cfg, stage.name)
+        if hasattr(settings, "check_processes"):
+            gpus = pod_plan(stage, spec, cfg.label.pod_judge).gpus
+            settings.check_processes((gpus or settings.nproc) * getattr(settings, "nodes", 1))
+
+
 class BoundedClient(kfp.Client):
     """kfp.Client whose every request to the API server is bounded by `timeout_s`, the constructor's healthz too."""
 
@@ -241,44 +304,29 @@ def submit(endpoint: str, config: str | None, overrides: list[str], run_id: str,
            cluster: str | None, experiment: str, client=None, timeout_s: float = KFP_TIMEOUT_S) -> str:
     """Submits one run through kfp.Client. A local config file is sent inline (the pods cannot read this machine's
     files); an s3:// URL is passed as is. Each request to the API server may take `timeout_s` seconds."""
-    import warnings
 
     from rlaif.config.loading import parse_config
     from rlaif.errors import UserError, redact
-    from rlaif.io import storage
     from rlaif.orchestration.launch import load_config_source
 
     parts = urlsplit(endpoint.strip())
     if client is None and (parts.scheme.lower() not in ("http", "https") or not parts.hostname):  # kfp: localhost:80
         raise UserError(f"--endpoint {redact(endpoint)!r} is not an http(s) URL: give the KFP API endpoint, e.g. "
                         "https://kfp.example.com/pipeline")
-    if config and "://" not in config and "\n" not in config:  # a local file: its text travels with the run
+    local = config and ("://" not in config or config.lower().startswith("file://"))
+    if local and "\n" not in config:  # a local file (a path or a file:// URL): its text travels with the run
         path, config = config, _sent_config(config)
         parse_config(config, f"config file {path}", given=True)  # an empty one is refused as `rlaif run` does
     # Refuse a bad config here, not in the first pod; its judge sizes label's pod, its streaming wires label.
     cfg = load_config_source(config, overrides, run_id, storage_root)
-    storage.normalize(cfg.storage.root)  # a malformed root (s3:/bucket) is refused as `rlaif run` refuses it
-    pipeline = build_pipeline(load(cluster), cfg.label.pod_judge, cfg.label.streaming)
+    spec = load(cluster)
+    check_runs_on_cluster(cfg, spec)
+    pipeline = build_pipeline(spec, cfg.label.pod_judge, cfg.label.streaming)
     if client is None:
         check_answers(endpoint, timeout_s)
-    try:
-        with warnings.catch_warnings():  # kfp.Client warns about server versions on every construction
-            warnings.simplefilter("ignore")  # and about hosts it rewrites: a failure is reported below
-            client = client or BoundedClient(endpoint, timeout_s)
-        run = client.create_run_from_pipeline_func(
-            pipeline, experiment_name=experiment,
-            arguments={"config": config or "configs/demo.yaml", "overrides": list(overrides), "run_id": run_id,
-                       "storage_root": storage_root},
-        )
-    except Exception as exc:  # urllib3/kfp_server_api raise many types for one cause: the server did not answer
-        if isinstance(exc, UserError):
-            raise
-        if _timed_out(exc):
-            raise UserError(f"KFP endpoint {redact(endpoint)} did not answer within {timeout_s:g}s while submitting: "
-                            "check that the KFP API server is up and not overloaded, then submit again") from None
-        reason = " ".join(str(exc).split())[:160]
-        raise UserError(f"KFP endpoint {redact(endpoint)} did not accept the run ({type(exc).__name__}: "
-                        f"{redact(reason)}): check --endpoint and that the KFP API server is reachable") from None
+    run = _create_run(endpoint, client, timeout_s, pipeline, experiment,
+                      {"config": config or "configs/demo.yaml", "overrides": list(overrides), "run_id": run_id,
+                       "storage_root": storage_root})
     run_id = getattr(run, "run_id", None)
     if not isinstance(run_id, str) or not run_id:  # a 200 from a login page or another service, not a KFP API
         raise UserError(f"KFP endpoint {redact(endpoint)} answered without a run id: is it the KFP API (behind an "

@@ -201,8 +201,8 @@ def test_corrupt_lock_file(cli, tmp_path):
 def test_output_paths_and_endpoints(cli, tmp_path):
     cli("compile", "kfp", "--output", str(tmp_path / "missing-dir/p.yaml"), needle="does not exist")
     cli("compile", "kfp", "--output", str(tmp_path), needle="name the pipeline YAML file")
-    cli("submit", "kfp", "--endpoint", f"http://user:{SECRET}@127.0.0.1:9", "--config", TINY,
-        needle="KFP endpoint http://***@127.0.0.1:9 cannot be reached")
+    cli("submit", "kfp", "--endpoint", f"http://user:{SECRET}@127.0.0.1:9", "--config", TINY, "--storage-root",
+        "s3://bucket/r", needle="KFP endpoint http://***@127.0.0.1:9 cannot be reached")
     cli("report", str(tmp_path / "no-run"), needle="not found")
     metrics = tmp_path / "run/evaluate/metrics.json"
     metrics.parent.mkdir(parents=True)

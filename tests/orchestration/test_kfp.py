@@ -4,6 +4,7 @@ import contextlib
 import http.server
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -17,6 +18,7 @@ from rlaif.orchestration import kfp_pipeline
 from rlaif.orchestration.cluster import ClusterSpec, SecretEnv, from_dict
 
 REPO = Path(__file__).resolve().parents[2]
+S3 = "s3://bucket/rlaif"  # the pods share only object storage: submit refuses a file:// root
 
 
 def compiled(tmp_path, spec: ClusterSpec | None = None) -> dict:
@@ -143,26 +145,64 @@ def test_submit_sends_the_config_inline_and_validates_it_first(tmp_path):
     from rlaif.errors import UserError
 
     with pytest.raises(UserError, match="ppo.iterationz"):
-        kfp_pipeline.submit("http://kfp.invalid", "configs/tiny.yaml", ["ppo.iterationz=3"], "", "", None, "x",
+        kfp_pipeline.submit("http://kfp.invalid", "configs/tiny.yaml", ["ppo.iterationz=3"], "", S3, None, "x",
                             client=client)
     with pytest.raises(UserError, match="s3:/bucket"):  # refused as `rlaif run` refuses it
         kfp_pipeline.submit("http://kfp.invalid", "configs/tiny.yaml", [], "", "s3:/bucket", None, "x", client=client)
     empty = tmp_path / "empty.yaml"
     empty.write_text("")
     with pytest.raises(UserError, match=f"config file {empty} holds no settings"):  # not the demo's defaults
-        kfp_pipeline.submit("http://kfp.invalid", str(empty), [], "", "", None, "x", client=client)
+        kfp_pipeline.submit("http://kfp.invalid", str(empty), [], "", S3, None, "x", client=client)
     assert len(client.calls) == 1
     one_line = tmp_path / "one.yaml"
     one_line.write_text("seed: 3")  # no line end: still sent as the YAML itself, not read as a path in the pods
-    kfp_pipeline.submit("http://kfp.invalid", str(one_line), [], "", "", None, "x", client=client)
+    kfp_pipeline.submit("http://kfp.invalid", str(one_line), [], "", S3, None, "x", client=client)
     assert client.calls[-1][2]["config"] == "seed: 3\n"
+    kfp_pipeline.submit("http://kfp.invalid", f"file://{one_line}", [], "", S3, None, "x", client=client)
+    assert client.calls[-1][2]["config"] == "seed: 3\n"  # a file:// URL names this machine's file too
 
     class LoginPage(FakeClient):  # an auth proxy's 200: kfp returns a run without an id
         def create_run_from_pipeline_func(self, func, experiment_name, arguments):
             return type("Run", (), {"run_id": None})()
 
     with pytest.raises(UserError, match="answered without a run id"):
-        kfp_pipeline.submit("http://kfp.invalid", "configs/tiny.yaml", [], "", "", None, "x", client=LoginPage())
+        kfp_pipeline.submit("http://kfp.invalid", "configs/tiny.yaml", [], "", S3, None, "x", client=LoginPage())
+
+
+def test_submit_refuses_a_run_only_the_cluster_would_fail(tmp_path):
+    """A file:// root (each stage's pod would write its own disk: label never sees generate's shards) and batch
+    sizes that do not split over the processes each stage gets there (its pod's GPUs times its nodes, or its
+    config's nproc on a CPU cluster): refused before submitting, not in the third pod an hour in."""
+    from rlaif.errors import UserError
+
+    class Recorder:
+        runs = []
+
+        def create_run_from_pipeline_func(self, func, experiment_name, arguments):
+            self.runs.append(arguments)
+            return type("Run", (), {"run_id": "run-1"})()
+
+    def submit(overrides, root=S3, cluster=None):
+        kfp_pipeline.submit("http://kfp.invalid", "configs/tiny.yaml", overrides, "", root, cluster, "x",
+                            client=Recorder())
+
+    for root in ("", f"file://{tmp_path}/runs"):  # tiny.yaml's own root is file://./runs
+        with pytest.raises(UserError, match="is a local directory, which each stage's pod would have to itself"):
+            submit([], root)
+    eight_gpus, three_gpus = tmp_path / "eight.yaml", tmp_path / "three.yaml"
+    eight_gpus.write_text("stages: {ppo: {gpus: 8}}\n")
+    three_gpus.write_text("stages: {train_rm: {gpus: 3}}\n")
+    with pytest.raises(UserError, match="ppo.rollout_batch_size=40 must be divisible by 16 processes"):
+        submit(["ppo.nodes=2", "ppo.rollout_batch_size=40", "ppo.minibatch_size=8"], cluster=str(eight_gpus))
+    submit(["ppo.nodes=2", "ppo.rollout_batch_size=32", "ppo.minibatch_size=16"], cluster=str(eight_gpus))
+    assert len(Recorder.runs) == 1  # 32 and 16 split over 16 processes; nothing above was submitted
+    with pytest.raises(UserError, match=r"train_rm.batch_size=16 must be divisible by processes x grad_accum_steps "
+                                        r"\(3 x 1\)"):
+        submit(["train_rm.batch_size=16", "train_rm.grad_accum_steps=1"], cluster=str(three_gpus))
+    cpu_cluster = tmp_path / "cpu.yaml"
+    cpu_cluster.write_text("use_gpus: false\n")
+    with pytest.raises(UserError, match="must be divisible by 3 processes"):
+        submit(["ppo.nproc=3", "ppo.rollout_batch_size=8"], cluster=str(cpu_cluster))
 
 
 @contextlib.contextmanager
@@ -205,8 +245,43 @@ def test_submit_to_an_endpoint_that_never_answers_ends_in_time():
     with silent_server(answer_healthz=False) as endpoint:
         started = time.monotonic()
         with pytest.raises(UserError, match=rf"KFP endpoint {endpoint} did not answer within 0.5s: check --endpoint"):
-            kfp_pipeline.submit(endpoint, "configs/tiny.yaml", [], "", "", None, "x", timeout_s=0.5)
+            kfp_pipeline.submit(endpoint, "configs/tiny.yaml", [], "", S3, None, "x", timeout_s=0.5)
     assert time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize("status, body, needle", [
+    (404, b"<html>File not found</html>", "is not a KFP API server (/apis/v2beta1/healthz answered 404)"),
+    (200, b"<html><form>Log in</form></html>", "healthz answered 200 with a web page"),
+    (503, b"upstream connect error", "answered 503 at /apis/v2beta1/healthz: the KFP API server is not ready"),
+])
+def test_submit_to_a_server_that_is_not_kfp_is_one_line_at_once(status, body, needle, capfd):
+    """A web server, a login page or a proxy before its upstream: kfp.Client asked healthz 5 times, 5 s apart, logging
+    a traceback for each, then blamed a timeout."""
+    from rlaif.errors import UserError
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_POST = do_GET
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        started = time.monotonic()
+        with pytest.raises(UserError, match=re.escape(needle)):
+            kfp_pipeline.submit(f"http://127.0.0.1:{server.server_address[1]}", "configs/tiny.yaml", [], "", S3, None,
+                                "x", timeout_s=5)
+        assert time.monotonic() - started < 5 and "Traceback" not in "".join(capfd.readouterr())
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_every_kfp_client_request_is_bounded(monkeypatch, tmp_path):
@@ -217,7 +292,7 @@ def test_every_kfp_client_request_is_bounded(monkeypatch, tmp_path):
     with silent_server(answer_healthz=True) as endpoint:
         started = time.monotonic()
         with pytest.raises(UserError, match=rf"KFP endpoint {endpoint} did not answer within 0.5s while submitting"):
-            kfp_pipeline.submit(endpoint, "configs/tiny.yaml", [], "", "", None, "x", timeout_s=0.5)
+            kfp_pipeline.submit(endpoint, "configs/tiny.yaml", [], "", S3, None, "x", timeout_s=0.5)
     assert time.monotonic() - started < 20  # urllib3 retries a GET 3 times
 
 
