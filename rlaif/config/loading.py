@@ -29,8 +29,14 @@ def load_yaml(text: str, source: str) -> Any:
 
 
 def safe_run_id(text: str) -> str:
-    """An orchestrator's run name (e.g. Airflow's `manual__2026-11-22T08:00:00+00:00`) as a storage path segment."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")[:128].rstrip("-.") or "run"
+    """An orchestrator's run name (e.g. Airflow's `manual__2026-11-22T08:00:00+00:00`) as a storage path segment.
+    A name with letters outside ASCII keeps a short hash of itself: `實驗一` and `實驗二` were both `run`, one
+    directory for two runs."""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")
+    if text.isascii():
+        return safe[:128].rstrip("-.") or "run"
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"{safe[:119].rstrip('-.') or 'run'}-{digest}"
 
 
 def parse_value(text: str) -> Any:

@@ -13,10 +13,10 @@ WORLD_FIX = f"change it, or {processes('ppo')}"
 
 
 class PPOConfig(Strict):
-    nproc: int = Field(2, ge=1)
+    nproc: int = Field(2, ge=1, le=512)
     """Processes per node under torchrun on CPU. On a machine with GPUs, one process per visible GPU instead. Part
     of the cache key: each process samples its slice of the rollout from its own seed."""
-    nodes: int = Field(1, ge=1)
+    nodes: int = Field(1, ge=1, le=1024)
     """Nodes on a cluster. More than 1 runs the stage as a Kubeflow TrainJob (or PyTorchJob) of that many pods,
     created and watched by the pipeline step; locally it is refused."""
     algorithm: Literal["ppo", "grpo"] = "ppo"

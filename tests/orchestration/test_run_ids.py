@@ -1,12 +1,15 @@
 """Every command that takes a run id checks it by one rule (the config's run_id) and refuses a bad one: a run id names
 a directory under the storage root, so a rewritten one (`../escape` -> `escape`) would be a directory the user did not
 name."""
+import re
+
 import pytest
 
 from rlaif.cli import main
 from rlaif.orchestration import launch
 
 TINY = "configs/tiny.yaml"
+RUN_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")  # RULE's words
 RULE = "use 1-128 letters, digits, '-', '_' and '.' (not first): one directory name"
 
 
@@ -41,3 +44,17 @@ def test_an_orchestrators_run_name_is_made_safe_only_as_a_default(tmp_path, monk
     assert main([*base, "--default-run-id", "scheduled__2026-11-22T00:00:00+00:00"]) == 0
     assert main([*base, "--run-id", "exp-7", "--default-run-id", "scheduled__2026-11-22T00:00:00+00:00"]) == 0
     assert launched == ["scheduled__2026-11-22T00-00-00-00-00", "exp-7"]
+
+
+def test_run_names_outside_ascii_stay_apart():
+    """A KFP or Airflow run named in another script was cut to `run`: two runs shared one directory (the second
+    resumed or cache-hit the first's outputs). ASCII names map as before, so a retry after an upgrade finds its run."""
+    from rlaif.config import safe_run_id
+
+    names = ["實驗一", "實驗二", "exp-實驗", "exp-實驗2", "é", "ü"]
+    ids = [safe_run_id(name) for name in names]
+    assert len(set(ids)) == len(ids) and ids[0].startswith("run-") and ids[2].startswith("exp-")
+    assert all(RUN_ID.fullmatch(i) for i in ids) and safe_run_id("實驗一") == ids[0]
+    assert safe_run_id("manual__2026-11-22T08:00:00+00:00") == "manual__2026-11-22T08-00-00-00-00"
+    assert safe_run_id("x" * 300) == "x" * 128 and len(safe_run_id("實" * 300 + "x" * 300)) <= 128
+

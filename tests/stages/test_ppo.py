@@ -206,7 +206,7 @@ def test_a_user_error_inside_torchrun_ranks_exits_2_with_its_message(upstream, t
     run = copy_run(upstream, tmp_path, "sizes")
     # In a pod the stage checks the batch sizes against the world it got (launch does not know it there).
     proc = launch_ppo(run, "ppo.rollout_batch_size=3", "ppo.minibatch_size=3", "ppo.grad_accum_steps=1",
-                      env={"KUBERNETES_SERVICE_HOST": "10.0.0.1"})
+                      env={"KUBERNETES_SERVICE_HOST": "10.0.0.1", "RLAIF_CLUSTER_JSON": "{}"})
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1].startswith("error: ppo.rollout_batch_size=3 must be divisible by 2 "
                                                             "processes")
