@@ -14,7 +14,7 @@ from rlaif.graph import STAGE_BY_NAME
 
 K8S_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # DNS-1123 label (63 at most): namespaces
 K8S_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")  # 253: secrets, accounts
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")  # what every Kubernetes version takes (newer ones take more)
 SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]+")
 QUALIFIED_PART = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")  # a label key's name part, a label value
 # A container image reference as the distribution spec writes it: [registry[:port]/]path[:tag][@algorithm:digest].
@@ -94,14 +94,17 @@ TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
 @dataclass(frozen=True)
 class Toleration:
-    key: str
-    operator: str = "Exists"
+    key: str = ""
+    operator: str | None = None
+    """Exists or Equal; left out: Equal where a value is given (Kubernetes' default), else Exists."""
     value: str | None = None
     effect: str | None = "NoSchedule"
 
     def __post_init__(self):
         # Kubernetes refuses these only when the pod is created: in the first pod of a run, not at compile time.
         _check_field_types(self, "gpu_tolerations: ")
+        if self.operator is None:
+            object.__setattr__(self, "operator", "Equal" if self.value else "Exists")
         if self.key and not qualified_name(self.key):
             raise ValueError(f"gpu_tolerations: key {self.key!r} is not a taint key (such as nvidia.com/gpu)")
         if not self.key and self.operator != "Exists":
@@ -301,6 +304,8 @@ def _refuse_unknown(raw: dict, kind, what: str) -> None:
 
 
 def _listed(value, what: str) -> list:
+    if value is None:  # `secrets:` with nothing after it: none
+        return []
     if not isinstance(value, (list, tuple)):
         raise ValueError(f"{what} must be a list of entries, not {value!r}")
     return list(value)

@@ -29,11 +29,12 @@ API_PATIENCE_S = 300.0  # how long the API may fail in a row (a control-plane up
 START_GRACE_S = 300.0  # how long a container may fail to start (a registry hiccup passes; a wrong image does not)
 START_ERRORS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
                 "CreateContainerError")
-REPLACE_PATIENCE_S = 120.0  # how long a deleted job of an earlier attempt may take to go
+REPLACE_PATIENCE_S = 300.0  # how long a deleted job of an earlier attempt and its pods may take to go
 
 
-class ApiUnreachable(Exception):
-    """The Kubernetes API kept failing for API_PATIENCE_S: the job, if created, is left to a retried step."""
+class JobError(Exception):
+    """The job could not be watched or replaced (the API kept failing, an old job would not go): the message says
+    what is left behind."""
 
 
 def job_name(stage: Stage, cfg: PipelineConfig) -> str:
@@ -121,8 +122,8 @@ def wait(client, api: str, namespace: str, name: str, poll_s: float = 15.0, time
          pods=None, start_timeout_s: float = 0) -> tuple[str, str]:
     """Polls the job until it succeeds or fails (or the timeout passes); `client` is a kubernetes CustomObjectsApi.
     With `pods` (a CoreV1Api) the job's pods are watched too: a pod that cannot start (an image that does not pull, a
-    missing secret key) for START_GRACE_S, or that no node takes for `start_timeout_s` (0: no limit), fails the wait
-    with Kubernetes' reason, where the job itself would wait for good."""
+    missing secret key) for START_GRACE_S, or that no node takes for `start_timeout_s` (0: no limit), ends the wait
+    as "stuck" with Kubernetes' reason, where the job itself would wait for good."""
     from kubernetes.client.exceptions import ApiException
 
     group, version, plural, _, _ = API[api]
@@ -143,7 +144,7 @@ def wait(client, api: str, namespace: str, name: str, poll_s: float = 15.0, time
             if problem is None:  # the account may not list pods: wait on the job alone
                 pods = None
             elif problem:
-                return "failed", problem
+                return "stuck", problem
         time.sleep(poll_s)
 
 
@@ -175,7 +176,8 @@ def call(what: str, request):
         except (OSError, urllib3.exceptions.HTTPError) as exc:
             problem = " ".join(str(exc).split())[:200] or type(exc).__name__
         if time.time() >= deadline:
-            raise ApiUnreachable(f"the Kubernetes API failed to {what} for {API_PATIENCE_S:.0f}s (last: {problem})")
+            raise JobError(f"the Kubernetes API failed to {what} for {API_PATIENCE_S:.0f}s (last: {problem}); a job "
+                           "already created is left running, and a retried step waits on it")
         time.sleep(delay)
         delay = min(2 * delay, 30.0)
 
@@ -187,8 +189,8 @@ def pod_problem(pods, api: str, namespace: str, name: str, first_seen: dict, sta
 
     selector = f"{POD_LABEL[api]}={name}"
     try:
-        listed = call(f"list the pods of {name}", lambda: pods.list_namespaced_pod(
-            namespace, label_selector=selector, _preload_content=False))
+        listed = call(f"list the pods of {name}", lambda: json.loads(pods.list_namespaced_pod(
+            namespace, label_selector=selector, _preload_content=False).data))
     except ApiException as exc:
         if exc.status not in (401, 403):
             raise
@@ -196,7 +198,7 @@ def pod_problem(pods, api: str, namespace: str, name: str, first_seen: dict, sta
               "reported; grant the step's service account list on pods to have them reported", flush=True)
         return None
     now, current = time.time(), {}
-    for pod in json.loads(listed.data).get("items") or []:
+    for pod in listed.get("items") or []:
         for key, (problem, grace) in _start_problems(pod, start_timeout_s).items():
             current[key] = first_seen.get(key, now)
             if grace and now - current[key] >= grace:
@@ -232,18 +234,27 @@ def wait_or_stop(client, api: str, namespace: str, name: str, poll_s: float = 15
     """wait(); a launcher stopped meanwhile (SIGTERM: a cancelled run, a deleted step pod, an evicted one; Ctrl-C)
     deletes the job and so its pods, which would otherwise train on, holding their GPUs, with no one waiting for
     them; a retried step then starts a new job, which resumes from the stage's last checkpoint. (A launcher killed
-    outright leaves the job, which its retried step finds and waits on.)"""
+    outright leaves the job, which its retried step finds and waits on.) A job whose pods cannot start is deleted
+    too: its pods would hold what they got, and a retried step would wait on it again."""
     try:
-        return wait(client, api, namespace, name, poll_s, pods=pods, start_timeout_s=start_timeout_s)
+        state, message = wait(client, api, namespace, name, poll_s, pods=pods, start_timeout_s=start_timeout_s)
     except (KeyboardInterrupt, Terminated):
-        group, version, plural, _, _ = API[api]
-        try:
-            client.delete_namespaced_custom_object(group, version, namespace, plural, name,
-                                                   propagation_policy="Background")
-            print(f"stopped: deleted {plural} {namespace}/{name} and its pods", flush=True)
-        except Exception as exc:  # noqa: BLE001 - the stop goes on; the user is told what is left running
-            print(f"could not delete {plural} {namespace}/{name} ({exc}): delete it with kubectl", flush=True)
+        _delete(client, api, namespace, name, "stopped")
         raise
+    if state == "stuck":
+        _delete(client, api, namespace, name, "stuck")
+        return "failed", message
+    return state, message
+
+
+def _delete(client, api: str, namespace: str, name: str, why: str) -> None:
+    group, version, plural, _, _ = API[api]
+    try:
+        client.delete_namespaced_custom_object(group, version, namespace, plural, name,
+                                               propagation_policy="Background")
+        print(f"{why}: deleted {plural} {namespace}/{name} and its pods", flush=True)
+    except Exception as exc:  # noqa: BLE001 - the step ends anyway; the user is told what is left running
+        print(f"{why}: could not delete {plural} {namespace}/{name} ({exc}): delete it with kubectl", flush=True)
 
 
 def create_or_reuse(client, api: str, body: dict) -> None:
@@ -256,16 +267,18 @@ def create_or_reuse(client, api: str, body: dict) -> None:
     ns, name, kind = body["metadata"]["namespace"], body["metadata"]["name"], body["kind"]
 
     def create():
-        call(f"create {plural} {ns}/{name}",
-             lambda: client.create_namespaced_custom_object(group, version, ns, plural, body))
+        try:
+            call(f"create {plural} {ns}/{name}",
+                 lambda: client.create_namespaced_custom_object(group, version, ns, plural, body))
+        except ApiException as exc:
+            if exc.status != 409:
+                raise UserError(f"could not create {kind} {ns}/{name}: {exc.status} {exc.reason}") from None
+            return False
+        return True
 
-    try:
-        create()
+    if create():
         print(f"created {kind} {ns}/{name}", flush=True)
         return
-    except ApiException as exc:
-        if exc.status != 409:
-            raise UserError(f"could not create {kind} {ns}/{name}: {exc.status} {exc.reason}") from None
     job = call(f"read {plural} {ns}/{name}",
                lambda: client.get_namespaced_custom_object(group, version, ns, plural, name))
     if owner(job) != owner(body):  # another run's or stage's job: never wait on it, never delete it
@@ -276,11 +289,17 @@ def create_or_reuse(client, api: str, body: dict) -> None:
     if job_state(job, api)[0] == "running":
         print(f"{kind} {ns}/{name} exists (an earlier attempt): waiting on it", flush=True)
         return
-    # Ended in an earlier attempt: start over once the old one is gone.
-    call(f"delete {plural} {ns}/{name}",
-         lambda: client.delete_namespaced_custom_object(group, version, ns, plural, name))
+    # Ended in an earlier attempt: start over once the old one and its pods are gone (Foreground: the job goes last).
+    try:
+        call(f"delete {plural} {ns}/{name}", lambda: client.delete_namespaced_custom_object(
+            group, version, ns, plural, name, propagation_policy="Foreground"))
+    except ApiException as exc:
+        if exc.status != 404:  # 404: gone already (a delete whose answer was lost, retried)
+            raise UserError(f"could not delete {kind} {ns}/{name} of an earlier attempt: {exc.status} "
+                            f"{exc.reason}") from None
     _wait_gone(client, api, ns, name)
-    create()
+    if not create():
+        raise JobError(f"{kind} {ns}/{name} was created again by someone else while it was replaced")
     print(f"replaced {kind} {ns}/{name} (it had ended in an earlier attempt)", flush=True)
 
 
@@ -298,8 +317,9 @@ def _wait_gone(client, api: str, namespace: str, name: str) -> None:
                 return
             raise
         time.sleep(2)
-    raise ApiUnreachable(f"{plural} {namespace}/{name} of an earlier attempt was deleted but is still there after "
-                         f"{REPLACE_PATIENCE_S:.0f}s (a finalizer?)")
+    raise JobError(f"{plural} {namespace}/{name} of an earlier attempt was deleted but is still there after "
+                   f"{REPLACE_PATIENCE_S:.0f}s (its pods still terminating, or a finalizer): delete it (kubectl delete "
+                   f"{plural} -n {namespace} {name}) and retry")
 
 
 def owner(job: dict) -> dict:
@@ -328,8 +348,8 @@ def run_multinode(stage: Stage, cfg: PipelineConfig, config_url: str, nodes: int
         create_or_reuse(api, spec.multinode_api, body)
         state, message = wait_or_stop(api, spec.multinode_api, body["metadata"]["namespace"], name,
                                       pods=client.CoreV1Api(), start_timeout_s=spec.multinode_start_timeout_s)
-    except ApiUnreachable as exc:
-        state, message = "failed", f"{exc}; a job already created is left running and a retried step waits on it"
+    except JobError as exc:
+        state, message = "failed", str(exc)
     if state != "succeeded":
         print(f"{kind} {name} failed: {message}", flush=True)
         raise StageFailed(stage.name, 1)

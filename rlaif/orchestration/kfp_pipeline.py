@@ -190,8 +190,8 @@ HEALTHZ = "/apis/v2beta1/healthz"
 def check_answers(endpoint: str, timeout_s: float) -> None:
     """One bounded GET of the API server's healthz before kfp.Client is made: the client's own first request (in its
     constructor) has no time limit, so an endpoint that accepts connections and never answers would hang forever.
-    Any HTTP answer counts (an auth proxy's 401: kfp.Client reports what it means). Direct, as kfp.Client ignores
-    $HTTP_PROXY too."""
+    An auth proxy's 401 or 403 passes (kfp.Client reports what it means); a 404 or a web page (no KFP 2 API there)
+    and a 5xx are refused here. Direct, as kfp.Client ignores $HTTP_PROXY too."""
     from rlaif.errors import UserError, redact
     from rlaif.io import endpoint as http
 
@@ -202,7 +202,7 @@ def check_answers(endpoint: str, timeout_s: float) -> None:
                         "that the server is up and reachable from here") from None
     # kfp.Client would ask healthz 5 times, 5 s apart, printing a traceback for each, then blame a timeout.
     if status == 404 or (status == 200 and not _json_object(body)):
-        raise UserError(f"KFP endpoint {redact(endpoint)} is not a KFP API server ({HEALTHZ} answered {status}"
+        raise UserError(f"KFP endpoint {redact(endpoint)} is not a KFP 2 API server ({HEALTHZ} answered {status}"
                         f"{' with a web page' if status == 200 else ''}): give the KFP API's URL, e.g. "
                         "https://kfp.example.com/pipeline (behind an auth proxy, log in or pass its URL past it)")
     if status >= 500:

@@ -196,9 +196,10 @@ def test_config_file_numbers_written_in_decimal(tmp_path):
     ({"gpu_resource": "gpu"}, "gpu_resource 'gpu' is not an extended resource name"),
     ({"trainjob_runtime": "Torch Distributed"}, "trainjob_runtime 'Torch Distributed' is not a Kubernetes name"),
     ({"secrets": [{"name": "s", "env": {"HF_TOKEN": "my token"}}]}, "secret s: 'my token' (for HF_TOKEN) is not a"),
-    ({"secrets": [{"name": "s", "env": {"HF-TOKEN": "t"}}]}, "secret s: 'HF-TOKEN' is not an environment variable"),
+    ({"secrets": [{"name": "s", "env": {"HF TOKEN": "t"}}]}, "secret s: 'HF TOKEN' is not an environment variable"),
     ({"secrets": [{"name": "", "env": {"X": "y"}}]}, "secret '' is not a Kubernetes name"),
-    ({"gpu_tolerations": [{"key": "gpu", "value": "true"}]}, "has operator Exists and value 'true'"),
+    ({"gpu_tolerations": [{"key": "gpu", "operator": "Exists", "value": "true"}]},
+     "has operator Exists and value 'true'"),
     ({"gpu_tolerations": [{"key": "", "operator": "Equal", "value": "x"}]}, "without a key tolerates every taint"),
     ({"gpu_tolerations": [{"key": "nvidia.com gpu"}]}, "key 'nvidia.com gpu' is not a taint key"),
     ({"gpu_tolerations": [{"key": 5}]}, "gpu_tolerations: key must be text, not 5"),
@@ -223,8 +224,12 @@ def test_cluster_settings_that_stay_valid():
     assert cluster.from_dict(images).image == images["image"]
     tolerations = [{"key": "a", "operator": "Equal", "value": "x", "effect": "NoExecute"}, {"key": "b", "effect": None},
                    {"key": "c", "effect": ""}, {"key": "d", "effect": "PreferNoSchedule"}, {"key": ""},
-                   {"key": "example.com/t_1", "operator": "Equal", "value": ""}]
-    assert len(cluster.from_dict({"gpu_tolerations": tolerations}).gpu_tolerations) == 6
+                   {"key": "example.com/t_1", "operator": "Equal", "value": ""}, {"operator": "Exists"},
+                   {"key": "team", "value": "a"}]  # Kubernetes' default operator with a value: Equal
+    parsed = cluster.from_dict({"gpu_tolerations": tolerations}).gpu_tolerations
+    assert len(parsed) == 8 and parsed[-1].operator == "Equal" and parsed[1].operator == "Exists"
+    assert cluster.from_dict({"secrets": None, "gpu_tolerations": None}).secrets == ()
+    assert cluster.from_dict({"env": {"MY-VAR.x": "1"}}).env == {"MY-VAR.x": "1"}  # a name Kubernetes takes
     scheduling = {"node_selector": {"cloud.google.com/gke-nodepool": "gpu-pool_1", "spot": ""},
                   "gpu_node_selector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
                   "gpu_resource": "amd.com/gpu",

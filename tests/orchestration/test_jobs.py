@@ -227,7 +227,7 @@ def test_the_wait_rides_out_an_api_server_that_restarts(no_sleep):
 
 def test_an_api_that_stays_down_ends_the_wait_in_one_line(no_sleep, monkeypatch):
     monkeypatch.setattr(jobs, "API_PATIENCE_S", 0.0)
-    with pytest.raises(jobs.ApiUnreachable, match=r"failed to read trainjobs ns/j for 0s \(last: 502 Bad\)"):
+    with pytest.raises(jobs.JobError, match=r"failed to read trainjobs ns/j for 0s \(last: 502 Bad\); a job already"):
         jobs.wait(FlakyCustomObjects([502] * 5), "trainjob", "ns", "j", poll_s=0)
 
 
@@ -268,23 +268,62 @@ UNSCHEDULABLE = {"metadata": {"name": "x-master-0"},
                                             "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}]}}
 
 
+@pytest.fixture
+def clock(monkeypatch):
+    """jobs' time: sleep() moves it on; no real waiting."""
+    from types import SimpleNamespace
+
+    now = [1000.0]
+
+    def sleep(seconds):
+        now[0] += seconds
+
+    monkeypatch.setattr(jobs, "time", SimpleNamespace(time=lambda: now[0], sleep=sleep))
+    return now
+
+
 @pytest.mark.parametrize("reason", ["ImagePullBackOff", "ErrImagePull", "InvalidImageName",
                                     "CreateContainerConfigError"])
-def test_pods_that_cannot_start_fail_the_wait_after_their_grace(no_sleep, monkeypatch, reason):
-    """The job itself stays 'running' for good when its image does not pull or a secret key is missing."""
-    monkeypatch.setattr(jobs, "START_GRACE_S", 1e-6)
+def test_pods_that_cannot_start_end_the_wait_after_their_grace(clock, reason):
+    """The job itself stays 'running' for good when its image does not pull or a secret key is missing; a problem
+    that lasts less than the grace (a registry hiccup) does not end it."""
     pods = FakePods([waiting_pod(reason, 'Back-off pulling image "ghcr.io/team/rlaif:0.1.O"')])
-    state, message = jobs.wait(FakeCustomObjects("Complete", polls=100), "trainjob", "ns", "rlaif-x", poll_s=0,
+    state, message = jobs.wait(FakeCustomObjects("Complete", polls=100), "trainjob", "ns", "rlaif-x", poll_s=15,
                                pods=pods)
-    assert state == "failed" and message.startswith(f"pod rlaif-x-node-0-0 cannot start node for 0s: {reason}: ")
+    assert state == "stuck" and message.startswith(f"pod rlaif-x-node-0-0 cannot start node for 300s: {reason}: ")
     assert 'ghcr.io/team/rlaif:0.1.O' in message and pods.selectors[0] == "jobset.sigs.k8s.io/jobset-name=rlaif-x"
+    assert clock[0] - 1000 == jobs.START_GRACE_S  # polled every 15 s: ended at the first poll past the grace
+
+
+def test_a_start_problem_that_clears_starts_its_grace_again(clock):
+    bad = waiting_pod("ImagePullBackOff", "rate limited")
+    pods = FakePods([bad])
+
+    class Clears(FakeCustomObjects):  # the pull works for one poll at 240 s, then the registry throttles again
+        def get_namespaced_custom_object(self, *args):
+            pods.pods = [] if clock[0] - 1000 == 240 else [bad]
+            return super().get_namespaced_custom_object(*args)
+
+    state, message = jobs.wait(Clears("Complete", polls=100), "trainjob", "ns", "x", poll_s=15, pods=pods)
+    assert state == "stuck" and clock[0] - 1000 == 255 + jobs.START_GRACE_S
+
+
+def test_a_stuck_job_is_deleted_with_its_pods(no_sleep, monkeypatch, capsys):
+    """Left behind, its pods kept what they had (GPUs of a partly scheduled job) and each retry of the step found it
+    'running' and waited on it for another grace."""
+    monkeypatch.setattr(jobs, "START_GRACE_S", 1e-6)
+    client = FakeCustomObjects("Complete", polls=100)
+    state, message = jobs.wait_or_stop(client, "trainjob", "ns", "x", poll_s=0,
+                                       pods=FakePods([waiting_pod("ErrImagePull", "not found")]))
+    assert state == "failed" and "cannot start node" in message and client.deleted == ["x"]
+    assert "stuck: deleted trainjobs ns/x and its pods" in capsys.readouterr().out
 
 
 def test_a_pod_no_node_takes_fails_the_wait_only_past_the_start_timeout(no_sleep):
     pods = FakePods([UNSCHEDULABLE])
     state, message = jobs.wait(FakeCustomObjects("Failed", polls=3), "pytorchjob", "ns", "x", poll_s=0, pods=pods,
                                start_timeout_s=1e-6)
-    assert state == "failed" and "pod x-master-0 found no node for 0s: 0/3 nodes are available: 3 Insuf" in message
+    assert state == "stuck" and "pod x-master-0 found no node for 0s: 0/3 nodes are available: 3 Insuf" in message
     assert pods.selectors[0] == "training.kubeflow.org/job-name=x"
     for timeout in (0, 3600):  # 0: wait for good; an hour: a node pool may still be scaling up
         client = FakeCustomObjects("Succeeded", polls=3)
@@ -303,3 +342,44 @@ def test_multinode_without_a_service_account_token_is_one_line(cfg, monkeypatch)
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     with pytest.raises(UserError, match="ppo.nodes=4: cannot reach the Kubernetes API from this pod"):
         jobs.run_multinode(STAGE_BY_NAME["ppo"], cfg, "u", 4, "key")
+
+
+def test_a_replaced_job_that_will_not_go_ends_in_one_line(clock, cfg):
+    """The old job deleted (its pods first: Foreground) but still there past the patience: a finalizer, say."""
+    body = jobs.job_manifest(STAGE_BY_NAME["ppo"], cfg, "u", 2, ClusterSpec(), "ns")
+
+    class Lingers(FakeCustomObjects):
+        def delete_namespaced_custom_object(self, group, version, namespace, plural, name, **options):
+            self.deleted.append((name, options))  # accepted, but the object stays
+
+    client = Lingers("Failed", polls=1, exists={"metadata": body["metadata"], "status": {}})
+    with pytest.raises(jobs.JobError, match="was deleted but is still there after 300s .* and retry"):
+        jobs.create_or_reuse(client, "trainjob", body)
+    assert client.deleted == [(body["metadata"]["name"], {"propagation_policy": "Foreground"})]
+    assert client.created == []
+
+
+def test_a_failed_wait_or_create_ends_as_a_failed_stage(cfg, monkeypatch, capsys):
+    """An API that stays down while the step creates or watches its job: one line and the stage's failure, which
+    the orchestrator retries (no traceback)."""
+    from types import SimpleNamespace
+
+    import kubernetes
+
+    from rlaif.errors import StageFailed
+
+    monkeypatch.setattr(kubernetes.config, "load_incluster_config", lambda: None)
+    monkeypatch.setattr(kubernetes.client, "CustomObjectsApi", lambda: FlakyCustomObjects([503] * 3))
+    monkeypatch.setattr(kubernetes.client, "CoreV1Api", lambda: SimpleNamespace())
+    monkeypatch.setattr(jobs, "API_PATIENCE_S", 0.0)
+
+    def down(*args, **kwargs):
+        from kubernetes.client.exceptions import ApiException
+
+        raise ApiException(status=503, reason="Service Unavailable")
+
+    monkeypatch.setattr(FlakyCustomObjects, "create_namespaced_custom_object", down)
+    with pytest.raises(StageFailed):
+        jobs.run_multinode(STAGE_BY_NAME["ppo"], cfg, "u", 4, "key")
+    out = capsys.readouterr().out
+    assert "failed: the Kubernetes API failed to create trainjobs" in out and "(last: 503 Service Unavailable)" in out

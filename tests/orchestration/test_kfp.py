@@ -250,7 +250,7 @@ def test_submit_to_an_endpoint_that_never_answers_ends_in_time():
 
 
 @pytest.mark.parametrize("status, body, needle", [
-    (404, b"<html>File not found</html>", "is not a KFP API server (/apis/v2beta1/healthz answered 404)"),
+    (404, b"<html>File not found</html>", "is not a KFP 2 API server (/apis/v2beta1/healthz answered 404)"),
     (200, b"<html><form>Log in</form></html>", "healthz answered 200 with a web page"),
     (503, b"upstream connect error", "answered 503 at /apis/v2beta1/healthz: the KFP API server is not ready"),
 ])

@@ -185,7 +185,7 @@ def test_compile_sizes_label_from_the_config(tmp_path):
     ("stages: [ppo]", "stages must map stage names to pod sizes"),
     ("gpu_tolerations: nvidia.com/gpu", "gpu_tolerations must be a list of entries"),
     ("gpu_tolerations: [nvidia.com/gpu]", "gpu_tolerations: give a mapping with keys among key, operator"),
-    ("gpu_tolerations: [{operator: Exists}]", "gpu_tolerations: {'operator': 'Exists'} lacks key"),
+    ("gpu_tolerations: [{value: x}]", "an entry without a key tolerates every taint and needs operator Exists"),
     ("secrets: [{name: s, env: HF_TOKEN}]", "secrets: env must map text to text, got 'HF_TOKEN'"),
     ("secrets: [{name: s, env: {HF_TOKEN: t}, optional: 'yes'}]", "secrets: optional must be true or false"),
     ("secrets: [{env: {HF_TOKEN: t}}]", "lacks name"),
