@@ -20,8 +20,14 @@ CONFIG_DIR = "/etc/rlaif"
 HPA_CPU_TARGET = 70  # percent: a CPU replica is saturated by one request at a time, so scale before it queues
 
 
+RAY_HEAD_PORTS = {6379: "the GCS", 8265: "the dashboard", 10001: "the Ray client server"}  # KubeRay's head ports
+
+
 def _plan(cfg: PipelineConfig, cluster: ClusterSpec):
     s = cfg.serve
+    if s.gpus_per_replica and not cluster.use_gpus:  # a replica would ask Ray for a GPU no node has: never placed
+        raise UserError(f"serve.gpus_per_replica={s.gpus_per_replica:g} on a cluster without GPUs (use_gpus false in "
+                        "the cluster settings): set serve.gpus_per_replica=0, or give a GPU cluster's settings")
     return service_pod_plan(s.service_name, s.cpus_per_replica, s.memory_gib, s.gpus_per_replica, cluster)
 
 
@@ -36,6 +42,9 @@ def _serve_config(cfg: PipelineConfig) -> str:
 
 def rayservice(cfg: PipelineConfig, cluster: ClusterSpec) -> list[dict]:
     s, plan = cfg.serve, _plan(cfg, cluster)
+    if s.port in RAY_HEAD_PORTS:  # two container ports of one number: the RayService is refused, or Serve never binds
+        raise UserError(f"serve.port={s.port} is {RAY_HEAD_PORTS[s.port]}'s port in the Ray head pod: choose another "
+                        "(8000 is Ray Serve's)")
     head = plan.pod_spec("ray-head", None)  # KubeRay supplies `ray start` to both groups
     head["containers"][0].update(image=cluster.image, ports=[{"containerPort": 6379, "name": "gcs"},
                                         {"containerPort": 8265, "name": "dashboard"},

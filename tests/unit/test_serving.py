@@ -4,6 +4,7 @@ by Ray Serve's own schema)."""
 import os
 import socket
 import time
+from dataclasses import replace
 
 import pytest
 import yaml
@@ -315,6 +316,20 @@ def test_deployment_service_and_hpa_manifests():
     with pytest.raises(UserError, match=r"^serve.min_replicas=0 scales to zero on Ray Serve only; .* set "
                                         r"serve.min_replicas=1, or use --manifest rayservice$"):
         manifests.deployment(scale_to_zero, CLUSTER)
+
+
+def test_manifests_refuse_a_service_the_cluster_could_not_run():
+    """A GPU replica on a cluster without GPUs: the manifest dropped the GPU and Ray waited for good to place a
+    replica that asks for one. Serve's port on one of the Ray head's: two container ports of one number."""
+    cpu_cluster = replace(CLUSTER, use_gpus=False)
+    for render in (manifests.rayservice, manifests.deployment):
+        with pytest.raises(UserError, match=r"^serve.gpus_per_replica=0.5 on a cluster without GPUs .use_gpus false"):
+            render(served_config("serve.gpus_per_replica=0.5"), cpu_cluster)
+        assert render(served_config("serve.gpus_per_replica=0"), cpu_cluster)
+    for port, owner in ((8265, "the dashboard"), (6379, "the GCS"), (10001, "the Ray client server")):
+        with pytest.raises(UserError, match=f"^serve.port={port} is {owner}'s port in the Ray head pod"):
+            manifests.rayservice(served_config(f"serve.port={port}"), CLUSTER)
+    assert manifests.deployment(served_config("serve.port=8265"), CLUSTER)  # no Ray head there
 
 
 def test_serve_manifest_cli(capsys):
