@@ -27,7 +27,7 @@ from rlaif.models.files import save_tokenizer
 from rlaif.models.generation import format_prompts, sample_texts
 from rlaif.models.loading import load_policy
 from rlaif.models.reward import batched_rewards, reward
-from rlaif.training import Engine
+from rlaif.training import Engine, refuse_diverged
 
 SAMPLE_BATCH = 64  # prompts per sampling batch
 
@@ -150,8 +150,13 @@ def train_student(cfg, student, tokenizer, items: list[dict], max_length: int, s
             with engine.accumulating(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_amp):
                 scores = reward(engine, tokenizer, [i["prompt"] for i in batch], [i["response"] for i in batch],
                                 max_length, device).float()
-                engine.backward(distill_loss(scores, target, scale, settings.ranking_weight))
-            engine.step()
+                loss = distill_loss(scores, target, scale, settings.ranking_weight)
+                engine.backward(loss)
+            grad_norm = engine.step()
+            # as the teacher's steps are checked: a student trained on NaN would be saved, shipped and used by ppo
+            refuse_diverged(dist.all_reduce_mean({"loss": loss.item(), "grad_norm": grad_norm}), ("loss", "grad_norm"),
+                            f"train_rm.student diverged at epoch {epoch} step {step + 1}",
+                            "lower train_rm.student.lr, then run it again")
     return time.time() - started
 
 

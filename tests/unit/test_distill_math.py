@@ -48,3 +48,29 @@ def test_pearson_and_spearman_against_the_formulas():
     rx, ry = torch.tensor(mean_ranks(x.tolist())), torch.tensor(mean_ranks(y.tolist()))
     assert spearman(x, y) == pytest.approx(pearson(rx, ry))
     assert spearman(x, x * 3 + 1) == pytest.approx(1.0) and pearson(x, -x) == pytest.approx(-1.0)
+
+
+def test_a_student_whose_loss_goes_nan_stops_before_it_is_saved(monkeypatch):
+    """The teacher's steps were checked for NaN, the student's not: a student trained on NaN was saved and shipped
+    (ppo.reward=student scores with it)."""
+    from rlaif.config import load_config
+    from rlaif.errors import UserError
+    from rlaif.models import distill
+
+    cfg = load_config("configs/tiny.yaml", ["train_rm.student.layers=1", "train_rm.student.batch_size=4",
+                                            "train_rm.student.epochs=2"])
+    student = torch.nn.Linear(1, 1)
+    items = [{"prompt": f"p{i}", "response": "r", "teacher": float(i)} for i in range(8)]
+    monkeypatch.setattr(distill, "reward", lambda engine, tokenizer, prompts, responses, length, device:
+                        engine.model(torch.ones(len(prompts), 1)).squeeze(-1))
+    steps = []
+
+    def loss(scores, target, scale, weight):  # finite for three steps, then NaN
+        steps.append(1)
+        return distill_loss(scores, target, scale, weight) * (float("nan") if len(steps) > 3 else 1.0)
+
+    monkeypatch.setattr(distill, "distill_loss", loss)
+    with pytest.raises(UserError, match=r"^train_rm.student diverged at epoch 1 step 2: loss, grad_norm are NaN or "
+                                        r"infinite \(the stage stops; nothing is committed\): lower "
+                                        r"train_rm.student.lr"):
+        distill.train_student(cfg, student, None, items, 16, 1.0, torch.device("cpu"))
