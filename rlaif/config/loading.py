@@ -53,14 +53,25 @@ def refuse_repeated_keys(overrides: list[str] | tuple[str, ...]) -> None:
     orchestrator appends (typed KFP parameters) are meant to win: not checked."""
     seen: dict[str, tuple[str, str]] = {}
     for item in overrides:
-        if "=" not in item:  # apply_overrides says what is wrong with it
-            continue
-        name, _, value = item.partition("=")
-        for key, setting in _settings(".".join(part.strip() for part in name.split(".")), parse_value(value)):
+        parts, value = split_override(item)
+        for key, setting in _settings(".".join(parts), parse_value(value)):
             shown = json.dumps(setting, sort_keys=True, default=str)  # typed: true is not 1
             if key in seen and seen[key][1] != shown:
                 raise UserError(f"--set {seen[key][0]} and --set {item} set {key} to two values: give one")
             seen[key] = (item, shown)
+
+
+def split_override(item: str) -> tuple[list[str], str]:
+    """`section.key=VALUE` as (["section", "key"], "VALUE"), spaces around each part of the key dropped: the one
+    reading of a key both the repeated-setting check and apply_overrides use."""
+    if "=" not in item:
+        raise UserError(f"--set {item!r}: expected KEY=VALUE, e.g. --set ppo.lr=1e-5")
+    key, value = item.split("=", 1)
+    parts = [part.strip() for part in key.split(".")]
+    if not all(parts):
+        raise UserError(f"--set {item!r}: the key has an empty part: write it as section.key=VALUE, e.g. "
+                        "--set ppo.lr=1e-5")
+    return parts, value
 
 
 def _settings(key: str, value) -> list[tuple[str, object]]:
@@ -83,14 +94,8 @@ def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
     """`section.key=VALUE` items applied to a raw config; a mapping VALUE for a section (`ppo={lr: 1e-5}`) sets the
     keys it names and keeps the rest (every section is a model: there is no free-form mapping to replace)."""
     for item in overrides:
-        if "=" not in item:
-            raise UserError(f"--set {item!r}: expected KEY=VALUE, e.g. --set ppo.lr=1e-5")
-        key, value = item.split("=", 1)
-        node = raw
-        parts = key.strip().split(".")
-        if not all(part.strip() for part in parts):
-            raise UserError(f"--set {item!r}: the key has an empty part: write it as section.key=VALUE, e.g. "
-                            "--set ppo.lr=1e-5")
+        parts, value = split_override(item)
+        key, node = ".".join(parts), raw
         for depth, part in enumerate(parts[:-1]):
             child = node.setdefault(part, {})
             if not isinstance(child, dict):

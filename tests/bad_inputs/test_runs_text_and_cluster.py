@@ -421,6 +421,8 @@ def test_a_setting_given_twice_is_refused_and_a_mapping_sets_only_its_keys(cli, 
     assert len(err.splitlines()) == 1
     assert not (tmp_path / "root").exists()
     refuse_repeated_keys(["seed=1", "seed= 1", "ppo.lr=1e-5", "ppo.lr = 1e-5"])  # one value each: accepted
+    # one reading of a key for the check and the config: `ppo . lr` is ppo.lr in both (it was 'ppo ' in the config)
+    assert load_config(TINY, ["ppo . lr=2e-5"]).ppo.lr == 2e-5
     refuse_repeated_keys(["ppo={lr: 1e-5}", "ppo={kl_coef: 0.1}", "ppo.lr=1e-5"])  # a mapping is the keys it names
     with pytest.raises(UserError, match="--set ppo.lr=1 and --set ppo={lr: 2} set ppo.lr to two values"):
         refuse_repeated_keys(["ppo.lr=1", "ppo={lr: 2}"])
