@@ -184,18 +184,17 @@ def call(what: str, request):
 
 def pod_problem(pods, api: str, namespace: str, name: str, first_seen: dict, start_timeout_s: float) -> str | None:
     """Why the job's pods will not start on their own, once that has lasted its grace; "" while nothing has; None
-    when the service account may not list pods. `first_seen` carries when each problem was first seen."""
+    when they cannot be listed (an account without `list` on pods). `first_seen`: when each problem was first seen."""
     from kubernetes.client.exceptions import ApiException
 
     selector = f"{POD_LABEL[api]}={name}"
     try:
         listed = call(f"list the pods of {name}", lambda: json.loads(pods.list_namespaced_pod(
             namespace, label_selector=selector, _preload_content=False).data))
-    except ApiException as exc:
-        if exc.status not in (401, 403):
-            raise
-        print(f"cannot list the pods of {name} ({exc.status} {exc.reason}): pods that never start will not be "
-              "reported; grant the step's service account list on pods to have them reported", flush=True)
+    except (ApiException, ValueError) as exc:  # the job's own status still ends the wait
+        reason = f"{exc.status} {exc.reason}" if isinstance(exc, ApiException) else "an answer that is not JSON"
+        print(f"cannot list the pods of {name} ({reason}): pods that never start will not be reported (the step's "
+              "service account needs list on pods)", flush=True)
         return None
     now, current = time.time(), {}
     for pod in listed.get("items") or []:

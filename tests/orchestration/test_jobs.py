@@ -331,11 +331,14 @@ def test_a_pod_no_node_takes_fails_the_wait_only_past_the_start_timeout(no_sleep
                          start_timeout_s=timeout) == ("succeeded", "job Succeeded")
 
 
-def test_an_account_that_may_not_list_pods_still_waits_on_the_job(no_sleep, capsys):
-    pods = FakePods(status=403)
+@pytest.mark.parametrize("status", [403, 401, 404, 400])
+def test_pods_that_cannot_be_listed_leave_the_wait_on_the_job(no_sleep, capsys, status):
+    pods = FakePods(status=status)
     client = FakeCustomObjects("Complete", polls=4)
     assert jobs.wait(client, "trainjob", "ns", "x", poll_s=0, pods=pods)[0] == "succeeded"
-    assert len(pods.selectors) == 1 and "pods that never start will not be reported" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert len(pods.selectors) == 1 and f"cannot list the pods of x ({status} Forbidden)" in out
+    assert "pods that never start will not be reported" in out
 
 
 def test_multinode_without_a_service_account_token_is_one_line(cfg, monkeypatch):
