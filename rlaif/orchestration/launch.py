@@ -29,7 +29,7 @@ from rlaif.graph import STAGE_BY_NAME, Stage
 from rlaif.io import manifest, output_files, storage
 from rlaif.io.lock import StageLock
 from rlaif.io.prompts import check_splits, load_prompts, read_demonstrations
-from rlaif.orchestration import jobs, retries
+from rlaif.orchestration import jobs
 from rlaif.orchestration.parent_guard import guarded
 from rlaif.stages import common
 
@@ -422,8 +422,6 @@ def launch(cfg: PipelineConfig, name: str, config_url: str, rerun: bool = False)
     with StageLock(ctx.url, f"stage '{name}' of run '{cfg.run_id}'"):
         if not rerun and (hit := _cache_hit(ctx, report=False)) is not None:  # another launcher finished it meanwhile
             return hit
-        if not rerun:
-            retries.raise_if_repeated(ctx.url, ctx.config_hash)
         run_locked(cfg, stage, config_url, ctx.config_hash, rerun)
     return manifest.require(ctx.url, name)
 
@@ -456,7 +454,6 @@ def run_locked(cfg: PipelineConfig, stage: Stage, config_url: str, config_hash: 
             code, agent_report = run_relaying_stderr(cmd, dict(env, RLAIF_ERROR_FILE=errors.name))
             user_errors = list(dict.fromkeys(line.strip() for line in errors if line.strip()))
         if code != 0 and user_errors:  # torchrun reports any rank's failure as exit code 1: keep the user error
-            retries.record(common.stage_url(cfg, name), config_hash, user_errors[0])  # for this step's retry
             raise UserError(user_errors[0])
         sys.stderr.buffer.write(agent_report)  # a real crash: torchrun's failure report stays
         if code != 0:
