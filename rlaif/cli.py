@@ -219,14 +219,14 @@ def check_run_id(args) -> None:
 def check_flags_agree(args) -> None:
     """--run-id and --storage-root beside a --set of the same setting to another value: the flag won, silently. A
     setting given twice in --set / --set-json: the last won, silently."""
-    from rlaif.config.loading import parse_value, refuse_repeated_keys
+    from rlaif.config.loading import parse_value, refuse_repeated_keys, split_override
 
-    refuse_repeated_keys(_override_items(args))
+    refuse_repeated_keys(_override_items(args))  # every item is KEY=VALUE past it
     for flag, key in (("--run-id", "run_id"), ("--storage-root", "storage.root")):
         value = getattr(args, flag[2:].replace("-", "_"), None)
         for item in _override_items(args):
-            name, _, given = item.partition("=")
-            if value and name.strip() == key and str(parse_value(given)) != value:
+            parts, given = split_override(item)
+            if value and ".".join(parts) == key and str(parse_value(given)) != value:
                 raise UserError(f"{flag} {value} and --set {item} name two values of {key}: give one of them")
 
 

@@ -155,7 +155,7 @@ def train_student(cfg, student, tokenizer, items: list[dict], max_length: int, s
             grad_norm = engine.step()
             # as the teacher's steps are checked: a student trained on NaN would be saved, shipped and used by ppo
             refuse_diverged(dist.all_reduce_mean({"loss": loss.item(), "grad_norm": grad_norm}), ("loss", "grad_norm"),
-                            f"train_rm.student diverged at epoch {epoch} step {step + 1}",
+                            f"train_rm.student diverged at epoch {epoch + 1} step {step + 1}",
                             "lower train_rm.student.lr, then run it again")
     return time.time() - started
 

@@ -188,13 +188,18 @@ def pod_problem(pods, api: str, namespace: str, name: str, first_seen: dict, sta
     from kubernetes.client.exceptions import ApiException
 
     selector = f"{POD_LABEL[api]}={name}"
-    try:
-        listed = call(f"list the pods of {name}", lambda: json.loads(pods.list_namespaced_pod(
-            namespace, label_selector=selector, _preload_content=False).data))
-    except (ApiException, ValueError) as exc:  # the job's own status still ends the wait
-        reason = f"{exc.status} {exc.reason}" if isinstance(exc, ApiException) else "an answer that is not JSON"
-        print(f"cannot list the pods of {name} ({reason}): pods that never start will not be reported (the step's "
-              "service account needs list on pods)", flush=True)
+    try:  # the body is read inside the retry: a connection dropped while reading it is retried too
+        body = call(f"list the pods of {name}", lambda: pods.list_namespaced_pod(
+            namespace, label_selector=selector, _preload_content=False).data)
+        listed = json.loads(body)
+    except ApiException as exc:  # the job's own status still ends the wait
+        hint = " (the step's service account needs list on pods)" if exc.status in (401, 403) else ""
+        print(f"cannot list the pods of {name} ({exc.status} {exc.reason}): pods that never start will not be "
+              f"reported{hint}", flush=True)
+        return None
+    except ValueError:
+        print(f"cannot list the pods of {name} (an answer that is not JSON): pods that never start will not be "
+              "reported", flush=True)
         return None
     now, current = time.time(), {}
     for pod in listed.get("items") or []:

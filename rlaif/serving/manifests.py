@@ -20,7 +20,10 @@ CONFIG_DIR = "/etc/rlaif"
 HPA_CPU_TARGET = 70  # percent: a CPU replica is saturated by one request at a time, so scale before it queues
 
 
-RAY_HEAD_PORTS = {6379: "the GCS", 8265: "the dashboard", 10001: "the Ray client server"}  # KubeRay's head ports
+# Ports KubeRay's Ray pods already use (the head's; metrics and the dashboard agent on every pod, where Serve's
+# proxies listen too).
+RAY_PORTS = {6379: "the GCS", 8265: "the dashboard", 10001: "the Ray client server", 8080: "the metrics export",
+             52365: "the dashboard agent"}
 
 
 def _plan(cfg: PipelineConfig, cluster: ClusterSpec):
@@ -42,9 +45,9 @@ def _serve_config(cfg: PipelineConfig) -> str:
 
 def rayservice(cfg: PipelineConfig, cluster: ClusterSpec) -> list[dict]:
     s, plan = cfg.serve, _plan(cfg, cluster)
-    if s.port in RAY_HEAD_PORTS:  # two container ports of one number: the RayService is refused, or Serve never binds
-        raise UserError(f"serve.port={s.port} is {RAY_HEAD_PORTS[s.port]}'s port in the Ray head pod: choose another "
-                        "(8000 is Ray Serve's)")
+    if s.port in RAY_PORTS:  # two container ports of one number: the RayService is refused, or Serve never binds
+        raise UserError(f"serve.port={s.port} is {RAY_PORTS[s.port]}'s port in the Ray pods: choose another (8000 is "
+                        "Ray Serve's)")
     head = plan.pod_spec("ray-head", None)  # KubeRay supplies `ray start` to both groups
     head["containers"][0].update(image=cluster.image, ports=[{"containerPort": 6379, "name": "gcs"},
                                         {"containerPort": 8265, "name": "dashboard"},

@@ -391,6 +391,8 @@ def test_a_flag_and_a_set_of_the_same_setting_must_agree(cli, tmp_path):
         needle="--run-id aa and --set run_id=bb name two values of run_id: give one of them")
     cli("launch", "generate", "--config", TINY, "--storage-root", root, "--set", f"storage.root=file://{tmp_path}/b",
         needle=f"--storage-root {root} and --set storage.root=file://{tmp_path}/b name two values of storage.root")
+    cli("run", "--config", TINY, "--storage-root", root, "--set", f"storage . root=file://{tmp_path}/b",
+        needle=f"--storage-root {root} and --set storage . root=file://{tmp_path}/b name two values of storage.root")
     assert not (tmp_path / "root").exists() and not (tmp_path / "b").exists()
     cli("run", "--config", TINY, "--run-id", "aa", "--set", "run_id=aa", "--storage-root", root, "--set",
         "seed=x", needle="'seed'")  # the same value twice is no conflict: the next check speaks

@@ -243,8 +243,10 @@ def test_a_job_deleted_under_the_wait_or_not_readable_is_reported(no_sleep):
 class FakePods:
     """CoreV1Api.list_namespaced_pod with _preload_content=False: the pods' JSON, or a refusal."""
 
-    def __init__(self, pods: list[dict] | None = None, status: int | None = None):
-        self.pods, self.status, self.selectors = pods or [], status, []
+    REASONS = {401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 400: "Bad Request"}
+
+    def __init__(self, pods: list[dict] | None = None, status: int | None = None, body: bytes | None = None):
+        self.pods, self.status, self.body, self.selectors = pods or [], status, body, []
 
     def list_namespaced_pod(self, namespace, label_selector, _preload_content):
         from types import SimpleNamespace
@@ -253,8 +255,8 @@ class FakePods:
 
         self.selectors.append(label_selector)
         if self.status:
-            raise ApiException(status=self.status, reason="Forbidden")
-        return SimpleNamespace(data=json.dumps({"items": self.pods}).encode())
+            raise ApiException(status=self.status, reason=self.REASONS[self.status])
+        return SimpleNamespace(data=self.body or json.dumps({"items": self.pods}).encode())
 
 
 def waiting_pod(reason: str, message: str) -> dict:
@@ -331,14 +333,15 @@ def test_a_pod_no_node_takes_fails_the_wait_only_past_the_start_timeout(no_sleep
                          start_timeout_s=timeout) == ("succeeded", "job Succeeded")
 
 
-@pytest.mark.parametrize("status", [403, 401, 404, 400])
+@pytest.mark.parametrize("status", [403, 401, 404, 400, None])
 def test_pods_that_cannot_be_listed_leave_the_wait_on_the_job(no_sleep, capsys, status):
-    pods = FakePods(status=status)
+    pods = FakePods(status=status, body=b"<html>proxy</html>" if status is None else None)
     client = FakeCustomObjects("Complete", polls=4)
     assert jobs.wait(client, "trainjob", "ns", "x", poll_s=0, pods=pods)[0] == "succeeded"
     out = capsys.readouterr().out
-    assert len(pods.selectors) == 1 and f"cannot list the pods of x ({status} Forbidden)" in out
-    assert "pods that never start will not be reported" in out
+    reason = f"{status} {FakePods.REASONS[status]}" if status else "an answer that is not JSON"
+    assert len(pods.selectors) == 1 and f"cannot list the pods of x ({reason}): pods that never start" in out
+    assert ("service account needs list on pods" in out) == (status in (401, 403))
 
 
 def test_multinode_without_a_service_account_token_is_one_line(cfg, monkeypatch):

@@ -70,7 +70,7 @@ def test_a_student_whose_loss_goes_nan_stops_before_it_is_saved(monkeypatch):
         return distill_loss(scores, target, scale, weight) * (float("nan") if len(steps) > 3 else 1.0)
 
     monkeypatch.setattr(distill, "distill_loss", loss)
-    with pytest.raises(UserError, match=r"^train_rm.student diverged at epoch 1 step 2: loss, grad_norm are NaN or "
+    with pytest.raises(UserError, match=r"^train_rm.student diverged at epoch 2 step 2: loss, grad_norm are NaN or "
                                         r"infinite \(the stage stops; nothing is committed\): lower "
                                         r"train_rm.student.lr"):
         distill.train_student(cfg, student, None, items, 16, 1.0, torch.device("cpu"))

@@ -326,8 +326,9 @@ def test_manifests_refuse_a_service_the_cluster_could_not_run():
         with pytest.raises(UserError, match=r"^serve.gpus_per_replica=0.5 on a cluster without GPUs .use_gpus false"):
             render(served_config("serve.gpus_per_replica=0.5"), cpu_cluster)
         assert render(served_config("serve.gpus_per_replica=0"), cpu_cluster)
-    for port, owner in ((8265, "the dashboard"), (6379, "the GCS"), (10001, "the Ray client server")):
-        with pytest.raises(UserError, match=f"^serve.port={port} is {owner}'s port in the Ray head pod"):
+    for port, owner in ((8265, "the dashboard"), (6379, "the GCS"), (10001, "the Ray client server"),
+                        (8080, "the metrics export"), (52365, "the dashboard agent")):
+        with pytest.raises(UserError, match=f"^serve.port={port} is {owner}'s port in the Ray pods"):
             manifests.rayservice(served_config(f"serve.port={port}"), CLUSTER)
     assert manifests.deployment(served_config("serve.port=8265"), CLUSTER)  # no Ray head there
 
