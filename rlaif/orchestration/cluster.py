@@ -291,9 +291,16 @@ def from_dict(raw: dict) -> ClusterSpec:
         stages = raw["stages"] or {}
         if not isinstance(stages, dict):
             raise ValueError(f"stages must map stage names to pod sizes, not {stages!r}")
-        raw["stages"] = {name: StageResources(**_entry(sizes, StageResources, f"stages.{name}"))
-                         for name, sizes in stages.items()}
+        raw["stages"] = {name: _stage_sizes(name, sizes) for name, sizes in stages.items()}
     return ClusterSpec(**raw)
+
+
+def _stage_sizes(stage: str, sizes) -> StageResources:
+    try:
+        return StageResources(**_entry(sizes, StageResources, f"stages.{stage}"))
+    except ValueError as exc:  # the sizes' own checks do not know which stage they are
+        message = str(exc)
+        raise ValueError(message if message.startswith("stages.") else f"stages.{stage}: {message}") from None
 
 
 def _refuse_unknown(raw: dict, kind, what: str) -> None:

@@ -190,7 +190,7 @@ def test_compile_sizes_label_from_the_config(tmp_path):
     ("secrets: [{name: s, env: {HF_TOKEN: t}, optional: 'yes'}]", "secrets: optional must be true or false"),
     ("secrets: [{env: {HF_TOKEN: t}}]", "lacks name"),
     ("stages: {ppo: {cpu: -1}}", "cpu must be a whole number >= 0"),
-    ("stages: {ppo: {cpu: '4'}}", "cpu must be a whole number, not '4'"),
+    ("stages: {ppo: {cpu: '4'}}", "stages.ppo: cpu must be a whole number, not '4'"),
     ("stages: {ppo: {memory_gib: 0}}", "cpu and memory_gib must be at least 1"),
     ("use_gpu: true", "unknown cluster setting(s) use_gpu"),
     ("image: [a", "cluster settings"),
