@@ -267,24 +267,25 @@ def _create_run(endpoint: str, client, timeout_s: float, pipeline, experiment: s
         logging.disable(logging.NOTSET)
 
 
-def check_runs_on_cluster(cfg, spec: ClusterSpec) -> None:
-    """What only the run's pods would refuse, refused before it is submitted: a storage root on a disk the pods do
-    not share, and batch sizes that do not split over the processes each stage gets on the cluster (its pod's GPUs,
-    or its config's nproc on CPU, times its nodes)."""
-    from rlaif.errors import UserError
+def check_runs_on_cluster(cfg, spec: ClusterSpec) -> str:
+    """What only the run's pods would refuse, refused before it is submitted: batch sizes that do not split over
+    the processes each stage gets on the cluster (its pod's GPUs, or its config's nproc on CPU, times its nodes).
+    Returns a warning for a file:// storage root: the stages pass their outputs through it, so it works only where
+    every pod mounts that path (a shared volume a PodDefault adds, say)."""
     from rlaif.graph import STAGES
     from rlaif.io import storage
 
     root = storage.normalize(cfg.storage.root)  # a malformed root (s3:/bucket) is refused as `rlaif run` refuses it
-    if root.startswith("file://"):
-        raise UserError(f"storage root {cfg.storage.root} is a local directory, which each stage's pod would have to "
-                        "itself (the stages pass their outputs through it): give --storage-root "
-                        "s3://bucket/prefix (or set storage.root in the config)")
     for stage in STAGES:
         settings = getattr(cfg, stage.name)
         if hasattr(settings, "check_processes"):
             gpus = pod_plan(stage, spec, cfg.label.pod_judge).gpus
             settings.check_processes((gpus or settings.nproc) * getattr(settings, "nodes", 1))
+    if root.startswith("file://"):
+        return (f"warning: storage root {cfg.storage.root} is a directory each stage's pod has to itself unless every "
+                "pod mounts it (a shared volume): otherwise label finds no output of generate; give --storage-root "
+                "s3://bucket/prefix")
+    return ""
 
 
 class BoundedClient(kfp.Client):
@@ -320,7 +321,7 @@ def submit(endpoint: str, config: str | None, overrides: list[str], run_id: str,
     # Refuse a bad config here, not in the first pod; its judge sizes label's pod, its streaming wires label.
     cfg = load_config_source(config, overrides, run_id, storage_root)
     spec = load(cluster)
-    check_runs_on_cluster(cfg, spec)
+    warning = check_runs_on_cluster(cfg, spec)
     pipeline = build_pipeline(spec, cfg.label.pod_judge, cfg.label.streaming)
     if client is None:
         check_answers(endpoint, timeout_s)
@@ -331,4 +332,6 @@ def submit(endpoint: str, config: str | None, overrides: list[str], run_id: str,
     if not isinstance(run_id, str) or not run_id:  # a 200 from a login page or another service, not a KFP API
         raise UserError(f"KFP endpoint {redact(endpoint)} answered without a run id: is it the KFP API (behind an "
                         "auth proxy, log in or pass its URL past the proxy)?")
+    if warning:
+        print(warning, flush=True)
     return run_id

@@ -169,10 +169,10 @@ def test_submit_sends_the_config_inline_and_validates_it_first(tmp_path):
         kfp_pipeline.submit("http://kfp.invalid", "configs/tiny.yaml", [], "", S3, None, "x", client=LoginPage())
 
 
-def test_submit_refuses_a_run_only_the_cluster_would_fail(tmp_path):
-    """A file:// root (each stage's pod would write its own disk: label never sees generate's shards) and batch
-    sizes that do not split over the processes each stage gets there (its pod's GPUs times its nodes, or its
-    config's nproc on a CPU cluster): refused before submitting, not in the third pod an hour in."""
+def test_submit_refuses_a_run_only_the_cluster_would_fail(tmp_path, capsys):
+    """Batch sizes that do not split over the processes each stage gets there (its pod's GPUs times its nodes, or
+    its config's nproc on a CPU cluster): refused before submitting, not in the third pod an hour in. A file://
+    root (each stage's pod writes its own disk unless every pod mounts that path): submitted with a warning."""
     from rlaif.errors import UserError
 
     class Recorder:
@@ -187,8 +187,11 @@ def test_submit_refuses_a_run_only_the_cluster_would_fail(tmp_path):
                             client=Recorder())
 
     for root in ("", f"file://{tmp_path}/runs"):  # tiny.yaml's own root is file://./runs
-        with pytest.raises(UserError, match="is a local directory, which each stage's pod would have to itself"):
-            submit([], root)
+        submit([], root)
+        assert "is a directory each stage's pod has to itself unless every pod mounts it" in capsys.readouterr().out
+    submit([])
+    assert "warning" not in capsys.readouterr().out
+    Recorder.runs.clear()
     eight_gpus, three_gpus = tmp_path / "eight.yaml", tmp_path / "three.yaml"
     eight_gpus.write_text("stages: {ppo: {gpus: 8}}\n")
     three_gpus.write_text("stages: {train_rm: {gpus: 3}}\n")
