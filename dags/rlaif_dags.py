@@ -73,7 +73,8 @@ def _doc(title: str) -> str:
 
 def _launch_args(stage) -> list[str]:
     """`rlaif launch` arguments, templated by Airflow: the same for a pod and for a local process."""
-    streams = ["--streams"] if STREAMING and stage.streams_from else []
+    # After the run's overrides, and winning over them (--pipeline): this DAG has no edge for label to wait on.
+    streams = ["--set", f"{stage.name}.streaming=true"] if STREAMING and stage.streams_from else []
     return ["launch", stage.name, "--config", "{{ params.config }}", "--set-json", "{{ params.overrides | tojson }}",
             "--run-id", RUN_ID, "--default-run-id", DAG_RUN_ID, "--storage-root", "{{ params.storage_root }}",
             "--pipeline", *streams]

@@ -120,7 +120,6 @@ def _submit(args) -> int:
 
 
 def _launch(args) -> int:
-    from rlaif.graph import STAGE_BY_NAME, STAGES
     from rlaif.io import manifest, output_files, storage
     from rlaif.orchestration import launch
 
@@ -132,12 +131,7 @@ def _launch(args) -> int:
         extra = None
     if not isinstance(extra, list) or not all(isinstance(x, str) for x in extra):
         raise UserError(f"--set-json must be a JSON list of KEY=VALUE strings, got {args.set_json!r}")
-    overrides = [*args.overrides, *extra]
-    if args.streams:  # the pipeline has no edge from the upstream to wait on: this stage must stream, as in KFP
-        if not STAGE_BY_NAME[args.name].streams_from:
-            raise UserError(f"--streams: stage {args.name} reads no stage as it is written; only "
-                            f"{', '.join(s.name for s in STAGES if s.streams_from)} can")
-        overrides.append(f"{args.name}.streaming=true")
+    overrides = [*extra, *args.overrides]  # a step's own --set items after the run's: theirs win (check_flags_agree)
     run_id = launch.orchestrated_run_id(overrides, args.run_id, args.default_run_id)
     cfg = launch.load_config_source(args.config, overrides, run_id, args.storage_root)
     config_url = launch.prepare(cfg, pipeline=args.pipeline, launched=args.name)
@@ -218,13 +212,18 @@ def check_run_id(args) -> None:
 
 def check_flags_agree(args) -> None:
     """--run-id and --storage-root beside a --set of the same setting to another value: the flag won, silently. A
-    setting given twice in --set / --set-json: the last won, silently."""
+    setting given twice in --set / --set-json: the last won, silently (a pipeline step's own --set items excepted)."""
     from rlaif.config.loading import parse_value, refuse_repeated_keys, split_override
 
-    refuse_repeated_keys(_override_items(args))  # every item is KEY=VALUE past it
+    items, own = _override_items(args), getattr(args, "overrides", None) or []
+    if getattr(args, "pipeline", False):  # a DAG's step: its own --set items (a streaming DAG's label.streaming=true)
+        refuse_repeated_keys(own)  # win over the run's --set-json, as KFP's typed parameters win over its overrides
+        refuse_repeated_keys(items[len(own):])
+    else:
+        refuse_repeated_keys(items)  # every item is KEY=VALUE past it
     for flag, key in (("--run-id", "run_id"), ("--storage-root", "storage.root")):
         value = getattr(args, flag[2:].replace("-", "_"), None)
-        for item in _override_items(args):
+        for item in items:
             parts, given = split_override(item)
             if value and ".".join(parts) == key and str(parse_value(given)) != value:
                 raise UserError(f"{flag} {value} and --set {item} name two values of {key}: give one of them")

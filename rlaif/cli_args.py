@@ -70,10 +70,8 @@ def _launch_parser(sub, config_args) -> None:
                              "the run id where --run-id is empty")
     launch.add_argument("--storage-root", default="", help="storage root; empty: the config's")
     launch.add_argument("--pipeline", action="store_true", help="a step of a whole run (the DAGs pass it): both "
-                        "prompt splits must hold prompts")
-    launch.add_argument("--streams", action="store_true",
-                        help="a step of a pipeline that runs this stage beside the stage it reads, with no edge "
-                        "between them (the streaming DAGs pass it): its streaming is on whatever the config says")
+                        "prompt splits must hold prompts, and the step's own --set items win over the run's "
+                        "--set-json")
     launch.add_argument("--rerun", action="store_true",
                         help="run the stage from its start even where its output or a checkpoint exists for this "
                         "config")

@@ -110,11 +110,11 @@ def test_a_streaming_dag_runs_label_beside_generate(monkeypatch):
         assert set(dag.task_ids) == set(STAGE_BY_NAME) and dag.get_task("label").upstream_task_ids == set()
         for stage in STAGES:
             assert dag.get_task(stage.name).upstream_task_ids == set(stage.waits_for(streaming=True)), stage.name
-    # --streams: label streams whatever the run's overrides say (a `--set label.streaming=true` after them made a
-    # user's label.streaming=false two values of one setting)
-    assert _rendered(module.rlaif.get_task("label"))[-1] == "--streams"
-    assert module.rlaif_local.get_task("label").op_kwargs["launch_args"][-1] == "--streams"
-    assert "--streams" not in _rendered(module.rlaif.get_task("generate"))
+    # the step's own --set, which wins over the run's overrides under --pipeline (a user's label.streaming=false
+    # was refused as two values of one setting)
+    assert _rendered(module.rlaif.get_task("label"))[-2:] == ["--set", "label.streaming=true"]
+    assert module.rlaif_local.get_task("label").op_kwargs["launch_args"][-2:] == ["--set", "label.streaming=true"]
+    assert "--set" not in _rendered(module.rlaif.get_task("generate"))
 
 
 def test_a_run_conf_key_that_is_no_param_fails_the_task_at_once(dagbag, tmp_path):

@@ -398,12 +398,22 @@ def test_a_flag_and_a_set_of_the_same_setting_must_agree(cli, tmp_path):
         "seed=x", needle="'seed'")  # the same value twice is no conflict: the next check speaks
 
 
-def test_streams_names_a_stage_that_streams(cli, tmp_path):
-    """--streams (what a streaming DAG passes label, where its streaming wins over the user's overrides, as in KFP)
-    on a stage that reads nothing as it is written."""
-    cli("launch", "generate", "--config", TINY, "--storage-root", f"file://{tmp_path}", "--streams",
-        needle="--streams: stage generate reads no stage as it is written; only label can")
-    assert not any(tmp_path.iterdir())
+def test_a_pipeline_steps_own_settings_win_over_the_runs(monkeypatch, tmp_path):
+    """A streaming DAG launches label with `--set label.streaming=true` after the run's overrides: a run's
+    label.streaming=false was refused as two values of one setting. Under --pipeline the step's own --set items win
+    (as KFP's typed parameters do); outside it, and within each group, two values are still refused."""
+    from rlaif.orchestration import launch
+
+    seen = []
+    monkeypatch.setattr(launch, "prepare", lambda cfg, **kwargs: seen.append(cfg.label.streaming) or "config-url")
+    monkeypatch.setattr(launch, "launch", lambda cfg, name, url, rerun: {"digest": ""})
+    base = ["launch", "label", "--config", TINY, "--storage-root", f"file://{tmp_path}"]
+    from rlaif.cli import main
+
+    assert main([*base, "--pipeline", "--set-json", '["label.streaming=false"]', "--set", "label.streaming=true"]) == 0
+    assert seen == [True]
+    assert main([*base, "--set-json", '["label.streaming=false"]', "--set", "label.streaming=true"]) == 2
+    assert main([*base, "--pipeline", "--set-json", '["seed=1", "seed=2"]']) == 2
 
 
 def test_a_setting_given_twice_is_refused_and_a_mapping_sets_only_its_keys(cli, tmp_path, monkeypatch, capsys):
