@@ -126,12 +126,11 @@ def wait(client, api: str, namespace: str, name: str, poll_s: float = 15.0, time
     as "stuck" with Kubernetes' reason, where the job itself would wait for good."""
     from kubernetes.client.exceptions import ApiException
 
-    group, version, plural, _, _ = API[api]
+    plural = API[api][2]
     start, first_seen = time.time(), {}
     while True:
         try:
-            job = call(f"read {plural} {namespace}/{name}",
-                       lambda: client.get_namespaced_custom_object(group, version, namespace, plural, name))
+            job = read_job(client, api, namespace, name)
         except ApiException as exc:
             return "failed", _read_failure(exc, plural, namespace)
         state, message = job_state(job, api)
@@ -146,6 +145,13 @@ def wait(client, api: str, namespace: str, name: str, poll_s: float = 15.0, time
             elif problem:
                 return "stuck", problem
         time.sleep(poll_s)
+
+
+def read_job(client, api: str, namespace: str, name: str) -> dict:
+    """The job as the API has it now, through call()'s retries."""
+    group, version, plural, _, _ = API[api]
+    return call(f"read {plural} {namespace}/{name}",
+                lambda: client.get_namespaced_custom_object(group, version, namespace, plural, name))
 
 
 def _read_failure(exc, plural: str, namespace: str) -> str:
@@ -283,8 +289,7 @@ def create_or_reuse(client, api: str, body: dict) -> None:
     if create():
         print(f"created {kind} {ns}/{name}", flush=True)
         return
-    job = call(f"read {plural} {ns}/{name}",
-               lambda: client.get_namespaced_custom_object(group, version, ns, plural, name))
+    job = read_job(client, api, ns, name)
     if owner(job) != owner(body):  # another run's or stage's job: never wait on it, never delete it
         run_dir, stage = owner(job).values()
         raise UserError(f"{kind} {ns}/{name} exists but is not this stage's of this run (it is for "
@@ -310,12 +315,11 @@ def create_or_reuse(client, api: str, body: dict) -> None:
 def _wait_gone(client, api: str, namespace: str, name: str) -> None:
     from kubernetes.client.exceptions import ApiException
 
-    group, version, plural, _, _ = API[api]
+    plural = API[api][2]
     deadline = time.time() + REPLACE_PATIENCE_S
     while time.time() < deadline:
         try:
-            call(f"read {plural} {namespace}/{name}",
-                 lambda: client.get_namespaced_custom_object(group, version, namespace, plural, name))
+            read_job(client, api, namespace, name)
         except ApiException as exc:
             if exc.status == 404:
                 return
