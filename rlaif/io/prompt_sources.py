@@ -174,7 +174,7 @@ def _check_not_rows(name: str, lines: list[str], prompt_column: str) -> None:
     header = next(csv.reader([lines[0]]), [])
     if len(header) > 1 and prompt_column in (cell.strip() for cell in header):
         fmt, found = "csv", "a CSV (its first line is a header naming the prompt column)"
-    elif all(_is_json_object(line) for line in lines[:1000]):
+    elif all(user_files.is_json_object(line) for line in lines[:1000]):
         fmt, found = "jsonl", "JSON Lines (each line a JSON object)"
     else:
         return
@@ -196,13 +196,6 @@ def _check_not_one_object(name: str, text: str) -> None:
         where = f": its {lists[0]!r} holds a list" if lists else ""
         raise UserError(f"{name} is one JSON object (keys {', '.join(map(repr, whole))[:120]}){where}, not a row per "
                         "line: write the rows as JSON Lines (one object per line) or as a .json array")
-
-
-def _is_json_object(line: str) -> bool:
-    try:
-        return isinstance(json.loads(line), dict)
-    except ValueError:
-        return False
 
 
 def _read_jsonl(url: str, sniffed: bool = False) -> Source:

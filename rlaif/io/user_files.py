@@ -93,6 +93,14 @@ def read_user_file(url: str, what: str, fix: str) -> str:
         raise UserError(f"{what} {url} is not UTF-8 (byte {exc.start}): re-encode it as UTF-8") from None
 
 
+def is_json_object(text: str | bytes) -> bool:
+    """Whether `text` parses as one JSON object (a JSON Lines row, an API's JSON answer rather than a web page)."""
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
+
+
 class DuplicateKey(ValueError):
     """A JSON object names this key twice (args[0])."""
 

@@ -52,11 +52,16 @@ _TYPE_ERRORS = {
 }
 
 
+def subdomain(text: str) -> bool:
+    """A DNS-1123 subdomain (secret and service-account names, a qualified name's prefix): 253 characters at most."""
+    return len(text) <= 253 and bool(K8S_SUBDOMAIN.fullmatch(text))
+
+
 def qualified_name(text: str) -> bool:
     """A Kubernetes qualified name (label keys, taint keys, extended resources): [prefix/]name, the prefix a DNS
     subdomain of at most 253 characters, the name at most 63 of letters, digits, '-', '_', '.'."""
     prefix, _, name = text.rpartition("/")
-    if "/" in text and not (prefix and len(prefix) <= 253 and K8S_SUBDOMAIN.fullmatch(prefix)):
+    if "/" in text and not subdomain(prefix):
         return False
     return len(name) <= 63 and bool(QUALIFIED_PART.fullmatch(name))
 
@@ -78,7 +83,7 @@ class SecretEnv:
 
     def __post_init__(self):
         _check_field_types(self, "secrets: ")
-        if not (len(self.name) <= 253 and K8S_SUBDOMAIN.fullmatch(self.name)):
+        if not subdomain(self.name):
             raise ValueError(f"secret {self.name!r} is not a Kubernetes name (lowercase letters, digits, '-' and '.')")
         for variable, key in self.env.items():
             if not ENV_NAME.fullmatch(variable):
@@ -222,7 +227,7 @@ def _check_types(spec: ClusterSpec) -> None:
         raise ValueError(f"namespace {spec.namespace!r} is not a Kubernetes namespace name (lowercase letters, "
                          "digits and '-', 63 at most)")
     for what, name in (("service_account", spec.service_account), ("trainjob_runtime", spec.trainjob_runtime)):
-        if name and not (len(name) <= 253 and K8S_SUBDOMAIN.fullmatch(name)):
+        if name and not subdomain(name):
             raise ValueError(f"{what} {name!r} is not a Kubernetes name (lowercase letters, digits, '-' and '.')")
     _check_scheduling_names(spec)
     for name in spec.env:

@@ -194,6 +194,7 @@ def check_answers(endpoint: str, timeout_s: float) -> None:
     and a 5xx are refused here. Direct, as kfp.Client ignores $HTTP_PROXY too."""
     from rlaif.errors import UserError, redact
     from rlaif.io import endpoint as http
+    from rlaif.io.user_files import is_json_object
 
     try:
         status, body = http.get(http.without_credentials(endpoint).rstrip("/") + HEALTHZ, timeout_s, proxies=False)
@@ -201,22 +202,13 @@ def check_answers(endpoint: str, timeout_s: float) -> None:
         raise UserError(f"KFP endpoint {redact(endpoint)} {why}: check --endpoint (the KFP API server's URL) and "
                         "that the server is up and reachable from here") from None
     # kfp.Client would ask healthz 5 times, 5 s apart, printing a traceback for each, then blame a timeout.
-    if status == 404 or (status == 200 and not _json_object(body)):
+    if status == 404 or (status == 200 and not is_json_object(body)):
         raise UserError(f"KFP endpoint {redact(endpoint)} is not a KFP 2 API server ({HEALTHZ} answered {status}"
                         f"{' with a web page' if status == 200 else ''}): give the KFP API's URL, e.g. "
                         "https://kfp.example.com/pipeline (behind an auth proxy, log in or pass its URL past it)")
     if status >= 500:
         raise UserError(f"KFP endpoint {redact(endpoint)} answered {status} at {HEALTHZ}: the KFP API server is not "
                         "ready; submit again once it is")
-
-
-def _json_object(body: bytes) -> bool:
-    import json
-
-    try:
-        return isinstance(json.loads(body), dict)
-    except ValueError:
-        return False
 
 
 def bound_requests(api_client, timeout_s: float) -> None:
