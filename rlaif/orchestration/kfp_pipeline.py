@@ -4,6 +4,8 @@ project image on a cluster), tasks wired by the graph's inputs, each task's pod 
 
 Components pass the small manifest artifacts; the shards and models stay in object storage."""
 
+import glob
+from pathlib import Path
 from typing import List
 from urllib.parse import urlsplit
 
@@ -19,6 +21,7 @@ from rlaif.graph import topological_order
 from rlaif.orchestration.cluster import ClusterSpec, load
 from rlaif.orchestration.pod import SHM_VOLUME, PodPlan, pod_plan
 
+REPO = Path(__file__).resolve().parents[2]
 COMPONENTS = {"generate": generate, "label": label, "train_rm": train_rm, "ppo": ppo, "evaluate": evaluate}
 
 
@@ -259,11 +262,12 @@ def _create_run(endpoint: str, client, timeout_s: float, pipeline, experiment: s
         logging.disable(logging.NOTSET)
 
 
-def check_runs_on_cluster(cfg, spec: ClusterSpec) -> str:
+def check_runs_on_cluster(cfg, spec: ClusterSpec) -> list[str]:
     """What only the run's pods would refuse, refused before it is submitted: batch sizes that do not split over
     the processes each stage gets on the cluster (its pod's GPUs, or its config's nproc on CPU, times its nodes).
-    Returns a warning for a file:// storage root: the stages pass their outputs through it, so it works only where
-    every pod mounts that path (a shared volume a PodDefault adds, say)."""
+    Returns warnings for what works only where every pod mounts this machine's paths (a shared volume a PodDefault
+    adds, say): a file:// storage root, through which the stages pass their outputs, and input files only this
+    machine has."""
     from rlaif.graph import STAGES
     from rlaif.io import storage
 
@@ -273,11 +277,53 @@ def check_runs_on_cluster(cfg, spec: ClusterSpec) -> str:
         if hasattr(settings, "check_processes"):
             gpus = pod_plan(stage, spec, cfg.label.pod_judge).gpus
             settings.check_processes((gpus or settings.nproc) * getattr(settings, "nodes", 1))
+    warnings = []
     if root.startswith("file://"):
-        return (f"warning: storage root {cfg.storage.root} is a directory each stage's pod has to itself unless every "
-                "pod mounts it (a shared volume): otherwise label finds no output of generate; give --storage-root "
-                "s3://bucket/prefix")
-    return ""
+        warnings.append(f"warning: storage root {cfg.storage.root} is a directory each stage's pod has to itself "
+                        "unless every pod mounts it (a shared volume): otherwise label finds no output of generate; "
+                        "give --storage-root s3://bucket/prefix")
+    here = [f"{field}={spec}" for field, spec in sorted(input_files(cfg).items()) if only_on_this_machine(spec)]
+    if here:
+        warnings.append(f"warning: {', '.join(here)} name{'s' if len(here) == 1 else ''} this machine's files, which "
+                        f"the pods do not have (they read relative paths in the image's {IMAGE_WORKDIR}, which "
+                        f"carries the repository's {' and '.join(SHIPPED_DIRS)} only): upload them and give their "
+                        "s3:// URLs, or build them into the image")
+    return warnings
+
+
+IMAGE_WORKDIR = "/opt/rlaif"  # images/*/Dockerfile: WORKDIR, and what they COPY there besides the code
+SHIPPED_DIRS = ("configs", "data")
+
+
+def input_files(cfg) -> dict[str, str]:
+    """config field -> the path or URL it names, for every file or model directory a stage of the run reads."""
+    from rlaif.graph import STAGES
+    from rlaif.stages import common
+
+    named = {"data.prompts": cfg.data.prompts}
+    for stage in STAGES:
+        named.update({field: spec for field, spec in common.named_files(cfg, stage.name).values() if field})
+    return named
+
+
+def only_on_this_machine(spec: str, repo: Path = REPO) -> bool:
+    """True for a path that exists here but not in the image: an absolute one (unless a volume mounts it at the same
+    path in every pod), or a relative one other than the repository's own files the image carries (a user's own
+    data/prompts.jsonl is not the image's). Nothing to say about a URL, a hub id or a path this machine lacks."""
+    from rlaif.io import storage
+
+    if spec.startswith("builtin:") or ("://" in spec and not spec.lower().startswith("file://")):
+        return False
+    path = str(storage.local_path("file://" + spec[len("file://"):] if "://" in spec else spec))
+    matches = [Path(match) for match in glob.glob(path)] if glob.has_magic(path) else [Path(path)]
+    here = [match for match in matches if match.exists()]
+    if not here:
+        return False
+    if Path(path).is_absolute() or ".." in Path(path).parts:  # ../ leaves the image's working directory too
+        return True
+    shipped = [(repo / folder).resolve() for folder in SHIPPED_DIRS]
+    return not all(match.resolve() == (repo / match).resolve() and
+                   any(match.resolve().is_relative_to(folder) for folder in shipped) for match in here)
 
 
 class BoundedClient(kfp.Client):
@@ -313,7 +359,7 @@ def submit(endpoint: str, config: str | None, overrides: list[str], run_id: str,
     # Refuse a bad config here, not in the first pod; its judge sizes label's pod, its streaming wires label.
     cfg = load_config_source(config, overrides, run_id, storage_root)
     spec = load(cluster)
-    warning = check_runs_on_cluster(cfg, spec)
+    warnings = check_runs_on_cluster(cfg, spec)
     pipeline = build_pipeline(spec, cfg.label.pod_judge, cfg.label.streaming)
     if client is None:
         check_answers(endpoint, timeout_s)
@@ -324,6 +370,6 @@ def submit(endpoint: str, config: str | None, overrides: list[str], run_id: str,
     if not isinstance(run_id, str) or not run_id:  # a 200 from a login page or another service, not a KFP API
         raise UserError(f"KFP endpoint {redact(endpoint)} answered without a run id: is it the KFP API (behind an "
                         "auth proxy, log in or pass its URL past the proxy)?")
-    if warning:
+    for warning in warnings:
         print(warning, flush=True)
     return run_id

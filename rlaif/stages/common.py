@@ -78,7 +78,7 @@ def _judge_files(judge, setting: str) -> dict[str, tuple[str | None, str]]:
 MODEL_ROLES = ("policy", "model", "backbone")  # roles whose spec may be a hub model id
 
 
-def _named_files(cfg: PipelineConfig, name: str) -> dict[str, tuple[str | None, str]]:
+def named_files(cfg: PipelineConfig, name: str) -> dict[str, tuple[str | None, str]]:
     """role -> (config field, file or model directory) for every one the stage reads that its config names (besides
     the prompts)."""
     tiny = cfg.policy.model == "builtin:tiny-llama"
@@ -100,7 +100,7 @@ def _named_files(cfg: PipelineConfig, name: str) -> dict[str, tuple[str | None, 
 
 def config_files(cfg: PipelineConfig, name: str) -> dict[str, str]:
     """Every file or model directory the stage reads that its config names (besides the prompts), by role."""
-    return {role: spec for role, (_, spec) in _named_files(cfg, name).items()}
+    return {role: spec for role, (_, spec) in named_files(cfg, name).items()}
 
 
 def content_keyed_fields(cfg: PipelineConfig, name: str) -> list[str]:
@@ -115,7 +115,7 @@ def content_keyed_fields(cfg: PipelineConfig, name: str) -> list[str]:
             continue
         seen.add(stage.name)
         fields += ["data.prompts"] if stage.uses_prompts else []
-        fields += [field for field, _ in _named_files(cfg, stage.name).values() if field]
+        fields += [field for field, _ in named_files(cfg, stage.name).values() if field]
         todo += list(stage.inputs)
     return sorted(set(fields))
 

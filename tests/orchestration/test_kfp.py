@@ -169,10 +169,11 @@ def test_submit_sends_the_config_inline_and_validates_it_first(tmp_path):
         kfp_pipeline.submit("http://kfp.invalid", "configs/tiny.yaml", [], "", S3, None, "x", client=LoginPage())
 
 
-def test_submit_refuses_a_run_only_the_cluster_would_fail(tmp_path, capsys):
+def test_submit_refuses_a_run_only_the_cluster_would_fail(tmp_path, capsys, monkeypatch):
     """Batch sizes that do not split over the processes each stage gets there (its pod's GPUs times its nodes, or
     its config's nproc on a CPU cluster): refused before submitting, not in the third pod an hour in. A file://
-    root (each stage's pod writes its own disk unless every pod mounts that path): submitted with a warning."""
+    root (each stage's pod writes its own disk unless every pod mounts that path) and input files only this machine
+    has: submitted with a warning."""
     from rlaif.errors import UserError
 
     class Recorder:
@@ -190,6 +191,20 @@ def test_submit_refuses_a_run_only_the_cluster_would_fail(tmp_path, capsys):
         submit([], root)
         assert "is a directory each stage's pod has to itself unless every pod mounts it" in capsys.readouterr().out
     submit([])
+    assert "warning" not in capsys.readouterr().out
+    # Input files: the image's working directory carries the repository's configs/ and data/, nothing else here.
+    monkeypatch.chdir(REPO)
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text('{"prompt": "hi"}\n')
+    submit([f"data.prompts={mine}", "label.constitution=data/constitution.yaml", "policy.tiny.demonstrations="
+            f"../{REPO.name}/data/demonstrations.jsonl"])
+    out = capsys.readouterr().out
+    assert out.count("warning") == 1
+    assert f"warning: data.prompts={mine}, policy.tiny.demonstrations=../{REPO.name}/" in out
+    assert "label.constitution" not in out and "upload them and give their s3:// URLs" in out
+    submit([f"data.prompts=file://{mine}"])
+    assert f"warning: data.prompts=file://{mine} names this machine's files" in capsys.readouterr().out
+    submit(["data.prompts=s3://bucket/prompts.jsonl", "policy.model=org/not-here"])  # URLs and hub ids: the pods'
     assert "warning" not in capsys.readouterr().out
     Recorder.runs.clear()
     eight_gpus, three_gpus = tmp_path / "eight.yaml", tmp_path / "three.yaml"
