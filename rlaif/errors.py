@@ -41,6 +41,12 @@ def keep_secret(value: str | None) -> None:
         _kept_secrets.add(value)
 
 
+def one_line(reason: object, limit: int | None = 300) -> str:
+    """A library's message (an exception, a server's answer) fit to sit inside one error line: its whitespace and
+    line breaks as single spaces, at most `limit` characters."""
+    return " ".join(str(reason).split())[:limit]
+
+
 def redact(text: str) -> str:
     """Text fit for an error line: in any URL the user and password and every query or fragment value masked
     (scheme://user:pass@host/p?token=t -> scheme://***@host/p?token=***), and the value of every credential in the

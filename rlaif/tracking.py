@@ -16,7 +16,7 @@ import time
 import uuid
 from pathlib import Path
 
-from rlaif.errors import UserError, redact
+from rlaif.errors import UserError, one_line, redact
 from rlaif.io import storage, user_files
 from rlaif.io.manifest import json_line
 
@@ -134,7 +134,7 @@ class WandbRun:
                                   name=f"{ctx.cfg.run_id}/{ctx.stage.name}", id=run_id or uuid.uuid4().hex[:16],
                                   resume="allow" if run_id else None, tags=["rlaif", ctx.stage.name])
         except Exception as exc:  # wandb's UsageError (no API key), CommError (no server), ...
-            reason = " ".join(str(exc).split())[:200]
+            reason = one_line(exc, 200)
             raise UserError(f"W&B did not start ({type(exc).__name__}: {reason}): set WANDB_API_KEY, or "
                             "WANDB_MODE=offline") from None
         self.run_id = self.run.id
@@ -206,7 +206,7 @@ class Tracker:
             try:
                 action(run)
             except Exception as exc:
-                reason = " ".join(str(exc).split())[:160]
+                reason = one_line(exc, 160)
                 print(f"warning: tracker {run.name} failed ({type(exc).__name__}: {reason}); it is off for the rest "
                       "of this stage (metrics.jsonl and TensorBoard go on)", file=sys.stderr, flush=True)
                 self.remote.remove(run)

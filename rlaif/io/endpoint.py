@@ -8,7 +8,7 @@ import urllib.error
 import urllib.request
 from urllib.parse import urlsplit
 
-from rlaif.errors import redact
+from rlaif.errors import one_line, redact
 
 MAX_BODY_BYTES = 4 * 2**20  # a health check's or a model list's reply; more is not the answer asked for
 
@@ -46,6 +46,6 @@ def _why(exc: Exception, timeout_s: float) -> str:
     reason = getattr(exc, "reason", exc)
     if isinstance(reason, TimeoutError):
         return f"did not answer within {timeout_s:g}s"
-    detail = " ".join(str(reason).split())[:120]
+    detail = one_line(reason, 120)
     return redact(f"cannot be reached ({type(reason).__name__}: {detail})" if detail else
                   f"cannot be reached ({type(reason).__name__})")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from rlaif.config import DataConfig, PromptColumns, sha256_json
-from rlaif.errors import UserError
+from rlaif.errors import UserError, one_line
 from rlaif.io import hub, storage, user_files
 from rlaif.io.digest import spec_digest
 
@@ -341,7 +341,7 @@ def _loaded(name: str, load: Callable):
         cause = exc
         while cause.__cause__ is not None or cause.__context__ is not None:  # DatasetGenerationError wraps the reason
             cause = cause.__cause__ or cause.__context__
-        reason = " ".join(str(cause).split())[:300] or type(cause).__name__
+        reason = one_line(cause) or type(cause).__name__
         raise UserError(f"{name} cannot be loaded ({type(cause).__name__}: {reason})") from None
 
 

@@ -18,7 +18,7 @@ import json
 import time
 from collections.abc import Iterator
 
-from rlaif.errors import UserError, redact
+from rlaif.errors import UserError, one_line, redact
 from rlaif.io import manifest, storage
 
 FIRST_POLL_S, MAX_POLL_S = 0.2, 5.0  # idle polls back off to at most one round of reads per MAX_POLL_S
@@ -49,7 +49,7 @@ class PartRecorder:
         self._write("end", shards=self.written)
 
     def failed(self, exc: BaseException) -> None:
-        text = " ".join(str(exc).split()) or type(exc).__name__
+        text = one_line(exc, limit=None) or type(exc).__name__
         self._write("failed", error=redact(text)[:300], time=time.time())
 
 

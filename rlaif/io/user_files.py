@@ -9,7 +9,7 @@ import re
 import stat
 import unicodedata
 
-from rlaif.errors import UserError
+from rlaif.errors import UserError, one_line
 from rlaif.io.storage import (
     MALFORMED_SCHEME,
     botocore_errors,
@@ -56,7 +56,7 @@ def _unreadable_scheme(scheme: str) -> str | None:
     try:
         fsspec.get_filesystem_class(scheme)
     except (ValueError, ImportError) as exc:
-        return " ".join(str(exc).split())[:120] or type(exc).__name__
+        return one_line(exc, 120) or type(exc).__name__
     return None
 
 

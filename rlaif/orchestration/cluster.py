@@ -9,7 +9,7 @@ import os
 import re
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
-from rlaif.errors import looks_secret
+from rlaif.errors import looks_secret, one_line
 from rlaif.graph import STAGE_BY_NAME
 
 K8S_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # DNS-1123 label (63 at most): namespaces
@@ -364,5 +364,5 @@ def load(path: str | None = None) -> ClusterSpec:
         raise UserError(f"cluster settings {source}: cannot read it ({exc.strerror}): give a YAML file such as "
                         "configs/cluster.yaml") from None
     except Exception as exc:  # ValueError, TypeError (a wrong key), JSON and YAML syntax: all the file's fault
-        reason = " ".join(str(exc).split())[:300]
+        reason = one_line(exc)
         raise UserError(f"cluster settings {source}: {reason}: see configs/cluster.yaml for every key") from None

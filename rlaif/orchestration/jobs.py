@@ -11,7 +11,7 @@ import time
 from dataclasses import replace
 
 from rlaif.config import PipelineConfig
-from rlaif.errors import StageFailed, Terminated, UserError
+from rlaif.errors import StageFailed, Terminated, UserError, one_line
 from rlaif.graph import Stage
 from rlaif.orchestration.cluster import ClusterSpec, load
 from rlaif.orchestration.pod import SHM_VOLUME, PodPlan, pod_plan
@@ -180,7 +180,7 @@ def call(what: str, request):
                 raise
             problem = f"{exc.status} {exc.reason}"
         except (OSError, urllib3.exceptions.HTTPError) as exc:
-            problem = " ".join(str(exc).split())[:200] or type(exc).__name__
+            problem = one_line(exc, 200) or type(exc).__name__
         if time.time() >= deadline:
             raise JobError(f"the Kubernetes API failed to {what} for {API_PATIENCE_S:.0f}s (last: {problem}); a job "
                            "already created is left running, and a retried step waits on it")
@@ -225,14 +225,14 @@ def _start_problems(pod: dict, start_timeout_s: float) -> dict[str, tuple[str, f
     for container in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
         waiting = (container.get("state") or {}).get("waiting") or {}
         if waiting.get("reason") in START_ERRORS:
-            detail = " ".join(str(waiting.get("message", "")).split())[:300]
+            detail = one_line(waiting.get("message", ""))
             problems[f"{pod_name}/{container.get('name')}"] = (
                 f"pod {pod_name} cannot start {container.get('name')} for {START_GRACE_S:.0f}s: "
                 f"{waiting['reason']}{': ' + detail if detail else ''}", START_GRACE_S)
     for condition in status.get("conditions") or []:
         if (condition.get("type"), condition.get("status"), condition.get("reason")) == (
                 "PodScheduled", "False", "Unschedulable"):
-            detail = " ".join(str(condition.get("message", "")).split())[:300]
+            detail = one_line(condition.get("message", ""))
             problems[f"{pod_name}/scheduling"] = (
                 f"pod {pod_name} found no node for {start_timeout_s:.0f}s: {detail} (multinode_start_timeout_s in "
                 "the cluster settings)", start_timeout_s)

@@ -241,7 +241,7 @@ def _create_run(endpoint: str, client, timeout_s: float, pipeline, experiment: s
     import logging
     import warnings
 
-    from rlaif.errors import UserError, redact
+    from rlaif.errors import UserError, one_line, redact
 
     try:
         with warnings.catch_warnings():  # kfp.Client warns about server versions on every construction
@@ -255,7 +255,7 @@ def _create_run(endpoint: str, client, timeout_s: float, pipeline, experiment: s
         if _timed_out(exc):
             raise UserError(f"KFP endpoint {redact(endpoint)} did not answer within {timeout_s:g}s while submitting: "
                             "check that the KFP API server is up and not overloaded, then submit again") from None
-        reason = " ".join(str(exc).split())[:160]
+        reason = one_line(exc, 160)
         raise UserError(f"KFP endpoint {redact(endpoint)} did not accept the run ({type(exc).__name__}: "
                         f"{redact(reason)}): check --endpoint and that the KFP API server is reachable") from None
     finally:
