@@ -18,6 +18,8 @@ from webdataset.tariterators import group_by_keys, tar_file_iterator
 from rlaif.errors import UserError
 from rlaif.io import storage
 
+storage.register_webdataset_s3()
+
 
 def _encode(value) -> bytes:
     if isinstance(value, bytes):

@@ -10,6 +10,7 @@ import importlib
 import os
 import re
 import shutil
+import sys
 import tempfile
 import uuid
 from pathlib import Path
@@ -32,7 +33,8 @@ def configure(endpoint_url: str | None) -> None:
     if endpoint:
         _s3_options["client_kwargs"] = {"endpoint_url": endpoint}
         os.environ["AWS_ENDPOINT_URL"] = endpoint  # child processes (torchrun ranks) inherit it
-    _register_webdataset_s3()
+    if "webdataset" in sys.modules:  # else rlaif.io.shards registers it on import: webdataset imports torch (~2 s)
+        register_webdataset_s3()
 
 
 def s3_call_limits() -> dict:
@@ -395,7 +397,7 @@ def download_dir(url: str, files: list[dict]) -> Path:
     return target
 
 
-def _register_webdataset_s3() -> None:
+def register_webdataset_s3() -> None:
     """webdataset has no s3:// handler: open s3 URLs through s3fs (with our endpoint) for any wds pipeline."""
     schemes = importlib.import_module("webdataset.gopen").gopen_schemes
 

@@ -11,13 +11,15 @@ from __future__ import annotations
 import difflib
 import random
 import unicodedata
-
-import torch
+from typing import TYPE_CHECKING
 
 from rlaif.config import load_yaml, sha256_json
 from rlaif.errors import UserError
 from rlaif.io.user_files import is_blank, read_user_file
 from rlaif.judges.pairwise import debiased
+
+if TYPE_CHECKING:  # torch only where judging happens: `rlaif launch` reads the principles without it (~2 s)
+    import torch
 
 PRINCIPLE_KEYS = ("name", "text", "contrast")
 
@@ -129,6 +131,8 @@ def applied(principles: list[dict], mode: str, seed: int, keys: list[str]) -> li
 def compare(judge, principles: list[dict], mode: str, seed: int, keys: list[str], prompts, first, second):
     """Position-debiased P(first better) under the principles `mode` applies (averaged over them for `all`), each
     order's value, whether the orders agree, and the principle names per comparison."""
+    import torch
+
     layers = applied(principles, mode, seed, keys)
     results = [debiased(judge, prompts, first, second, [p["text"] for p in layer]) for layer in layers]
     p, p_ab, p_ba = (torch.stack([r[i] for r in results]).mean(0) for i in range(3))
@@ -142,5 +146,7 @@ def score_each(judge, principles: list[dict], mode: str, seed: int, keys: list[s
     if not hasattr(judge, "direct_score"):
         raise UserError(f"judge {judge.name} cannot score one response alone: use judge hf, rules or reference with "
                         "label.mode=score")
+    import torch
+
     layers = applied(principles, mode, seed, keys)
     return torch.stack([judge.direct_score(prompts, responses, [p["text"] for p in layer]) for layer in layers]).mean(0)
