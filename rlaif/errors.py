@@ -43,7 +43,7 @@ def keep_secret(value: str | None) -> None:
 
 def one_line(reason: object, limit: int | None = 300) -> str:
     """A library's message (an exception, a server's answer) fit to sit inside one error line: its whitespace and
-    line breaks as single spaces, at most `limit` characters."""
+    line breaks as single spaces, at most `limit` characters (None: all of them)."""
     return " ".join(str(reason).split())[:limit]
 
 

@@ -398,7 +398,8 @@ def download_dir(url: str, files: list[dict]) -> Path:
 
 
 def register_webdataset_s3() -> None:
-    """webdataset has no s3:// handler: open s3 URLs through s3fs (with our endpoint) for any wds pipeline."""
+    """webdataset has no s3:// handler: open s3 URLs through s3fs (with our endpoint) in wds pipelines. Called when
+    rlaif.io.shards is imported, and by configure() where webdataset already is."""
     schemes = importlib.import_module("webdataset.gopen").gopen_schemes
 
     def gopen_s3(url, mode="rb", bufsize=8192, **kw):

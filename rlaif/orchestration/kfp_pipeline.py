@@ -5,6 +5,7 @@ project image on a cluster), tasks wired by the graph's inputs, each task's pod 
 Components pass the small manifest artifacts; the shards and models stay in object storage."""
 
 import glob
+import os
 from pathlib import Path
 from typing import List
 from urllib.parse import urlsplit
@@ -282,11 +283,10 @@ def check_runs_on_cluster(cfg, spec: ClusterSpec) -> list[str]:
         warnings.append(f"warning: storage root {cfg.storage.root} is a directory each stage's pod has to itself "
                         "unless every pod mounts it (a shared volume): otherwise label finds no output of generate; "
                         "give --storage-root s3://bucket/prefix")
-    here = [f"{field}={spec}" for field, spec in sorted(input_files(cfg).items()) if only_on_this_machine(spec)]
-    if here:
-        warnings.append(f"warning: {', '.join(here)} name{'s' if len(here) == 1 else ''} this machine's files, which "
-                        f"the pods do not have (they read relative paths in the image's {IMAGE_WORKDIR}, which "
-                        f"carries the repository's {' and '.join(SHIPPED_DIRS)} only): upload them and give their "
+    local = [f"{field}={named} ({why})" for field, named in sorted(input_files(cfg).items())
+             if (why := only_on_this_machine(named))]
+    if local:
+        warnings.append(f"warning: input files only this machine has: {'; '.join(local)}: upload them and give their "
                         "s3:// URLs, or build them into the image")
     return warnings
 
@@ -306,24 +306,29 @@ def input_files(cfg) -> dict[str, str]:
     return named
 
 
-def only_on_this_machine(spec: str, repo: Path = REPO) -> bool:
-    """True for a path that exists here but not in the image: an absolute one (unless a volume mounts it at the same
-    path in every pod), or a relative one other than the repository's own files the image carries (a user's own
-    data/prompts.jsonl is not the image's). Nothing to say about a URL, a hub id or a path this machine lacks."""
+def only_on_this_machine(spec: str, repo: Path = REPO, cwd: Path | None = None) -> str | None:
+    """Why the pods would not read the file or directory `spec` names as this machine does, or None: a URL, a hub id,
+    a path this machine lacks (the image's or a volume's, as far as it can tell), or one of the repository's own
+    files the image carries. Relative paths are read from `cwd` here and from the image's working directory there."""
     from rlaif.io import storage
 
     if spec.startswith("builtin:") or ("://" in spec and not spec.lower().startswith("file://")):
-        return False
-    path = str(storage.local_path("file://" + spec[len("file://"):] if "://" in spec else spec))
-    matches = [Path(match) for match in glob.glob(path)] if glob.has_magic(path) else [Path(path)]
-    here = [match for match in matches if match.exists()]
-    if not here:
-        return False
-    if Path(path).is_absolute() or ".." in Path(path).parts:  # ../ leaves the image's working directory too
-        return True
-    shipped = [(repo / folder).resolve() for folder in SHIPPED_DIRS]
-    return not all(match.resolve() == (repo / match).resolve() and
-                   any(match.resolve().is_relative_to(folder) for folder in shipped) for match in here)
+        return None
+    # (file://localhost/ and a FILE:// scheme read as the stages read them; ~ expanded as they expand it)
+    path = os.path.expanduser(str(storage.local_path("file://" + spec.split("://", 1)[1] if "://" in spec else spec)))
+    found = [Path(path)] + [Path(match) for match in glob.glob(path, recursive=True)]  # `**` as fsspec globs it
+    if not any(match.exists() for match in found):
+        return None
+    normal = os.path.normpath(path)
+    if os.path.isabs(normal):
+        in_image = Path(normal).parts[:4] in [(*Path(IMAGE_WORKDIR).parts, d) for d in SHIPPED_DIRS]  # as in a pod
+        return None if in_image else "an absolute path: the pods find it only where every pod mounts it"
+    if Path(normal).parts[0] not in SHIPPED_DIRS:  # ../x and x/ alike
+        return f"outside {' and '.join(SHIPPED_DIRS)}, all the image carries in {IMAGE_WORKDIR}"
+    here = (cwd or Path.cwd()).resolve()
+    if (here == repo.resolve() and (repo / "configs").is_dir()) or here == Path(IMAGE_WORKDIR):
+        return None  # the repository's own file, which the image carries at the same relative path
+    return f"read here from {here}: the pods read the image's {IMAGE_WORKDIR}/{normal} instead"
 
 
 class BoundedClient(kfp.Client):

@@ -169,7 +169,7 @@ def test_submit_sends_the_config_inline_and_validates_it_first(tmp_path):
         kfp_pipeline.submit("http://kfp.invalid", "configs/tiny.yaml", [], "", S3, None, "x", client=LoginPage())
 
 
-def test_submit_refuses_a_run_only_the_cluster_would_fail(tmp_path, capsys, monkeypatch):
+def test_submit_refuses_a_run_only_the_cluster_would_fail(tmp_path, capsys):
     """Batch sizes that do not split over the processes each stage gets there (its pod's GPUs times its nodes, or
     its config's nproc on a CPU cluster): refused before submitting, not in the third pod an hour in. A file://
     root (each stage's pod writes its own disk unless every pod mounts that path) and input files only this machine
@@ -192,20 +192,11 @@ def test_submit_refuses_a_run_only_the_cluster_would_fail(tmp_path, capsys, monk
         assert "is a directory each stage's pod has to itself unless every pod mounts it" in capsys.readouterr().out
     submit([])
     assert "warning" not in capsys.readouterr().out
-    # Input files: the image's working directory carries the repository's configs/ and data/, nothing else here.
-    monkeypatch.chdir(REPO)
-    mine = tmp_path / "mine.jsonl"
+    mine = tmp_path / "mine.jsonl"  # an input file only this machine has (test_input_files_only_this_machine_has)
     mine.write_text('{"prompt": "hi"}\n')
-    submit([f"data.prompts={mine}", "label.constitution=data/constitution.yaml", "policy.tiny.demonstrations="
-            f"../{REPO.name}/data/demonstrations.jsonl"])
-    out = capsys.readouterr().out
-    assert out.count("warning") == 1
-    assert f"warning: data.prompts={mine}, policy.tiny.demonstrations=../{REPO.name}/" in out
-    assert "label.constitution" not in out and "upload them and give their s3:// URLs" in out
-    submit([f"data.prompts=file://{mine}"])
-    assert f"warning: data.prompts=file://{mine} names this machine's files" in capsys.readouterr().out
-    submit(["data.prompts=s3://bucket/prompts.jsonl", "policy.model=org/not-here"])  # URLs and hub ids: the pods'
-    assert "warning" not in capsys.readouterr().out
+    submit([f"data.prompts={mine}"])
+    assert f"warning: input files only this machine has: data.prompts={mine} (an absolute path" in \
+        capsys.readouterr().out
     Recorder.runs.clear()
     eight_gpus, three_gpus = tmp_path / "eight.yaml", tmp_path / "three.yaml"
     eight_gpus.write_text("stages: {ppo: {gpus: 8}}\n")
@@ -221,6 +212,39 @@ def test_submit_refuses_a_run_only_the_cluster_would_fail(tmp_path, capsys, monk
     cpu_cluster.write_text("use_gpus: false\n")
     with pytest.raises(UserError, match="must be divisible by 3 processes"):
         submit(["ppo.nproc=3", "ppo.rollout_batch_size=8"], cluster=str(cpu_cluster))
+
+
+def test_input_files_only_this_machine_has(tmp_path, monkeypatch):
+    """The pods read relative paths from the image's working directory, which carries the repository's configs/ and
+    data/ and nothing else of this machine's; absolute paths from their own disks. Globs, ~ and file:// as the stages
+    read them; URLs, hub ids and paths this machine lacks are not this machine's to judge."""
+    from rlaif.orchestration.launch import load_config_source
+
+    only_here = kfp_pipeline.only_on_this_machine
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "ds" / "part").mkdir(parents=True)
+    (tmp_path / "ds" / "part" / "a.parquet").write_text("")
+    (tmp_path / "p.jsonl").write_text("{}\n")
+    for shipped in ("data/prompts.jsonl", "./data/constitution.yaml", "data/../data/prompts.jsonl", "configs/*.yaml",
+                    "s3://bucket/p.jsonl", "hf://datasets/org/name", "org/model", "builtin:minilm", "absent.jsonl",
+                    "/opt/rlaif/data/prompts.jsonl"):
+        assert only_here(shipped) is None, shipped
+    for absolute in (str(tmp_path / "p.jsonl"), f"file://{tmp_path}/p.jsonl", "~/p.jsonl", "file://~/p.jsonl",
+                     f"{tmp_path}/ds/**/*.parquet", str(tmp_path / "ds")):
+        assert only_here(absolute).startswith("an absolute path"), absolute
+    assert only_here("README.md").startswith("outside configs and data")
+    assert only_here(f"../{REPO.name}/data/prompts.jsonl").startswith("outside configs and data")
+    # One's own data/prompts.jsonl, submitted from elsewhere: the pods would read the image's demo prompts instead.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "prompts.jsonl").write_text("{}\n")
+    assert only_here("data/prompts.jsonl") == (f"read here from {tmp_path.resolve()}: the pods read the image's "
+                                                "/opt/rlaif/data/prompts.jsonl instead")
+    cfg = load_config_source(str(REPO / "configs/tiny.yaml"), ["label.constitution=~/p.jsonl"], "", S3)
+    (warning,) = kfp_pipeline.check_runs_on_cluster(cfg, ClusterSpec())
+    assert warning.startswith("warning: input files only this machine has: data.prompts=data/prompts.jsonl (read "
+                              "here from ") and "; label.constitution=~/p.jsonl (an absolute path" in warning
 
 
 @contextlib.contextmanager
