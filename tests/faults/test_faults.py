@@ -52,7 +52,7 @@ def no_processes_under(path: Path, within_s: float = 60.0) -> bool:
 
 def test_second_runner_refuses_and_a_killed_runner_resumes_from_the_ppo_checkpoint(tmp_path):
     root = f"file://{tmp_path}"
-    args = ("run", "--config", "configs/tiny.yaml", "--storage-root", root, "--set", "ppo.iterations=60",
+    args = ("run", "--config", "configs/tiny.yaml", "--storage-root", root, "--set", "ppo.iterations=20",
             "--set", "ppo.checkpoint_every=5")  # a PPO long enough to be caught mid-run, checkpointing often
     first = subprocess.Popen([sys.executable, "-m", "rlaif", *args], cwd=REPO, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, start_new_session=True)
