@@ -15,7 +15,7 @@ from ray import serve
 from starlette.requests import Request as StarletteRequest
 
 from rlaif.config import PipelineConfig, dump_config, parse_config
-from rlaif.errors import UserError
+from rlaif.errors import UserError, one_line
 from rlaif.serving import api
 
 app = FastAPI(title="rlaif model service")
@@ -165,22 +165,50 @@ def connect(address: str | None) -> str | None:
 def run(cfg: PipelineConfig, address: str | None) -> None:
     """Start Ray (or join the cluster at `address`), deploy the service and block until SIGINT/SIGTERM; then remove
     it (and stop Ray when this process started it)."""
-    import ray
 
     settings = cfg.serve
     joined = connect(address)  # a cluster's address, RAY_ADDRESS's included; None: Ray started here
     start_serve(settings)
-    serve.run(application(cfg), name=settings.service_name, route_prefix=settings.route_prefix, blocking=False)
+    try:
+        serve.run(application(cfg), name=settings.service_name, route_prefix=settings.route_prefix, blocking=False)
+    except RuntimeError as exc:  # Serve's "Deploying application failed": the replicas' own error is in its status
+        reason = replica_error(settings.service_name) or one_line(exc)
+        stop(settings, joined)
+        raise UserError(f"the {settings.model} service did not start: {reason}") from None
     replicas = (f"{settings.min_replicas}-{settings.max_replicas} replicas (autoscaling)" if settings.autoscale
                 else f"{settings.replicas} replica{'s' * (settings.replicas > 1)}")
     print(f"serving the {settings.model} at {settings.base_url} on Ray Serve, {replicas}; Ctrl-C stops it",
           flush=True)
-    stop = threading.Event()
+    stopped = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
-    if joined:  # a shared cluster: remove only this service
+        signal.signal(sig, lambda *_: stopped.set())
+    stopped.wait()
+    stop(settings, joined)
+
+
+def stop(settings, joined: str | None) -> None:
+    """Remove the service: from a shared cluster only this service, else Serve and the Ray started here."""
+    import ray
+
+    if joined:
         serve.delete(settings.service_name)
     else:
         serve.shutdown()
     ray.shutdown()
+
+
+def replica_error(service_name: str) -> str | None:
+    """The last line of a failed deployment's message, which ends with its replica's exception (a missing model
+    directory, say): a UserError's text, any other's short type name and text; None when Serve says nothing."""
+    try:
+        application_status = serve.status().applications.get(service_name)
+    except Exception:  # the controller is gone too: the caller's own error stands
+        return None
+    for deployment in application_status.deployments.values() if application_status else ():
+        lines = [line.strip() for line in (deployment.message or "").splitlines() if line.strip()]
+        if lines:
+            kind, colon, text = lines[-1].partition(": ")
+            kind = kind.rsplit(".", 1)[-1]  # rlaif.errors.UserError -> UserError
+            return one_line(lines[-1] if not colon or " " in kind else text if kind == "UserError" else
+                            f"{kind}: {text}")
+    return None

@@ -175,6 +175,24 @@ def test_generate_and_label_through_ray_serve_with_a_replica_killed(config, ray_
                       "label_retries": label_summary["endpoint"]["retries"]}))
 
 
+@pytest.mark.slow
+def test_a_replica_that_cannot_start_is_one_line_and_leaves_no_service(config, ray_cluster, tmp_path):
+    """The replica's own error (here a missing file its model needs), not Serve's 'Deploying application failed'
+    traceback; the failed application is removed from the shared cluster, so a fixed service can take its name."""
+    port = free_port()
+    failed = rlaif("serve", "--config", str(config), "--address", ray_cluster.address, "--set", f"serve.port={port}",
+                   "--set", f"policy.tiny.demonstrations={tmp_path}/gone.jsonl", "--set", "serve.route_prefix=/gone",
+                   timeout=300)
+    assert failed.returncode == 2 and "Traceback" not in failed.stderr, failed.stderr[-3000:]
+    assert failed.stderr.strip().splitlines()[-1].startswith(
+        f"error: the policy service did not start: demonstrations file not found: {tmp_path}/gone.jsonl"), \
+        failed.stderr[-3000:]
+    status = (f"import ray; from ray import serve; ray.init(address='{ray_cluster.address}', log_to_driver=False); "
+              "print(sorted(serve.status().applications))")
+    listed = subprocess.run([sys.executable, "-c", status], capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0 and "rlaif-policy" not in listed.stdout, listed.stdout + listed.stderr[-2000:]
+
+
 def test_plain_service_answers_and_scores_like_the_in_process_judge(judge_model_dir):
     from fastapi.testclient import TestClient
 
