@@ -306,29 +306,30 @@ def input_files(cfg) -> dict[str, str]:
     return named
 
 
-def only_on_this_machine(spec: str, repo: Path = REPO, cwd: Path | None = None) -> str | None:
+def only_on_this_machine(spec: str) -> str | None:
     """Why the pods would not read the file or directory `spec` names as this machine does, or None: a URL, a hub id,
     a path this machine lacks (the image's or a volume's, as far as it can tell), or one of the repository's own
-    files the image carries. Relative paths are read from `cwd` here and from the image's working directory there."""
+    files the image carries. Relative paths are read from the working directory here, from the image's there."""
     from rlaif.io import storage
 
     if spec.startswith("builtin:") or ("://" in spec and not spec.lower().startswith("file://")):
         return None
-    # (file://localhost/ and a FILE:// scheme read as the stages read them; ~ expanded as they expand it)
-    path = os.path.expanduser(str(storage.local_path("file://" + spec.split("://", 1)[1] if "://" in spec else spec)))
-    found = [Path(path)] + [Path(match) for match in glob.glob(path, recursive=True)]  # `**` as fsspec globs it
-    if not any(match.exists() for match in found):
+    url = "file://" + spec.split("://", 1)[1] if "://" in spec else spec  # file://localhost/, FILE:// as stages read
+    path = os.path.expanduser(str(storage.local_path(url)))  # ~ as the stages expand it
+    # `**` as fsspec globs it; the first match answers (a glob over a large local dataset is not walked to its end)
+    if not (os.path.exists(path) or next(glob.iglob(path, recursive=True), None) is not None):
         return None
     normal = os.path.normpath(path)
     if os.path.isabs(normal):
-        in_image = Path(normal).parts[:4] in [(*Path(IMAGE_WORKDIR).parts, d) for d in SHIPPED_DIRS]  # as in a pod
+        in_image = any(Path(normal).is_relative_to(Path(IMAGE_WORKDIR, d)) for d in SHIPPED_DIRS)  # as in a pod
         return None if in_image else "an absolute path: the pods find it only where every pod mounts it"
-    if Path(normal).parts[0] not in SHIPPED_DIRS:  # ../x and x/ alike
+    parts = Path(normal).parts  # '.' has none; ../x starts with '..'
+    if not parts or parts[0] not in SHIPPED_DIRS:
         return f"outside {' and '.join(SHIPPED_DIRS)}, all the image carries in {IMAGE_WORKDIR}"
-    here = (cwd or Path.cwd()).resolve()
-    if (here == repo.resolve() and (repo / "configs").is_dir()) or here == Path(IMAGE_WORKDIR):
+    here = Path.cwd().resolve()
+    if (here == REPO.resolve() and (REPO / "configs").is_dir()) or here == Path(IMAGE_WORKDIR):
         return None  # the repository's own file, which the image carries at the same relative path
-    return f"read here from {here}: the pods read the image's {IMAGE_WORKDIR}/{normal} instead"
+    return f"read here from {here}: the pods read {IMAGE_WORKDIR}/{normal} in the image instead"
 
 
 class BoundedClient(kfp.Client):

@@ -29,7 +29,12 @@ class ModelServer:
 
         cfg = parse_config(config_yaml, "the service's config")
         self.name = cfg.serve.service_name
-        self.engine = make_engine(cfg, cfg.serve.model)
+        try:
+            self.engine = make_engine(cfg, cfg.serve.model)
+        except UserError:
+            raise
+        except Exception as exc:  # one line last in Serve's status, which `rlaif serve` shows (replica_error)
+            raise UserError(f"{type(exc).__name__}: {one_line(exc)}") from exc
 
     @app.get("/healthz")
     async def healthz(self):
@@ -169,12 +174,7 @@ def run(cfg: PipelineConfig, address: str | None) -> None:
     settings = cfg.serve
     joined = connect(address)  # a cluster's address, RAY_ADDRESS's included; None: Ray started here
     start_serve(settings)
-    try:
-        serve.run(application(cfg), name=settings.service_name, route_prefix=settings.route_prefix, blocking=False)
-    except RuntimeError as exc:  # Serve's "Deploying application failed": the replicas' own error is in its status
-        reason = replica_error(settings.service_name) or one_line(exc)
-        stop(settings, joined)
-        raise UserError(f"the {settings.model} service did not start: {reason}") from None
+    deploy(cfg, joined)
     replicas = (f"{settings.min_replicas}-{settings.max_replicas} replicas (autoscaling)" if settings.autoscale
                 else f"{settings.replicas} replica{'s' * (settings.replicas > 1)}")
     print(f"serving the {settings.model} at {settings.base_url} on Ray Serve, {replicas}; Ctrl-C stops it",
@@ -183,11 +183,34 @@ def run(cfg: PipelineConfig, address: str | None) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopped.set())
     stopped.wait()
-    stop(settings, joined)
+    remove_service(settings, joined)
 
 
-def stop(settings, joined: str | None) -> None:
-    """Remove the service: from a shared cluster only this service, else Serve and the Ray started here."""
+def deploy(cfg: PipelineConfig, joined: str | None) -> None:
+    """serve.run until the replicas answer. Replicas that cannot start: one line with their own error, and the
+    service removed; Ctrl-C or SIGTERM meanwhile removes it too. A service of that name that was already running
+    (an update on a shared cluster) is left to Serve, which keeps its old replicas."""
+    settings = cfg.serve
+    existed = joined is not None and settings.service_name in serve.status().applications
+    try:
+        serve.run(application(cfg), name=settings.service_name, route_prefix=settings.route_prefix, blocking=False)
+    except RuntimeError as exc:
+        if not str(exc).startswith(f"Deploying application {settings.service_name} failed"):
+            raise
+        reason = replica_error(settings.service_name) or one_line(exc)
+        if not existed:
+            with contextlib.suppress(Exception):  # a controller gone too: the replicas' error is what to show
+                remove_service(settings, joined)
+        raise UserError(f"the {settings.model} service did not start: {reason}") from None
+    except BaseException:
+        if not existed:
+            with contextlib.suppress(Exception):
+                remove_service(settings, joined)
+        raise
+
+
+def remove_service(settings, joined: str | None) -> None:
+    """From a shared cluster only this service; else Serve and the Ray started here."""
     import ray
 
     if joined:
@@ -198,17 +221,26 @@ def stop(settings, joined: str | None) -> None:
 
 
 def replica_error(service_name: str) -> str | None:
-    """The last line of a failed deployment's message, which ends with its replica's exception (a missing model
-    directory, say): a UserError's text, any other's short type name and text; None when Serve says nothing."""
+    """The replicas' own error from the failed deployment's message in Serve's status; None when Serve says
+    nothing."""
     try:
         application_status = serve.status().applications.get(service_name)
     except Exception:  # the controller is gone too: the caller's own error stands
         return None
-    for deployment in application_status.deployments.values() if application_status else ():
-        lines = [line.strip() for line in (deployment.message or "").splitlines() if line.strip()]
-        if lines:
-            kind, colon, text = lines[-1].partition(": ")
-            kind = kind.rsplit(".", 1)[-1]  # rlaif.errors.UserError -> UserError
-            return one_line(lines[-1] if not colon or " " in kind else text if kind == "UserError" else
-                            f"{kind}: {text}")
-    return None
+    messages = [d.message for d in application_status.deployments.values()] if application_status else []
+    return next((line for message in messages if (line := exception_line(message or ""))), None)
+
+
+def exception_line(traceback_text: str) -> str | None:
+    """The exception a traceback ends with, as one line: the first unindented line after its last frame. A UserError
+    (what ModelServer raises) without its type, any other with its short type name."""
+    lines = traceback_text.splitlines()
+    frames = [number for number, line in enumerate(lines) if line.lstrip().startswith('File "')]
+    after = [line for line in lines[frames[-1] + 1 if frames else 0:] if line.strip() and not line[0].isspace()]
+    if not after:
+        return None
+    kind, colon, text = after[0].partition(": ")
+    kind = kind.rsplit(".", 1)[-1]  # rlaif.errors.UserError -> UserError
+    if not colon or " " in kind:
+        return one_line(after[0])
+    return one_line(text if kind == "UserError" else f"{kind}: {text}")

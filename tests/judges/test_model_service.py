@@ -182,7 +182,7 @@ def test_a_replica_that_cannot_start_is_one_line_and_leaves_no_service(config, r
     port = free_port()
     failed = rlaif("serve", "--config", str(config), "--address", ray_cluster.address, "--set", f"serve.port={port}",
                    "--set", f"policy.tiny.demonstrations={tmp_path}/gone.jsonl", "--set", "serve.route_prefix=/gone",
-                   timeout=300)
+                   "--set", "serve.name=rlaif-gone", timeout=300)
     assert failed.returncode == 2 and "Traceback" not in failed.stderr, failed.stderr[-3000:]
     assert failed.stderr.strip().splitlines()[-1].startswith(
         f"error: the policy service did not start: demonstrations file not found: {tmp_path}/gone.jsonl"), \
@@ -190,7 +190,7 @@ def test_a_replica_that_cannot_start_is_one_line_and_leaves_no_service(config, r
     status = (f"import ray; from ray import serve; ray.init(address='{ray_cluster.address}', log_to_driver=False); "
               "print(sorted(serve.status().applications))")
     listed = subprocess.run([sys.executable, "-c", status], capture_output=True, text=True, timeout=120)
-    assert listed.returncode == 0 and "rlaif-policy" not in listed.stdout, listed.stdout + listed.stderr[-2000:]
+    assert listed.returncode == 0 and "rlaif-gone" not in listed.stdout, listed.stdout + listed.stderr[-2000:]
 
 
 def test_plain_service_answers_and_scores_like_the_in_process_judge(judge_model_dir):

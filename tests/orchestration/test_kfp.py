@@ -233,14 +233,14 @@ def test_input_files_only_this_machine_has(tmp_path, monkeypatch):
     for absolute in (str(tmp_path / "p.jsonl"), f"file://{tmp_path}/p.jsonl", "~/p.jsonl", "file://~/p.jsonl",
                      f"{tmp_path}/ds/**/*.parquet", str(tmp_path / "ds")):
         assert only_here(absolute).startswith("an absolute path"), absolute
-    assert only_here("README.md").startswith("outside configs and data")
+    assert only_here("README.md").startswith("outside configs and data") and only_here(".").startswith("outside")
     assert only_here(f"../{REPO.name}/data/prompts.jsonl").startswith("outside configs and data")
     # One's own data/prompts.jsonl, submitted from elsewhere: the pods would read the image's demo prompts instead.
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "prompts.jsonl").write_text("{}\n")
-    assert only_here("data/prompts.jsonl") == (f"read here from {tmp_path.resolve()}: the pods read the image's "
-                                                "/opt/rlaif/data/prompts.jsonl instead")
+    assert only_here("data/prompts.jsonl") == (f"read here from {tmp_path.resolve()}: the pods read "
+                                                "/opt/rlaif/data/prompts.jsonl in the image instead")
     cfg = load_config_source(str(REPO / "configs/tiny.yaml"), ["label.constitution=~/p.jsonl"], "", S3)
     (warning,) = kfp_pipeline.check_runs_on_cluster(cfg, ClusterSpec())
     assert warning.startswith("warning: input files only this machine has: data.prompts=data/prompts.jsonl (read "

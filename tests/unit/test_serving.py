@@ -368,3 +368,42 @@ def test_manifests_refuse_a_model_only_this_machine_has(capsys, model):
     for reachable in ("s3://bucket/runs/base/ppo/policy", "/models/policy-in-the-image", "Qwen/Qwen2.5-0.5B"):
         assert main(["serve", "--manifest", "deployment", "--config", "configs/tiny.yaml", "--set",
                      f"policy.model={reachable}"]) == 0, capsys.readouterr().err
+
+
+RAY_TRACEBACK = """Failed to update the deployments ['model'].
+RuntimeError: Traceback (most recent call last):
+  File "/venv/ray/serve/_private/replica.py", line 1867, in initialize
+    await self._user_callable_wrapper.initialize_callable()
+  File "/venv/ray/serve/_private/replica.py", line 4008, in _call_func_or_gen
+    result = callable(*args, **kwargs)
+             ^^^^^^^^^^^^^^^^^^^^^^^^^
+{inner}"""
+CHAINED = """  File "/repo/rlaif/serving/engine.py", line 120, in __init__
+    self.model = load(path)
+OSError: We couldn't connect to 'https://huggingface.co' to load the files.
+Check your internet connection or see how to run the library in offline mode.
+
+The above exception was the direct cause of the following exception:
+
+Traceback (most recent call last):
+  File "/repo/rlaif/serving/ray_app.py", line 36, in __init__
+    raise UserError(f"{type(exc).__name__}: {one_line(exc)}") from exc
+rlaif.errors.UserError: OSError: We couldn't connect to 'https://huggingface.co' to load the files. Check your"""
+
+
+def test_a_replica_that_cannot_start_is_named_by_its_own_error():
+    """`rlaif serve` shows the exception a replica's traceback ends with, in Serve's deployment message: a UserError
+    without its type, another with its short type name, its first line where its message has several."""
+    from rlaif.serving.ray_app import exception_line
+
+    user = RAY_TRACEBACK.format(inner="  File \"/repo/rlaif/models/tiny.py\", line 40, in build\n    raise X(m)\n"
+                                      "rlaif.errors.UserError: demonstrations file not found: data/d.jsonl (set it)")
+    assert exception_line(user) == "demonstrations file not found: data/d.jsonl (set it)"
+    assert exception_line(RAY_TRACEBACK.format(inner=CHAINED)) == (
+        "OSError: We couldn't connect to 'https://huggingface.co' to load the files. Check your")
+    cuda = RAY_TRACEBACK.format(inner="  File \"/venv/torch/cuda/__init__.py\", line 9, in init\n    x()\n"
+                                      "torch.AcceleratorError: CUDA error: out of memory\nCompile with "
+                                      "`TORCH_USE_CUDA_DSA` to enable device-side assertions.")
+    assert exception_line(cuda) == "AcceleratorError: CUDA error: out of memory"
+    assert exception_line("") is None and exception_line("Failed to update the deployments ['model'].") == (
+        "Failed to update the deployments ['model'].")
