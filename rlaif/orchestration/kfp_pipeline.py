@@ -4,9 +4,6 @@ project image on a cluster), tasks wired by the graph's inputs, each task's pod 
 
 Components pass the small manifest artifacts; the shards and models stay in object storage."""
 
-import glob
-import os
-from pathlib import Path
 from typing import List
 from urllib.parse import urlsplit
 
@@ -20,9 +17,9 @@ from rlaif_components.train_rm.component import train_rm
 
 from rlaif.graph import topological_order
 from rlaif.orchestration.cluster import ClusterSpec, load
+from rlaif.orchestration.image_files import input_files, only_on_this_machine
 from rlaif.orchestration.pod import SHM_VOLUME, PodPlan, pod_plan
 
-REPO = Path(__file__).resolve().parents[2]
 COMPONENTS = {"generate": generate, "label": label, "train_rm": train_rm, "ppo": ppo, "evaluate": evaluate}
 
 
@@ -289,47 +286,6 @@ def check_runs_on_cluster(cfg, spec: ClusterSpec) -> list[str]:
         warnings.append(f"warning: input files only this machine has: {'; '.join(local)}: upload them and give their "
                         "s3:// URLs, or build them into the image")
     return warnings
-
-
-IMAGE_WORKDIR = "/opt/rlaif"  # images/*/Dockerfile: WORKDIR, and what they COPY there besides the code
-SHIPPED_DIRS = ("configs", "data")
-
-
-def input_files(cfg) -> dict[str, str]:
-    """config field -> the path or URL it names, for every file or model directory a stage of the run reads."""
-    from rlaif.graph import STAGES
-    from rlaif.stages import common
-
-    named = {"data.prompts": cfg.data.prompts}
-    for stage in STAGES:
-        named.update({field: spec for field, spec in common.named_files(cfg, stage.name).values() if field})
-    return named
-
-
-def only_on_this_machine(spec: str) -> str | None:
-    """Why the pods would not read the file or directory `spec` names as this machine does, or None: a URL, a hub id,
-    a path this machine lacks (the image's or a volume's, as far as it can tell), or one of the repository's own
-    files the image carries. Relative paths are read from the working directory here, from the image's there."""
-    from rlaif.io import storage
-
-    if spec.startswith("builtin:") or ("://" in spec and not spec.lower().startswith("file://")):
-        return None
-    url = "file://" + spec.split("://", 1)[1] if "://" in spec else spec  # file://localhost/, FILE:// as stages read
-    path = os.path.expanduser(str(storage.local_path(url)))  # ~ as the stages expand it
-    # `**` as fsspec globs it; the first match answers (a glob over a large local dataset is not walked to its end)
-    if not (os.path.exists(path) or next(glob.iglob(path, recursive=True), None) is not None):
-        return None
-    normal = os.path.normpath(path)
-    if os.path.isabs(normal):
-        in_image = any(Path(normal).is_relative_to(Path(IMAGE_WORKDIR, d)) for d in SHIPPED_DIRS)  # as in a pod
-        return None if in_image else "an absolute path: the pods find it only where every pod mounts it"
-    parts = Path(normal).parts  # '.' has none; ../x starts with '..'
-    if not parts or parts[0] not in SHIPPED_DIRS:
-        return f"outside {' and '.join(SHIPPED_DIRS)}, all the image carries in {IMAGE_WORKDIR}"
-    here = Path.cwd().resolve()
-    if (here == REPO.resolve() and (REPO / "configs").is_dir()) or here == Path(IMAGE_WORKDIR):
-        return None  # the repository's own file, which the image carries at the same relative path
-    return f"read here from {here}: the pods read {IMAGE_WORKDIR}/{normal} in the image instead"
 
 
 class BoundedClient(kfp.Client):

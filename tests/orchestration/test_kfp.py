@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from rlaif.graph import STAGE_BY_NAME, STAGES
-from rlaif.orchestration import kfp_pipeline
+from rlaif.orchestration import image_files, kfp_pipeline
 from rlaif.orchestration.cluster import ClusterSpec, SecretEnv, from_dict
 
 REPO = Path(__file__).resolve().parents[2]
@@ -220,7 +220,7 @@ def test_input_files_only_this_machine_has(tmp_path, monkeypatch):
     read them; URLs, hub ids and paths this machine lacks are not this machine's to judge."""
     from rlaif.orchestration.launch import load_config_source
 
-    only_here = kfp_pipeline.only_on_this_machine
+    only_here = image_files.only_on_this_machine
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("HOME", str(tmp_path))
     (tmp_path / "ds" / "part").mkdir(parents=True)
@@ -245,6 +245,28 @@ def test_input_files_only_this_machine_has(tmp_path, monkeypatch):
     (warning,) = kfp_pipeline.check_runs_on_cluster(cfg, ClusterSpec())
     assert warning.startswith("warning: input files only this machine has: data.prompts=data/prompts.jsonl (read "
                               "here from ") and "; label.constitution=~/p.jsonl (an absolute path" in warning
+
+
+def test_input_files_added_or_changed_in_the_checkout(tmp_path, monkeypatch):
+    """Submitted from the repository, its configs/ and data/ are the image's only as committed: a prompts file added
+    there, or one edited, is in the image only if it was built from this working tree."""
+    import subprocess
+
+    checkout = tmp_path / "checkout"
+    (checkout / "configs").mkdir(parents=True)
+    (checkout / "data").mkdir()
+    (checkout / "data" / "prompts.jsonl").write_text("{}\n")
+    git = ["git", "-C", str(checkout), "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "data"]):
+        subprocess.run([*git, *args], check=True, capture_output=True)
+    monkeypatch.setattr(image_files, "REPO", checkout)
+    monkeypatch.chdir(checkout)
+    assert image_files.only_on_this_machine("data/prompts.jsonl") is None
+    (checkout / "data" / "mine.jsonl").write_text("{}\n")
+    (checkout / "data" / "prompts.jsonl").write_text('{"prompt": "edited"}\n')
+    for added_or_changed in ("data/mine.jsonl", "data/prompts.jsonl"):
+        assert image_files.only_on_this_machine(added_or_changed) == (
+            "not as committed here: the image has it only if it was built from this working tree")
 
 
 @contextlib.contextmanager
