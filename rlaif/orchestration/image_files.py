@@ -55,11 +55,12 @@ def differs_from_commit(path: str) -> bool:
     git checkout or git is missing: nothing to compare with."""
     import subprocess
 
-    def git(*args) -> int:
+    def says_yes(*args) -> bool:  # exit code 1: not listed / differs; 128 (a repository git refuses) tells nothing
         try:
-            return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, timeout=30).returncode
+            return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, timeout=30).returncode == 1
         except (OSError, subprocess.TimeoutExpired):
-            return 0
+            return False
+
     if not (REPO / ".git").exists():
         return False
-    return git("ls-files", "--error-unmatch", "--", path) != 0 or git("diff", "--quiet", "HEAD", "--", path) != 0
+    return says_yes("ls-files", "--error-unmatch", "--", path) or says_yes("diff", "--quiet", "HEAD", "--", path)
