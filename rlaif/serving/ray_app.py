@@ -194,18 +194,15 @@ def deploy(cfg: PipelineConfig, joined: str | None) -> None:
     existed = joined is not None and settings.service_name in serve.status().applications
     try:
         serve.run(application(cfg), name=settings.service_name, route_prefix=settings.route_prefix, blocking=False)
-    except RuntimeError as exc:
-        if not str(exc).startswith(f"Deploying application {settings.service_name} failed"):
-            raise
-        reason = replica_error(settings.service_name) or one_line(exc)
+    except BaseException as exc:
+        failed = isinstance(exc, RuntimeError) and str(exc).startswith(
+            f"Deploying application {settings.service_name} failed")
+        reason = (replica_error(settings.service_name) or one_line(exc)) if failed else ""  # read before removal
         if not existed:
-            with contextlib.suppress(Exception):  # a controller gone too: the replicas' error is what to show
+            with contextlib.suppress(Exception):  # a controller gone too: the error below is what to show
                 remove_service(settings, joined)
-        raise UserError(f"the {settings.model} service did not start: {reason}") from None
-    except BaseException:
-        if not existed:
-            with contextlib.suppress(Exception):
-                remove_service(settings, joined)
+        if failed:
+            raise UserError(f"the {settings.model} service did not start: {reason}") from None
         raise
 
 
