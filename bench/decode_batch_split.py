@@ -19,7 +19,8 @@ from bench_ppo import OVERRIDES, ROLLOUT, SIZES, ours_setup, shared_models  # no
 from rlaif.io.prompts import split  # noqa: E402
 from rlaif.models.adapters import adapter_folded  # noqa: E402
 from rlaif.models.decode import decode_static  # noqa: E402
-from rlaif.models.generation import encode_prompts, format_prompts, stop_ids  # noqa: E402
+from rlaif.models.generation import encode_prompts, stop_ids  # noqa: E402
+from rlaif.models.prompt_text import format_prompts
 
 
 def main() -> None:

@@ -65,8 +65,8 @@ def main() -> None:
     from rlaif import distributed as dist
     from rlaif.config import load_config
     from rlaif.io.prompts import split
-    from rlaif.models.generation import format_prompts
     from rlaif.models.policy import build_policy
+    from rlaif.models.prompt_text import format_prompts
 
     assert a.size in SIZES
     policy_dir, _ = shared_models(Path(a.work), a.size)

@@ -76,6 +76,19 @@ def _deepspeed_arch_list() -> None:
         os.environ["TORCH_CUDA_ARCH_LIST"] = re.sub(r"(\d)[a-z]+", r"\1", archs)
 
 
+# torchrun's rendezvous variables for a world of one process
+WORLD_OF_ONE = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": "0"}
+
+
+def _deepspeed_world_of_one() -> None:
+    """A stage run as one process outside torchrun (the launcher runs a one-process stage without it; `rlaif stage`
+    by hand): DeepSpeed reads torchrun's variables, and without them looks for MPI and asserts on LOCAL_RANK. Port 0:
+    the only rank's store takes any free port."""
+    if "WORLD_SIZE" not in os.environ:
+        os.environ.update(WORLD_OF_ONE)
+
+
 class Engine:
     """One model, its optimizer and schedule, under DDP (default) or DeepSpeed ZeRO-2/3.
 
@@ -95,6 +108,7 @@ class Engine:
             except ImportError:
                 raise UserError("strategy 'deepspeed' needs the deepspeed extra: "
                                 "pip install 'rlaif[deepspeed]'") from None
+            _deepspeed_world_of_one()
             ds_config = {
                 "train_micro_batch_size_per_gpu": micro_batch,
                 "gradient_accumulation_steps": accum_steps,

@@ -18,9 +18,7 @@ from rlaif.errors import UserError
 from rlaif.judges import prompting
 from rlaif.models.generation import (
     decode,
-    leading_bos,
     next_token_logprobs,
-    prompt_token_ids,
     response_logits_and_hidden,
     response_mask,
     sample,
@@ -28,6 +26,7 @@ from rlaif.models.generation import (
     token_logprobs,
 )
 from rlaif.models.loading import config_position_limit, load_causal_lm, load_tokenizer, resolve, with_model_stops
+from rlaif.models.prompt_text import leading_bos, prompt_token_ids
 
 
 def answer_token(tokenizer, cue: str, answer: str) -> int:
@@ -126,7 +125,7 @@ class HFJudge:
 
     def _encode(self, texts: list[str], room: int = 0) -> dict:
         """Left-padded judge prompts, BOS first where the judge's tokenizer starts with one (as the policy's prompts,
-        generation.prompt_token_ids); one longer than hf.max_length, or than the judge model's positions less the
+        prompt_text.prompt_token_ids); one longer than hf.max_length, or than the judge model's positions less the
         `room` for what follows it (a rationale, a score's tokens), loses its start, keeping the question and the
         answer cue at its end (and its BOS)."""
         longest = self.max_length if self.positions is None else min(self.max_length, self.positions - room)

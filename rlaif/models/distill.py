@@ -24,8 +24,9 @@ from rlaif.algo.distill import distill_loss, pairwise_agreement, pearson, spearm
 from rlaif.errors import UserError
 from rlaif.io.prompts import is_held_out, split
 from rlaif.models.files import save_tokenizer
-from rlaif.models.generation import format_prompts, sample_texts
+from rlaif.models.generation import sample_texts
 from rlaif.models.loading import load_policy
+from rlaif.models.prompt_text import format_prompts
 from rlaif.models.reward import batched_rewards, reward
 from rlaif.training import Engine, refuse_diverged
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import types
 import warnings
 from pathlib import Path
 
@@ -62,12 +63,35 @@ def check_causal_lm(path: Path, what: str) -> None:
                         "generates text, e.g. LlamaForCausalLM): give a causal-LM directory")
 
 
+POSITION_FIELDS = ("max_position_embeddings", "n_positions", "max_sequence_length")
+LAYER_FIELDS = ("num_hidden_layers", "n_layer", "num_layers")
+
+
+def model_config(path: Path, trust_remote_code: bool = False):
+    """A model directory's config for the checks made before any work: config.json's fields as attributes, read as
+    JSON, because transformers' AutoConfig imports torch (seconds, in a launcher that loads no model). save_pretrained
+    writes every field these checks read; a file that leaves them out goes through AutoConfig, whose model class fills
+    in its defaults. Raises OSError or ValueError, as AutoConfig does, for a file that cannot be read."""
+    fields = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    if isinstance(fields, dict) and any(name in fields for name in POSITION_FIELDS) and any(
+            name in fields for name in LAYER_FIELDS):
+        return types.SimpleNamespace(**fields)
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+
+
 def config_position_limit(config) -> int | None:
     """The longest sequence a model config's position embeddings cover (None where it names no limit)."""
-    for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+    for name in POSITION_FIELDS:
         if isinstance(limit := getattr(config, name, None), int) and limit > 0:
             return limit
     return None
+
+
+def config_layers(config) -> int | None:
+    """A model config's layer count under any of its families' names (GPT-2's n_layer, T5's num_layers)."""
+    return next((layers for name in LAYER_FIELDS if isinstance(layers := getattr(config, name, None), int)), None)
 
 
 def encoder_position_limit(config) -> int | None:
@@ -85,10 +109,8 @@ def check_backbone_fits(settings, path: Path) -> None:
     """train_rm's truncation lengths (the reward model's; a student's, built from the same backbone) within the
     backbone's positions (past them its learned position embeddings index out of range mid-training), and a student's
     layers fewer than the backbone's. Checked before any work and again where the backbone loads."""
-    from transformers import AutoConfig
-
     try:
-        config = AutoConfig.from_pretrained(str(path))
+        config = model_config(path)
     except (OSError, ValueError):
         return  # the loader refuses such a directory with its own message
     limit = encoder_position_limit(config)
@@ -99,8 +121,8 @@ def check_backbone_fits(settings, path: Path) -> None:
         if limit is not None and length > limit:
             raise UserError(f"{setting}={length} is more than the reward-model backbone's {limit} positions ({path}): "
                             f"set it to {limit} or less")
-    layers = getattr(config, "num_hidden_layers", None)
-    if settings.student.layers and isinstance(layers, int) and settings.student.layers >= layers:
+    layers = config_layers(config)
+    if settings.student.layers and layers is not None and settings.student.layers >= layers:
         raise UserError(f"train_rm.student.layers={settings.student.layers} must be fewer than the reward-model "
                         f"backbone's {layers} layers ({path}): set it between 1 and {layers - 1}")
 

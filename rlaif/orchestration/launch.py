@@ -5,6 +5,7 @@ becomes a Kubeflow TrainJob/PyTorchJob that this process creates and waits for."
 from __future__ import annotations
 
 import functools
+import glob
 import json
 import os
 import shlex
@@ -77,7 +78,7 @@ def check(cfg: PipelineConfig, pipeline: bool = False, launched: str | None = No
     if pipeline:
         check_splits(cfg.data, prompts)
         check_enough_pairs(cfg, prompts)
-        from rlaif.models.generation import check_prompts_fit
+        from rlaif.models.prompt_text import check_prompts_fit
 
         check_prompts_fit(cfg, prompts)
     for stage in STAGE_BY_NAME.values():
@@ -148,10 +149,21 @@ def refuse_while_running(cfg: PipelineConfig, holding: StageLock | None = None) 
                             f"{holder['host']}): wait for it to finish, or use another --run-id")
 
 
-def _has_gpus() -> bool:
+GPU_DEVICE_FILES = ("/dev/nvidia[0-9]*", "/dev/kfd", "/dev/dxg")  # NVIDIA, ROCm, CUDA under WSL
+
+
+def gpu_count() -> int:
+    """The GPUs torch sees here. Without a GPU device file there are none, and the launcher need not import torch
+    (seconds, in a process that runs no model) to learn so."""
+    if not any(glob.glob(pattern) for pattern in GPU_DEVICE_FILES):
+        return 0
     import torch
 
-    return torch.cuda.is_available()
+    return torch.cuda.device_count()
+
+
+def _has_gpus() -> bool:
+    return gpu_count() > 0
 
 
 def check_judges(cfg: PipelineConfig, prompts: list[dict]) -> None:
@@ -337,15 +349,15 @@ def processes_per_node(stage: Stage, cfg: PipelineConfig) -> int:
     """One rank per visible GPU; on CPU, the stage config's nproc."""
     if not stage.resources.torchrun:
         return 1
-    import torch
-
-    return torch.cuda.device_count() or getattr(cfg, stage.name).nproc
+    return gpu_count() or getattr(cfg, stage.name).nproc
 
 
 def command(stage: Stage, config_url: str, nproc: int) -> list[str]:
-    """graph.py's argv, with this interpreter as `rlaif` and torchrun in front for the training stages."""
+    """graph.py's argv, with this interpreter as `rlaif` and torchrun in front for the training stages. A stage of one
+    process runs without torchrun, whose agent would cost a process that imports torch (seconds) and a rendezvous for
+    a group of one; the stage runs the same either way (rlaif.distributed)."""
     argv = [sys.executable, "-m", "rlaif", *stage.argv(config_url)[1:]]
-    if stage.resources.torchrun:
+    if stage.resources.torchrun and nproc > 1:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *argv[1:]]
     return argv
 

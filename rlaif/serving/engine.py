@@ -50,7 +50,7 @@ def check_against_model(request: Request, token_ids: list[list[int]], vocab_size
             raise BadRequest(f"prompt {number} holds token ids outside the model's vocabulary (0..{vocab_size - 1})")
     if positions is None:
         return
-    from rlaif.models.generation import check_fits
+    from rlaif.models.prompt_text import check_fits
 
     try:
         check_fits(None, max(request.pad_to, *map(len, token_ids)), request.max_tokens,
@@ -127,7 +127,7 @@ class TransformersEngine:
         self.lock = threading.Lock()  # one request at a time per replica: replicas, not threads, add throughput
 
     def complete(self, request: Request) -> list[Choice]:
-        from rlaif.models.generation import position_limit
+        from rlaif.models.prompt_text import position_limit
 
         token_ids = self._token_ids(request)
         check_against_model(request, token_ids, self.model.get_input_embeddings().num_embeddings,
@@ -202,7 +202,7 @@ class VLLMEngine:
 def token_ids(tokenizer, prompts: list) -> list[list[int]]:
     """A request's prompts as ids: ids as sent, text as the pipeline encodes a prompt (BOS where the model's tokenizer
     starts with one), on both engines alike."""
-    from rlaif.models.generation import prompt_token_ids
+    from rlaif.models.prompt_text import prompt_token_ids
 
     texts = [p for p in prompts if isinstance(p, str)]
     encoded = iter(prompt_token_ids(tokenizer, texts))

@@ -26,17 +26,9 @@ from rlaif.io.prompts import split
 from rlaif.judges import make_judge
 from rlaif.judges.constitution import compare, judge_principles
 from rlaif.judges.reference import reference_points
-from rlaif.models.generation import (
-    decode,
-    encode_prompts,
-    format_prompts,
-    is_stop,
-    response_logprobs,
-    response_mask,
-    sample,
-    stop_ids,
-)
+from rlaif.models.generation import decode, encode_prompts, is_stop, response_logprobs, response_mask, sample, stop_ids
 from rlaif.models.loading import load_causal_lm, load_policy
+from rlaif.models.prompt_text import format_prompts
 from rlaif.models.reward import NormalisedScorer
 from rlaif.stages.common import StageContext, model_dir, run_url, stage_url
 

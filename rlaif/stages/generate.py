@@ -20,8 +20,9 @@ from rlaif.errors import UserError
 from rlaif.io import manifest, storage, stream
 from rlaif.io.prompts import split
 from rlaif.io.shards import ShardWriter
-from rlaif.models.generation import check_fits, format_prompts, prompt_token_ids, sample_texts
+from rlaif.models.generation import sample_texts
 from rlaif.models.loading import load_policy, resolve_policy
+from rlaif.models.prompt_text import check_fits, format_prompts, prompt_token_ids
 from rlaif.progress import progress
 from rlaif.stages.common import StageContext
 

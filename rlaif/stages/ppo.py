@@ -38,13 +38,13 @@ from rlaif.models.generation import (
     decode,
     encode_prompts,
     fixed_length_tokens,
-    format_prompts,
     is_stop,
     response_mask,
     sample,
     stop_ids,
 )
 from rlaif.models.policy import PolicyWithValue, build_policy
+from rlaif.models.prompt_text import format_prompts
 from rlaif.models.reward import reward_scorer
 from rlaif.progress import progress
 from rlaif.stages.common import StageContext, model_dir

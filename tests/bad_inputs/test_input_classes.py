@@ -639,8 +639,8 @@ def test_a_tokenizer_that_encodes_text_to_nothing(cli, tmp_path, root):
     cli("run", "--config", TINY, *root, "--set", f"policy.model={policy}",
         needle=f"the tokenizer in {policy} has no vocabulary beyond its special tokens")
     assert nothing_written(tmp_path / "root")
-    from rlaif.models.generation import prompt_token_ids
     from rlaif.models.loading import load_tokenizer
+    from rlaif.models.prompt_text import prompt_token_ids
 
     with pytest.raises(UserError, match="^the model's tokenizer encodes the prompt 'Hi there' to no tokens"):
         prompt_token_ids(load_tokenizer(policy), ["Hi there"])  # what a stage meets where the launch check did not run

@@ -91,7 +91,7 @@ def tokenizer():
     ("Question: hello\nAnswer:", "the policy's chat template leaves the prompt out of its text"),
 ])
 def test_chat_templates_that_fail_or_drop_the_prompt(tokenizer, template, needle):
-    from rlaif.models.generation import format_prompts
+    from rlaif.models.prompt_text import format_prompts
 
     tokenizer.chat_template = template
     with pytest.raises(UserError, match="set policy.chat_template=false") as refused:

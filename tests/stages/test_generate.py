@@ -11,7 +11,8 @@ import pytest
 from rlaif.config import load_config
 from rlaif.errors import UserError
 from rlaif.io import manifest, shards
-from rlaif.models.generation import format_prompts, prompt_token_ids, truncate_at_stop
+from rlaif.models.generation import truncate_at_stop
+from rlaif.models.prompt_text import format_prompts, prompt_token_ids
 from rlaif.runner import run_stage
 from rlaif.stages import generate
 

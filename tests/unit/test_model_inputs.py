@@ -140,8 +140,8 @@ def test_token_ids_past_the_reward_tokenizer_score_as_their_text_does(llama_dir,
 
 
 def test_a_chat_template_that_raises_any_error_is_one_line(llama_dir, tmp_path):
-    from rlaif.models.generation import format_prompts
     from rlaif.models.loading import load_tokenizer
+    from rlaif.models.prompt_text import format_prompts
 
     tokenizer = load_tokenizer(llama_dir)
     tokenizer.chat_template = "{{ messages[0]['content'] | int + 'x' }}"  # a TypeError inside the template

@@ -6,8 +6,9 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-from rlaif.models.generation import encode_prompts, leading_bos, prompt_token_ids
+from rlaif.models.generation import encode_prompts
 from rlaif.models.loading import load_tokenizer
+from rlaif.models.prompt_text import leading_bos, prompt_token_ids
 from rlaif.serving.engine import token_ids
 
 CORPUS = ["Explain how to water a plant.", "Hello world, how are you today?", "List three steps to bake bread.",

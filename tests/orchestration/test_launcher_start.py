@@ -1,0 +1,39 @@
+"""What a launcher costs before its stage starts: `rlaif launch` checks a config without importing torch (the stage
+process imports it; the launcher loads no model), and a stage of one process runs without a torchrun agent."""
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from rlaif.graph import STAGE_BY_NAME
+from rlaif.orchestration import launch
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_launchers_checks_import_neither_torch_nor_transformers(tmp_path):
+    # The reward-model backbone's fit (MiniLM's positions) was read through AutoConfig, which imports torch; the GPU
+    # count through torch.cuda. Seconds for every `rlaif launch`, a KFP or Airflow step's whole start.
+    code = textwrap.dedent(f"""
+        import glob, sys
+        from rlaif.config import load_config
+        from rlaif.graph import STAGE_BY_NAME
+        from rlaif.orchestration import launch
+        cfg = load_config("configs/tiny.yaml", ["storage.root=file://{tmp_path}", "train_rm.student.layers=2"])
+        launch.check(cfg)
+        if not any(glob.glob(pattern) for pattern in launch.GPU_DEVICE_FILES):
+            assert launch.processes_per_node(STAGE_BY_NAME["ppo"], cfg) == cfg.ppo.nproc
+        print(sorted(name for name in ("torch", "transformers") if name in sys.modules))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]"
+
+
+def test_a_stage_of_one_process_runs_without_torchrun():
+    url = "file:///runs/r/config.yaml"
+    for name in ("generate", "train_rm", "ppo", "label"):
+        assert launch.command(STAGE_BY_NAME[name], url, 1) == [sys.executable, "-m", "rlaif", "stage", name,
+                                                               "--config", url]
+    assert launch.command(STAGE_BY_NAME["ppo"], url, 2)[:5] == [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
