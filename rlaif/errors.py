@@ -9,8 +9,22 @@ class StageFailed(Exception):
     """A stage's process (or multi-node job) ended with a non-zero exit code; its own output names the cause."""
 
     def __init__(self, stage: str, code: int):
-        super().__init__(f"stage '{stage}' failed with exit code {code} (its output is above)")
+        super().__init__(f"stage '{stage}' {_ending(code)}")
         self.code = code
+
+
+def _ending(code: int) -> str:
+    """How a process ended, from subprocess's returncode: negative is the signal that killed it."""
+    if code >= 0:
+        return f"failed with exit code {code} (its output is above)"
+    import signal
+
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    oom = "the kernel's out-of-memory killer sends this; " if name == "SIGKILL" else ""
+    return f"was killed by {name} ({oom}its output is above)"
 
 
 class Terminated(BaseException):

@@ -15,7 +15,7 @@ class Resources:
     cpu: int = 2
     memory_gib: int = 8
     gpus: int = 0  # GPUs per node when running on a cluster (cluster.yaml's gpus_per_node or stages.<name> change it)
-    torchrun: bool = False  # launched with `torchrun --nproc_per_node=<the stage config's nproc>`
+    torchrun: bool = False  # launched with `torchrun --nproc_per_node=<the stage config's nproc>` when that is > 1
     gpu_for_judge_only: bool = False  # the GPU serves only the label judge: none when the judge runs no model
 
 

@@ -20,7 +20,7 @@ from rlaif.graph import topological_order
 from rlaif.io import manifest, storage, stream
 from rlaif.io.lock import StageLock
 from rlaif.orchestration import launch
-from rlaif.orchestration.parent_guard import guarded
+from rlaif.orchestration.parent_guard import guarded, kill_when_orphaned
 from rlaif.stages import common
 
 
@@ -168,6 +168,7 @@ def run_stage(cfg: PipelineConfig, name: str, part_index: int = 0, num_parts: in
     from rlaif.models.loading import quiet_transformers
 
     die_with_parent()
+    kill_when_orphaned()
     tell_deepspeed_the_device()
     quiet_transformers()
     avoid_per_shape_attention_plans()

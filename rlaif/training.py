@@ -85,8 +85,9 @@ def _deepspeed_world_of_one() -> None:
     """A stage run as one process outside torchrun (the launcher runs a one-process stage without it; `rlaif stage`
     by hand): DeepSpeed reads torchrun's variables, and without them looks for MPI and asserts on LOCAL_RANK. Port 0:
     the only rank's store takes any free port."""
-    if "WORLD_SIZE" not in os.environ:
-        os.environ.update(WORLD_OF_ONE)
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        for name, value in WORLD_OF_ONE.items():
+            os.environ.setdefault(name, value)
 
 
 class Engine:

@@ -73,12 +73,21 @@ def model_config(path: Path, trust_remote_code: bool = False):
     writes every field these checks read; a file that leaves them out goes through AutoConfig, whose model class fills
     in its defaults. Raises OSError or ValueError, as AutoConfig does, for a file that cannot be read."""
     fields = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    if isinstance(fields, dict) and any(name in fields for name in POSITION_FIELDS) and any(
-            name in fields for name in LAYER_FIELDS):
+    if isinstance(fields, dict) and all(any(name in fields for name in group) for group in _read_fields(fields)):
         return types.SimpleNamespace(**fields)
     from transformers import AutoConfig
 
     return AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+
+
+def _read_fields(fields: dict) -> list[tuple[str, ...]]:
+    """The fields the checks read, each as its names across model families (RoBERTa's padding offset included)."""
+    offset = [("pad_token_id",)] if _counts_from_padding(str(fields.get("model_type", ""))) else []
+    return [POSITION_FIELDS, LAYER_FIELDS, *offset]
+
+
+def _counts_from_padding(model_type: str) -> bool:
+    return any(family in model_type for family in ("roberta", "camembert"))
 
 
 def config_position_limit(config) -> int | None:
@@ -100,7 +109,7 @@ def encoder_position_limit(config) -> int | None:
     if getattr(config, "position_biased_input", True) is False:
         return None
     limit = config_position_limit(config)
-    if limit is not None and any(family in getattr(config, "model_type", "") for family in ("roberta", "camembert")):
+    if limit is not None and _counts_from_padding(getattr(config, "model_type", "")):
         limit -= (getattr(config, "pad_token_id", None) or 0) + 1
     return limit
 

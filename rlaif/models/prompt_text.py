@@ -1,6 +1,6 @@
 """Prompts as the policy reads them (its chat template or the prompt template, its BOS id) and the checks that
-prompt plus response fit its positions. No torch here: `rlaif launch` and `rlaif run` check prompt lengths before any
-stage starts, without the seconds that importing torch takes."""
+prompt plus response fit its positions. This module imports no torch (seconds) for the launcher, which checks prompt
+lengths before any stage starts; loading the policy's tokenizer for that check still imports transformers."""
 from __future__ import annotations
 
 from rlaif.errors import UserError

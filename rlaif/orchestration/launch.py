@@ -31,7 +31,7 @@ from rlaif.io import manifest, output_files, storage
 from rlaif.io.lock import StageLock
 from rlaif.io.prompts import check_splits, load_prompts, read_demonstrations
 from rlaif.orchestration import jobs
-from rlaif.orchestration.parent_guard import guarded
+from rlaif.orchestration.parent_guard import LAUNCHER_PID, STOP_GRACE_S, guarded
 from rlaif.stages import common
 
 
@@ -149,17 +149,18 @@ def refuse_while_running(cfg: PipelineConfig, holding: StageLock | None = None) 
                             f"{holder['host']}): wait for it to finish, or use another --run-id")
 
 
-GPU_DEVICE_FILES = ("/dev/nvidia[0-9]*", "/dev/kfd", "/dev/dxg")  # NVIDIA, ROCm, CUDA under WSL
+# NVIDIA (containers, MIG and CDI included), ROCm, CUDA under WSL, Jetson's integrated GPU
+GPU_DEVICE_FILES = ("/dev/nvidia[0-9]*", "/dev/kfd", "/dev/dxg", "/dev/nvhost-ctrl-gpu", "/dev/nvgpu/igpu0")
 
 
 def gpu_count() -> int:
-    """The GPUs torch sees here. Without a GPU device file there are none, and the launcher need not import torch
+    """The GPUs torch can use here. Without a GPU device file there are none, and the launcher need not import torch
     (seconds, in a process that runs no model) to learn so."""
     if not any(glob.glob(pattern) for pattern in GPU_DEVICE_FILES):
         return 0
     import torch
 
-    return torch.cuda.device_count()
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def _has_gpus() -> bool:
@@ -376,9 +377,6 @@ def run_relaying_stderr(cmd: list[str], env: dict) -> tuple[int, bytes]:
         stop(proc)
 
 
-STOP_GRACE_S = 20.0
-
-
 def stop(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
     """SIGTERM to a child still running (torchrun passes it to its ranks), SIGKILL after grace_s (inside a pod's
     default 30 s termination grace, so the lock is released before the kubelet kills the launcher)."""
@@ -457,7 +455,7 @@ def run_locked(cfg: PipelineConfig, stage: Stage, config_url: str, config_hash: 
         cmd = command(stage, config_url, nproc)
         # The stage's process skips the cache check that this one just made for the same key (under the lock).
         env = dict(os.environ, PYTHONUNBUFFERED="1", RLAIF_CACHE_CHECKED=config_hash,
-                   **{common.LAUNCHED_CONFIG: common.launched_config(cfg)},
+                   **{LAUNCHER_PID: str(os.getpid()), common.LAUNCHED_CONFIG: common.launched_config(cfg)},
                    **({common.FRESH_START: "1"} if rerun else {}))
         if stage.resources.torchrun and "OMP_NUM_THREADS" not in env:  # ranks share this machine's cores
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
