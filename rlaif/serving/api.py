@@ -124,17 +124,21 @@ async def completion_response(engine, name: str, request):
 
 
 async def body_within_limit(request) -> bytes:
-    """The request's body, refused past MAX_REQUEST_BYTES before it is read where its length is declared (one
-    oversized request held the replica for a minute while the prompt was tokenized, and every client behind it)."""
+    """The request's body, refused past MAX_REQUEST_BYTES (one oversized request held the replica for a minute while
+    the prompt was tokenized, and every client behind it): before it is read where its length is declared, else as
+    soon as the chunks read pass the limit (a chunked body of any size was read whole into memory first)."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > MAX_REQUEST_BYTES:
         raise BadRequest(f"the body is {int(declared) / 2**20:.1f} MiB, more than the {MAX_REQUEST_BYTES >> 20} MiB a "
                          "completions request may be: send fewer or shorter prompts per request")
-    raw = await request.body()
-    if len(raw) > MAX_REQUEST_BYTES:
-        raise BadRequest(f"the body is more than the {MAX_REQUEST_BYTES >> 20} MiB a completions request may be: "
-                         "send fewer or shorter prompts per request")
-    return raw
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_REQUEST_BYTES:
+            raise BadRequest(f"the body is more than the {MAX_REQUEST_BYTES >> 20} MiB a completions request may be: "
+                             "send fewer or shorter prompts per request")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 async def complete(engine, name: str, body: dict) -> dict:

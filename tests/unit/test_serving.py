@@ -407,3 +407,29 @@ def test_a_replica_that_cannot_start_is_named_by_its_own_error():
     assert exception_line(cuda) == "AcceleratorError: CUDA error: out of memory"
     assert exception_line("") is None and exception_line("Failed to update the deployments ['model'].") == (
         "Failed to update the deployments ['model'].")
+
+
+def test_a_chunked_body_past_the_limit_is_refused_before_it_is_read_whole():
+    """A body without a declared length (chunked transfer) was read into memory whole before its size was checked."""
+    import asyncio
+
+    class ChunkedRequest:
+        headers: dict = {}
+        chunks_read = 0
+
+        async def stream(self):
+            for _ in range(64):  # 64 MiB offered, in 1 MiB chunks
+                self.chunks_read += 1
+                yield b"x" * 2**20
+
+    request = ChunkedRequest()
+    with pytest.raises(api.BadRequest, match="more than the 16 MiB"):
+        asyncio.run(api.body_within_limit(request))
+    assert request.chunks_read == 17  # stopped at the first chunk past 16 MiB
+
+    class SmallRequest(ChunkedRequest):
+        async def stream(self):
+            yield b'{"prompt": '
+            yield b'"hi"}'
+
+    assert asyncio.run(api.body_within_limit(SmallRequest())) == b'{"prompt": "hi"}'
