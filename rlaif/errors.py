@@ -1,4 +1,5 @@
 """Errors a user can cause. The CLI prints them as one line and exits with code 2."""
+import signal
 
 
 class UserError(Exception):
@@ -17,8 +18,6 @@ def _ending(code: int) -> str:
     """How a process ended, from subprocess's returncode: negative is the signal that killed it."""
     if code >= 0:
         return f"failed with exit code {code} (its output is above)"
-    import signal
-
     try:
         name = signal.Signals(-code).name
     except ValueError:
