@@ -66,3 +66,34 @@ def s3_endpoint():
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """A real MLflow tracking server on loopback (SQLite backend, file artifacts); yields (uri, client)."""
+    root = tmp_path_factory.mktemp("mlflow")
+    exe = shutil.which("mlflow", path=str(Path(sys.executable).parent))
+    if exe is None:
+        pytest.fail("mlflow not found: pip install 'rlaif[mlflow]' (part of the dev extra)")
+    port = _free_port()
+    proc = subprocess.Popen([exe, "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+                             "--backend-store-uri", f"sqlite:///{root}/mlflow.db",
+                             "--default-artifact-root", f"file://{root}/artifacts"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    uri = f"http://127.0.0.1:{port}"
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    deadline = time.time() + 120
+    while True:
+        try:
+            client.search_experiments()
+            break
+        except Exception:
+            if time.time() > deadline or proc.poll() is not None:
+                proc.kill()
+                pytest.fail("mlflow server did not start")
+            time.sleep(0.5)
+    yield uri, client
+    os.killpg(proc.pid, 15)
+    proc.wait(timeout=30)

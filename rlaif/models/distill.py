@@ -23,7 +23,7 @@ from rlaif import distributed as dist
 from rlaif.algo.distill import distill_loss, pairwise_agreement, pearson, spearman
 from rlaif.errors import UserError
 from rlaif.io.prompts import is_held_out, split
-from rlaif.models.files import save_tokenizer
+from rlaif.models.files import save_model, save_tokenizer
 from rlaif.models.generation import sample_texts
 from rlaif.models.loading import load_policy
 from rlaif.models.prompt_text import format_prompts
@@ -179,6 +179,6 @@ def agreement(student, tokenizer, items: list[dict], max_length: int, device) ->
 def save_student(student, tokenizer, out: Path, stats: dict) -> None:
     """The student as a Hugging Face directory with the teacher's normalisation (it was fitted to the teacher's
     scores), so PPO's normalised scorer loads it as it loads the teacher."""
-    student.save_pretrained(out, safe_serialization=True)
+    save_model(student, out)
     save_tokenizer(tokenizer, out)
     (out / "reward_stats.json").write_text(json.dumps(stats))

@@ -3,6 +3,7 @@ needs, JSON that parses, safetensors that are whole. Below models/loading.py and
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from rlaif.errors import UserError
@@ -109,3 +110,22 @@ def save_tokenizer(tokenizer, out) -> None:
         backend.no_truncation()
         backend.no_padding()
     tokenizer.save_pretrained(out)
+
+
+def save_model(model, out, **options) -> None:
+    """save_pretrained as safetensors, without importing DeepSpeed: transformers unwraps the model through accelerate,
+    which imports DeepSpeed (about 2 s) wherever it is installed only to ask whether the model is a DeepSpeed engine.
+    A process that has not loaded DeepSpeed holds no engine, so there the question is skipped."""
+    try:
+        from accelerate.utils import other as accelerate_other
+    except ImportError:  # transformers then unwraps by itself, without the probe
+        accelerate_other = None
+    probe = getattr(accelerate_other, "is_deepspeed_available", None)
+    if probe is None or "deepspeed" in sys.modules:
+        model.save_pretrained(out, safe_serialization=True, **options)
+        return
+    accelerate_other.is_deepspeed_available = lambda: False
+    try:
+        model.save_pretrained(out, safe_serialization=True, **options)
+    finally:
+        accelerate_other.is_deepspeed_available = probe

@@ -24,6 +24,7 @@ from rlaif.config import PolicyConfig, sha256_json
 from rlaif.errors import UserError
 from rlaif.io.prompts import read_demonstrations
 from rlaif.io.storage import cache_dir, sha256_file
+from rlaif.models.files import check_model_files, save_model
 
 SPECIAL = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>"}
 
@@ -108,7 +109,7 @@ def _build(cfg: PolicyConfig, out: Path) -> None:
     model.generation_config = GenerationConfig(
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
     )
-    model.save_pretrained(out, safe_serialization=True)
+    save_model(model, out)
     tokenizer.save_pretrained(out)
     (out / "rlaif_tiny.json").write_text(
         json.dumps({"sft_final_loss": loss.item(), "config": tiny.model_dump()}, indent=2))
@@ -133,8 +134,6 @@ def tiny_policy_dir(cfg: PolicyConfig) -> Path:
 
 def built(target: Path) -> bool:
     """A cached build whose files are whole (config, tokenizer and weights checked without loading them)."""
-    from rlaif.models.files import check_model_files
-
     if not (target / "config.json").exists():
         return False
     try:

@@ -32,7 +32,7 @@ from rlaif.io.prompts import split
 from rlaif.judges import judge_scorer
 from rlaif.models import card
 from rlaif.models.adapters import adapter_folded, adapter_fused
-from rlaif.models.files import save_tokenizer
+from rlaif.models.files import save_model, save_tokenizer
 from rlaif.models.generation import (
     backbone_and_head,
     decode,
@@ -401,10 +401,10 @@ def export(ctx: StageContext, policy: PolicyWithValue, tokenizer, rows: list[dic
                 adapter.target_modules = sorted(adapter.target_modules)
             # the adapter only: the vocabulary is never resized, so no embedding copy (and no peft warning that
             # it cannot find the base model's config under its builtin: name)
-            lm.save_pretrained(out / "adapter", safe_serialization=True, save_embedding_layers=False)
+            save_model(lm, out / "adapter", save_embedding_layers=False)
             card.write(out / "adapter", card.policy_card(ctx, rows, adapter=True))
             lm = lm.merge_and_unload()
-        lm.save_pretrained(out / "policy", safe_serialization=True)
+        save_model(lm, out / "policy")
         save_tokenizer(tokenizer, out / "policy")
         card.write(out / "policy", card.policy_card(ctx, rows, adapter=False))
         files = storage.upload_dir(out, ctx.url) + metrics.publish((out / "policy" / "README.md",))

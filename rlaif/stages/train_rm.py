@@ -36,7 +36,7 @@ from rlaif.judges.reference import CLEAR_MARGIN as CLEAR
 from rlaif.judges.reference import grader as reference_grader
 from rlaif.models import card
 from rlaif.models.distill import distill_student, save_student
-from rlaif.models.files import save_tokenizer
+from rlaif.models.files import save_model, save_tokenizer
 from rlaif.models.loading import check_backbone_fits, resolve
 from rlaif.models.reward import batched_rewards, load_reward_model, reward
 from rlaif.progress import progress
@@ -251,7 +251,7 @@ def export(ctx: StageContext, engine, model, tokenizer, export_dir: Path, rank: 
     with engine.full_parameters():
         plain = model.merge_and_unload() if settings.lora_rank > 0 else model
         if rank == 0:
-            plain.save_pretrained(export_dir, safe_serialization=True)
+            save_model(plain, export_dir)
             save_tokenizer(tokenizer, export_dir)
             if settings.strategy == "deepspeed":  # the other ranks read the export back from storage
                 storage.upload_dir(export_dir, storage.join(ctx.url, "model"))

@@ -188,36 +188,6 @@ def test_no_secret_value_in_dags_or_pods(dagbag):
     assert "S3CR3T" not in (REPO / "dags/rlaif_dags.py").read_text()
 
 
-def _asset_events(run_id: str) -> dict[str, dict]:
-    """The extra of each asset event a run's tasks published, by task."""
-    from airflow.models.asset import AssetEvent
-    from airflow.utils.session import create_session
-    from sqlalchemy import select
-
-    with create_session() as session:
-        events = session.scalars(select(AssetEvent).where(AssetEvent.source_run_id == run_id)).all()
-        return {e.source_task_id: dict(e.extra) for e in events}
-
-
-@pytest.mark.slow
-def test_rlaif_local_runs_end_to_end(dagbag, tmp_path):
-    from airflow.utils.state import DagRunState
-
-    dag = dagbag.get_dag("rlaif_local")
-    conf = {"config": "configs/tiny.yaml", "overrides": ["evaluate.n_prompts=8"], "run_id": "airflow-e2e",
-            "storage_root": f"file://{tmp_path}/runs"}
-    dagrun = dag.test(run_conf=conf)
-    assert dagrun.state == DagRunState.SUCCESS
-    run_dir = tmp_path / "runs" / "airflow-e2e"
-    manifests = {s.name: json.loads((run_dir / s.name / "manifest.json").read_text()) for s in STAGES}
-    assert all(m["stage"] == name for name, m in manifests.items())
-    assert {name: extra["digest"] for name, extra in _asset_events(dagrun.run_id).items()} == {
-        name: m["digest"] for name, m in manifests.items()}
-    assert json.loads((run_dir / "evaluate" / "metrics.json").read_text())["n_prompts"] == 8
-    assert "S3CR3T" not in "".join(p.read_text(errors="replace") for p in run_dir.rglob("*.json"))
-    assert "S3CR3T" not in (run_dir / "config.yaml").read_text()
-
-
 @pytest.mark.slow
 def test_rlaif_local_fails_the_task_on_a_bad_config(dagbag, tmp_path):
     from airflow.utils.state import DagRunState

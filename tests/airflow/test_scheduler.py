@@ -52,6 +52,9 @@ def test_scheduler_runs_rlaif_local_and_records_assets(servers, tmp_path):
         assert event["extra"]["url"] == f"file://{run_dir}/{name}/manifest.json"
         assert event["extra"]["run_id"] == "sched"
     assert "S3CR3T" not in json.dumps(events)
+    # The secrets in the servers' environment (tests/airflow/conftest.py) reach no output and no config
+    assert "S3CR3T" not in "".join(p.read_text(errors="replace") for p in run_dir.rglob("*.json"))
+    assert "S3CR3T" not in (run_dir / "config.yaml").read_text()
 
     # The ppo event started the consumer DAG, whose task saw the event's extra.
     deadline = time.time() + 300

@@ -5,6 +5,8 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -168,13 +170,74 @@ def test_file_storage_run_then_cache_hits(tmp_path):
     assert sorted(p.name for p in (tmp_path / "runs/copy/ppo").iterdir()) == kept
 
 
-def test_s3_storage_run(tmp_path, s3_endpoint):
+def mlflow_stage_run(client, stage: str):
+    experiment = client.get_experiment_by_name("rlaif-e2e")
+    if experiment is None:
+        return None
+    runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.`rlaif.stage` = '{stage}'")
+    return runs[0] if runs else None
+
+
+def test_s3_storage_run_tracked_live_in_mlflow(tmp_path, s3_endpoint, mlflow_server):
+    """A cluster deployment's run: S3 storage, MLflow and TensorBoard tracking. Every output on S3 checks out; the
+    metrics of train_rm and ppo reach MLflow, and ppo's TensorBoard logs reach S3, while those stages still run
+    (before their manifests exist); params and the model card arrive as MLflow run params and artifacts."""
+    import boto3
+
     endpoint, bucket = s3_endpoint
-    env = dict(os.environ, AWS_ENDPOINT_URL=endpoint)
+    uri, client = mlflow_server
     root = f"s3://{bucket}/e2e"
-    proc = rlaif("run", "--config", "configs/tiny.yaml", "--storage-root", root, env=env, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert f"run_dir: {root}/tiny" in proc.stdout
+    argv = [sys.executable, "-m", "rlaif", "run", "--config", "configs/tiny.yaml", "--storage-root", root,
+            "--set", "tracking.report_to=[tensorboard,mlflow]", "--set", f"tracking.mlflow_tracking_uri={uri}",
+            "--set", "tracking.mlflow_experiment=rlaif-e2e", "--set", "tracking.flush_every_s=1",
+            "--set", "ppo.iterations=12", "--set", "ppo.checkpoint_every=0"]
+    env = dict(os.environ, AWS_ENDPOINT_URL=endpoint)
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    s3 = boto3.client("s3", endpoint_url=endpoint)
+
+    def on_s3(prefix: str) -> bool:
+        return s3.list_objects_v2(Bucket=bucket, Prefix=f"e2e/tiny/{prefix}", MaxKeys=1).get("KeyCount", 0) > 0
+
+    # The storage watcher polls on its own thread: the MLflow queries below take long enough on a loaded 2-core
+    # machine to miss the interval between ppo's first flush and its manifest.
+    tensorboard_seen = threading.Event()
+
+    def watch_storage():
+        while proc.poll() is None and not tensorboard_seen.is_set():
+            if on_s3("ppo/tensorboard/") and not on_s3("ppo/manifest.json"):
+                tensorboard_seen.set()
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch_storage, daemon=True)
+    watcher.start()
+    live = {"train_rm": False, "ppo": False}
+    while proc.poll() is None:
+        for stage in live:
+            if not live[stage] and not on_s3(f"{stage}/manifest.json"):
+                run = mlflow_stage_run(client, stage)
+                live[stage] = bool(run and run.data.metrics)
+        time.sleep(0.2)
+    watcher.join()
+    output = proc.stdout.read()
+    assert proc.returncode == 0, output[-3000:]
+    assert f"run_dir: {root}/tiny" in output
     cfg = load_config("configs/tiny.yaml", [f"storage.root={root}", f"storage.endpoint_url={endpoint}"])
     check_metrics(verify_run(cfg), cfg)
+    assert live == {"train_rm": True, "ppo": True}, "metrics reached MLflow only after the stage ended"
+    assert tensorboard_seen.is_set(), "the TensorBoard logs reached storage only after ppo ended"
 
+    ppo = mlflow_stage_run(client, "ppo")
+    assert ppo.info.run_name == "tiny/ppo" and ppo.info.status == "FINISHED"
+    assert ppo.data.params["ppo.iterations"] == "12" and ppo.data.params["policy.model"] == "builtin:tiny-llama"
+    history = client.get_metric_history(ppo.info.run_id, "reward_raw")
+    assert [m.step for m in history] == list(range(1, 13))
+    assert [a.path for a in client.list_artifacts(ppo.info.run_id)] == ["README.md"]
+    card = Path(client.download_artifacts(ppo.info.run_id, "README.md", str(tmp_path)))
+    assert "base_model: builtin:tiny-llama" in card.read_text()
+    rm = mlflow_stage_run(client, "train_rm")
+    assert "loss" in rm.data.metrics and rm.data.params["train_rm.batch_size"] == "8"
+
+    # A re-run with a changed tracking setting is a cache hit: tracking is not part of any cache key.
+    changed = [item.replace("tracking.flush_every_s=1", "tracking.flush_every_s=5") for item in argv]
+    again = subprocess.run(changed, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and again.stdout.count("cache hit") == len(STAGES), again.stdout[-2000:]

@@ -3,6 +3,8 @@ backbones with another head, no pad token or a padded vocabulary, tokenizers tha
 templates that raise, adapter directories. Each failed with a traceback before, most after stages had run."""
 import json
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -156,3 +158,26 @@ def test_an_adapter_directory_given_as_a_model_says_to_merge_it(tmp_path):
     (tmp_path / "adapter_model.safetensors").write_bytes(b"")
     with pytest.raises(UserError, match="holds a PEFT adapter.*merge_and_unload"):
         check_model_dir(tmp_path, "policy model")
+
+
+def test_a_model_is_saved_without_importing_deepspeed(llama_dir, tmp_path):
+    """save_pretrained imports DeepSpeed (seconds) wherever it is installed, only to ask whether the model is a
+    DeepSpeed engine; save_model skips the question in a process that never loaded DeepSpeed, and writes the same
+    files. A fresh process: this one may have loaded DeepSpeed in another test."""
+    pytest.importorskip("deepspeed")
+    code = f"""
+import sys, filecmp
+from accelerate.utils import other
+from transformers import AutoModelForCausalLM
+from rlaif.models.files import save_model
+probe = other.is_deepspeed_available
+model = AutoModelForCausalLM.from_pretrained({str(llama_dir)!r})
+save_model(model, {str(tmp_path / "ours")!r})
+assert "deepspeed" not in sys.modules and other.is_deepspeed_available is probe
+model.save_pretrained({str(tmp_path / "plain")!r}, safe_serialization=True)
+assert "deepspeed" in sys.modules  # the probe this skips is real
+names = ["config.json", "generation_config.json", "model.safetensors"]
+assert filecmp.cmpfiles({str(tmp_path / "ours")!r}, {str(tmp_path / "plain")!r}, names, shallow=False)[0] == names
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
