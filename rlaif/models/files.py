@@ -1,5 +1,6 @@
-"""Model directories checked as files, cheaply and without loading weights: the layout a Hugging Face directory
-needs, JSON that parses, safetensors that are whole. Below models/loading.py and models/tiny.py, which both use it."""
+"""Model directories as files: checked cheaply, without loading weights (the layout a Hugging Face directory needs,
+JSON that parses, safetensors that are whole), and written by every export (tokenizer and weights). Below
+models/loading.py, models/tiny.py and the stages, which use it."""
 from __future__ import annotations
 
 import json
@@ -113,19 +114,19 @@ def save_tokenizer(tokenizer, out) -> None:
 
 
 def save_model(model, out, **options) -> None:
-    """save_pretrained as safetensors, without importing DeepSpeed: transformers unwraps the model through accelerate,
+    """save_pretrained as safetensors, without importing DeepSpeed: transformers unwraps a model through accelerate,
     which imports DeepSpeed (about 2 s) wherever it is installed only to ask whether the model is a DeepSpeed engine.
-    A process that has not loaded DeepSpeed holds no engine, so there the question is skipped."""
+    A process that has not loaded DeepSpeed holds no engine, so there the answer is no without the import."""
     try:
         from accelerate.utils import other as accelerate_other
     except ImportError:  # transformers then unwraps by itself, without the probe
         accelerate_other = None
     probe = getattr(accelerate_other, "is_deepspeed_available", None)
-    if probe is None or "deepspeed" in sys.modules:
-        model.save_pretrained(out, safe_serialization=True, **options)
-        return
-    accelerate_other.is_deepspeed_available = lambda: False
+    if probe is not None:
+        # Right for any caller, so two overlapping saves that restore out of order leave a correct probe in place
+        accelerate_other.is_deepspeed_available = lambda: "deepspeed" in sys.modules and probe()
     try:
         model.save_pretrained(out, safe_serialization=True, **options)
     finally:
-        accelerate_other.is_deepspeed_available = probe
+        if probe is not None:
+            accelerate_other.is_deepspeed_available = probe

@@ -1,5 +1,5 @@
 """DAG integrity (Astronomer style), the rendered pod spec of every `rlaif` task, the stage assets, `rlaif_local`'s
-S3 connection (aws_conn_id), and `rlaif_local` run end to end with dag.test() on the tiny config."""
+S3 connection (aws_conn_id), and a failing `rlaif_local` run under dag.test(); test_scheduler.py runs it end to end."""
 import json
 import os
 from pathlib import Path

@@ -1,4 +1,5 @@
 """The whole pipeline on the tiny config, as real processes (torchrun for the training stages)."""
+import functools
 import json
 import os
 import re
@@ -178,6 +179,42 @@ def mlflow_stage_run(client, stage: str):
     return runs[0] if runs else None
 
 
+def answered(query) -> bool:
+    """A storage or MLflow query that fails while the run goes (a busy 2-core machine) counts as not yet."""
+    try:
+        return bool(query())
+    except Exception:
+        return False
+
+
+def watch_tracking(proc, client, on_s3, deadline: float) -> tuple[dict, bool]:
+    """While the run goes: which of train_rm and ppo had metrics in MLflow before their manifests, and whether ppo's
+    TensorBoard files reached storage before its manifest (each seen first, then the manifest seen absent)."""
+    tensorboard_seen = threading.Event()
+
+    def metrics_before_manifest(stage: str) -> bool:
+        run = mlflow_stage_run(client, stage)
+        return bool(run and run.data.metrics) and not on_s3(f"{stage}/manifest.json")
+
+    # The storage watcher polls on its own thread: the MLflow queries below take long enough on a loaded 2-core
+    # machine to miss the interval between ppo's first flush and its manifest.
+    def watch_storage():
+        while proc.poll() is None and not tensorboard_seen.is_set():
+            if answered(lambda: on_s3("ppo/tensorboard/") and not on_s3("ppo/manifest.json")):
+                tensorboard_seen.set()
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch_storage, daemon=True)
+    watcher.start()
+    live = {"train_rm": False, "ppo": False}
+    while proc.poll() is None and time.time() < deadline:
+        for stage in live:
+            live[stage] = live[stage] or answered(functools.partial(metrics_before_manifest, stage))
+        time.sleep(0.2)
+    watcher.join(timeout=10)
+    return live, tensorboard_seen.is_set()
+
+
 def test_s3_storage_run_tracked_live_in_mlflow(tmp_path, s3_endpoint, mlflow_server):
     """A cluster deployment's run: S3 storage, MLflow and TensorBoard tracking. Every output on S3 checks out; the
     metrics of train_rm and ppo reach MLflow, and ppo's TensorBoard logs reach S3, while those stages still run
@@ -192,39 +229,27 @@ def test_s3_storage_run_tracked_live_in_mlflow(tmp_path, s3_endpoint, mlflow_ser
             "--set", "tracking.mlflow_experiment=rlaif-e2e", "--set", "tracking.flush_every_s=1",
             "--set", "ppo.iterations=12", "--set", "ppo.checkpoint_every=0"]
     env = dict(os.environ, AWS_ENDPOINT_URL=endpoint)
-    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     s3 = boto3.client("s3", endpoint_url=endpoint)
 
     def on_s3(prefix: str) -> bool:
         return s3.list_objects_v2(Bucket=bucket, Prefix=f"e2e/tiny/{prefix}", MaxKeys=1).get("KeyCount", 0) > 0
 
-    # The storage watcher polls on its own thread: the MLflow queries below take long enough on a loaded 2-core
-    # machine to miss the interval between ppo's first flush and its manifest.
-    tensorboard_seen = threading.Event()
-
-    def watch_storage():
-        while proc.poll() is None and not tensorboard_seen.is_set():
-            if on_s3("ppo/tensorboard/") and not on_s3("ppo/manifest.json"):
-                tensorboard_seen.set()
-            time.sleep(0.05)
-
-    watcher = threading.Thread(target=watch_storage, daemon=True)
-    watcher.start()
-    live = {"train_rm": False, "ppo": False}
-    while proc.poll() is None:
-        for stage in live:
-            if not live[stage] and not on_s3(f"{stage}/manifest.json"):
-                run = mlflow_stage_run(client, stage)
-                live[stage] = bool(run and run.data.metrics)
-        time.sleep(0.2)
-    watcher.join()
-    output = proc.stdout.read()
+    log = tmp_path / "run.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        live, tensorboard_live = watch_tracking(proc, client, on_s3, deadline=time.time() + 900)
+    finally:
+        if proc.poll() is None:  # past the deadline, or the watch failed: the run and its stages stop
+            proc.terminate()
+        proc.wait(timeout=120)
+    output = log.read_text()
     assert proc.returncode == 0, output[-3000:]
     assert f"run_dir: {root}/tiny" in output
     cfg = load_config("configs/tiny.yaml", [f"storage.root={root}", f"storage.endpoint_url={endpoint}"])
     check_metrics(verify_run(cfg), cfg)
     assert live == {"train_rm": True, "ppo": True}, "metrics reached MLflow only after the stage ended"
-    assert tensorboard_seen.is_set(), "the TensorBoard logs reached storage only after ppo ended"
+    assert tensorboard_live, "the TensorBoard logs reached storage only after ppo ended"
 
     ppo = mlflow_stage_run(client, "ppo")
     assert ppo.info.run_name == "tiny/ppo" and ppo.info.status == "FINISHED"

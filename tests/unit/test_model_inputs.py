@@ -162,20 +162,35 @@ def test_an_adapter_directory_given_as_a_model_says_to_merge_it(tmp_path):
 
 def test_a_model_is_saved_without_importing_deepspeed(llama_dir, tmp_path):
     """save_pretrained imports DeepSpeed (seconds) wherever it is installed, only to ask whether the model is a
-    DeepSpeed engine; save_model skips the question in a process that never loaded DeepSpeed, and writes the same
-    files. A fresh process: this one may have loaded DeepSpeed in another test."""
+    DeepSpeed engine; save_model answers no without the import where DeepSpeed is not loaded, asks as before where it
+    is, writes the same files, and leaves accelerate's probe as it found it, after a failed save too. A fresh
+    process: this one may have loaded DeepSpeed in another test."""
     pytest.importorskip("deepspeed")
     code = f"""
 import sys, filecmp
 from accelerate.utils import other
 from transformers import AutoModelForCausalLM
 from rlaif.models.files import save_model
-probe = other.is_deepspeed_available
+probe, answers = other.is_deepspeed_available, []
+
+class Asks:
+    def save_pretrained(self, out, **options):
+        answers.append(other.is_deepspeed_available())
+        if out == "fail":
+            raise OSError("disk full")
+
 model = AutoModelForCausalLM.from_pretrained({str(llama_dir)!r})
 save_model(model, {str(tmp_path / "ours")!r})
+save_model(Asks(), "asks")
+try:
+    save_model(Asks(), "fail")
+except OSError:
+    pass
 assert "deepspeed" not in sys.modules and other.is_deepspeed_available is probe
 model.save_pretrained({str(tmp_path / "plain")!r}, safe_serialization=True)
 assert "deepspeed" in sys.modules  # the probe this skips is real
+save_model(Asks(), "asks")
+assert answers == [False, False, True] and other.is_deepspeed_available is probe, answers
 names = ["config.json", "generation_config.json", "model.safetensors"]
 assert filecmp.cmpfiles({str(tmp_path / "ours")!r}, {str(tmp_path / "plain")!r}, names, shallow=False)[0] == names
 """
