@@ -30,15 +30,24 @@ demo-seeds: $(VENV)/.installed
 # Airflow lives in its own environment (its Kubernetes provider and kfp disagree on `kubernetes`); the DAGs there
 # import only rlaif's standard-library modules, and the local DAG's tasks run this project's `rlaif` from $(VENV).
 AIRFLOW_VENV ?= .venv-airflow
-$(AIRFLOW_VENV)/.installed: dags/requirements-airflow.txt pyproject.toml
+$(AIRFLOW_VENV)/.deps: dags/requirements-airflow.txt
 	$(PYTHON) -m venv $(AIRFLOW_VENV)
 	$(AIRFLOW_VENV)/bin/pip install -q --upgrade pip
 	$(AIRFLOW_VENV)/bin/pip install -q -r dags/requirements-airflow.txt "pytest>=8"
+	touch $@
+
+# After $(VENV): two editable installs at once would both write rlaif.egg-info in this folder.
+$(AIRFLOW_VENV)/.installed: $(AIRFLOW_VENV)/.deps $(VENV)/.installed pyproject.toml
 	$(AIRFLOW_VENV)/bin/pip install -q --no-deps -e .
 	touch $@
 
-test: $(VENV)/.installed $(AIRFLOW_VENV)/.installed
+# The two environments install side by side (234 s against 281 s one after the other: a fresh clone on a 2-core
+# machine, 2026-11-29). The stage processes the tests start import rlaif afresh each: its bytecode is compiled once
+# here, for environments that set PYTHONDONTWRITEBYTECODE.
+test:
+	$(MAKE) --no-print-directory -j2 --output-sync=target $(VENV)/.installed $(AIRFLOW_VENV)/.installed
 	$(BIN)/ruff check .
+	$(BIN)/python -m compileall -q rlaif components
 	$(BIN)/python -m pytest -q --durations=25 tests components --ignore=tests/airflow
 	RLAIF_BIN=$(abspath $(BIN))/rlaif $(AIRFLOW_VENV)/bin/python -m pytest -q tests/airflow
 

@@ -1,3 +1,3 @@
-from rlaif.cli import main
+from rlaif.cli import entry
 
-raise SystemExit(main())
+entry()

@@ -2,6 +2,7 @@
 exit code 2."""
 from __future__ import annotations
 
+import atexit
 import errno
 import json
 import os
@@ -9,6 +10,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import NoReturn
 
 from rlaif import cli_args
 from rlaif.errors import StageFailed, Terminated, UserError, redact
@@ -186,6 +188,22 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def entry() -> NoReturn:
+    """The `rlaif` program (its console script and `python -m rlaif`): main(), then the process ends without the
+    interpreter's object-by-object teardown, which after torch and transformers are loaded takes 1.5-2 s (its last
+    garbage collection, torch's operator registry) in every stage process, rank and launcher. By then a command has
+    written, closed and uploaded what it writes; exit handlers (Ray's shutdown, logging's flush) still run, and
+    stdout and stderr are flushed. An exception that escapes main() ends the process as usual, traceback and all."""
+    code = main()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a reader that left, a closed stream: nothing more can be said there
+            pass
+    os._exit(code)
 
 
 def _stopped(how: str) -> None:

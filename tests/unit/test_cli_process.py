@@ -1,0 +1,47 @@
+"""The `rlaif` program as a process: rlaif.cli.entry ends it without the interpreter's teardown, so what it must
+still do at exit is checked here: its exit code, all of its output through a pipe, and the exit handlers."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from rlaif.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_entry(tmp_path: Path, *argv: str) -> tuple[subprocess.CompletedProcess, Path]:
+    """`rlaif ARGV` through entry(), after torch is loaded (as in a stage) and an exit handler is registered that
+    writes a file, as Ray's shutdown or a tracker's last flush would act at exit."""
+    marker = tmp_path / "exit-handler-ran"
+    program = (f"import atexit, sys, torch; atexit.register(lambda: open({str(marker)!r}, 'w').write('ran')); "
+               f"sys.argv = ['rlaif', *{list(argv)!r}]; from rlaif.cli import entry; entry()")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # block-buffered, as in a pod's log
+    done = subprocess.run([sys.executable, "-c", program], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=120)
+    return done, marker
+
+
+def test_a_command_that_succeeds_leaves_all_its_output_and_runs_the_exit_handlers(tmp_path, capsys):
+    assert main(["config"]) == 0
+    expected = capsys.readouterr().out
+    assert len(expected) > 16384  # more than a pipe's buffer: a lost flush would cut it
+    done, marker = run_entry(tmp_path, "config")
+    assert done.returncode == 0 and done.stdout == expected, done.stderr[-2000:]
+    assert marker.read_text() == "ran"
+
+
+def test_a_user_error_keeps_exit_code_2_and_its_one_line(tmp_path):
+    done, marker = run_entry(tmp_path, "run", "--config", str(tmp_path / "missing.yaml"))
+    assert done.returncode == 2 and done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr
+    assert marker.read_text() == "ran"
+
+
+def test_python_dash_m_rlaif_and_the_console_script_go_through_entry():
+    main_module = (REPO / "rlaif/__main__.py").read_text()
+    assert "entry()" in main_module
+    done = subprocess.run([sys.executable, "-m", "rlaif", "graph"], cwd=REPO, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and done.stdout.startswith("generate") and "evaluate" in done.stdout
+    script = Path(sys.executable).parent / "rlaif"
+    assert "from rlaif.cli import entry" in script.read_text()
