@@ -195,8 +195,11 @@ def entry() -> NoReturn:
     interpreter's object-by-object teardown, which after torch and transformers are loaded takes 1.5-2 s (its last
     garbage collection, torch's operator registry) in every stage process, rank and launcher. By then a command has
     written, closed and uploaded what it writes; exit handlers (Ray's shutdown, logging's flush) still run, and
-    stdout and stderr are flushed. An exception that escapes main() ends the process as usual, traceback and all."""
+    stdout and stderr are flushed. An exception that escapes main() ends the process as usual, traceback and all, as
+    does a process under a profiler or debugger."""
     code = main()
+    if sys.getprofile() or sys.gettrace():  # `python -m cProfile -m rlaif`, a debugger: they report at teardown
+        sys.exit(code)
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
