@@ -43,9 +43,10 @@ $(AIRFLOW_VENV)/.installed: $(AIRFLOW_VENV)/.deps $(VENV)/.installed pyproject.t
 
 # The two environments install side by side (234 s against 281 s one after the other: a fresh clone on a 2-core
 # machine, 2026-11-29). The stage processes the tests start import rlaif afresh each: its bytecode is compiled once
-# here, for environments that set PYTHONDONTWRITEBYTECODE.
+# here, for environments that set PYTHONDONTWRITEBYTECODE. (--output-sync: GNU make 4.0 and later.)
+OUTPUT_SYNC := $(if $(filter output-sync,$(.FEATURES)),--output-sync=target)
 test:
-	$(MAKE) --no-print-directory -j2 --output-sync=target $(VENV)/.installed $(AIRFLOW_VENV)/.installed
+	$(MAKE) --no-print-directory -j2 $(OUTPUT_SYNC) $(VENV)/.installed $(AIRFLOW_VENV)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/python -m compileall -q rlaif components
 	$(BIN)/python -m pytest -q --durations=25 tests components --ignore=tests/airflow

@@ -3,6 +3,8 @@ exit code 2."""
 from __future__ import annotations
 
 import atexit
+import contextlib
+import ctypes
 import errno
 import json
 import os
@@ -195,17 +197,25 @@ def entry() -> NoReturn:
     interpreter's object-by-object teardown, which after torch and transformers are loaded takes 1.5-2 s (its last
     garbage collection, torch's operator registry) in every stage process, rank and launcher. By then a command has
     written, closed and uploaded what it writes; exit handlers (Ray's shutdown, logging's flush) still run, and
-    stdout and stderr are flushed. An exception that escapes main() ends the process as usual, traceback and all, as
-    does a process under a profiler or debugger."""
-    code = main()
-    if sys.getprofile() or sys.gettrace():  # `python -m cProfile -m rlaif`, a debugger: they report at teardown
-        sys.exit(code)
+    stdout and stderr are flushed (an output that cannot be written ends in code 120, as Python's own exit does).
+    An exception that escapes main() ends the process as usual, traceback and all, as does a process under a
+    profiler or debugger, or one with a thread still working (whose work the usual exit waits for)."""
+    code = main() or 0
+    if sys.getprofile() or sys.gettrace() or any(not thread.daemon and thread.is_alive() for thread in
+                                                 threading.enumerate() if thread is not threading.main_thread()):
+        sys.exit(code)  # `python -m cProfile -m rlaif` reports at teardown; a pool's queued work is finished
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
-            stream.flush()
-        except (OSError, ValueError):  # a reader that left, a closed stream: nothing more can be said there
+            if stream is not None:  # None: started with that stream closed
+                stream.flush()
+        except BrokenPipeError:  # the reader left: nothing more can be said there
             pass
+        except (OSError, ValueError) as exc:  # a full disk, a stream closed under us: the output is incomplete
+            code = code or 120
+            with contextlib.suppress(Exception):
+                print(f"error: the output could not be written ({exc})", file=sys.__stderr__)
+    ctypes.CDLL(None).fflush(None)  # what native libraries printed through C's stdio
     os._exit(code)
 
 

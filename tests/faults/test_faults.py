@@ -6,6 +6,7 @@ checksum and named, and a rank that stops alone with a user error is reported in
 traceback."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -108,40 +109,58 @@ def test_second_runner_refuses_and_a_killed_runner_resumes_from_the_ppo_checkpoi
     assert not lock_file.exists() and (not committed.exists() or committed.read_bytes() == manifest_before)
 
 
-def test_rerunning_a_stage_gives_the_same_digest(tmp_path):
+RULES_RUN = ["--config", "configs/tiny.yaml", "--set", "label.judge=rules", "--set", "ppo.iterations=1",
+             "--set", "tracking.report_to=[tensorboard]", "--set", "train_rm.checkpoint_every=1"]
+RULES_STAGES = ("generate", "label", "train_rm", "ppo")
+
+
+@pytest.fixture(scope="module")
+def rules_run(tmp_path_factory) -> Path:
+    """generate, label (rules judge), train_rm (a checkpoint every step) and ppo, run once for the tests that re-run
+    them: each copies the run (`tiny`) into its own storage root."""
+    root = tmp_path_factory.mktemp("rules-run")
+    for stage in RULES_STAGES:
+        proc = rlaif("launch", stage, *RULES_RUN, "--storage-root", f"file://{root}")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    return root / "tiny"
+
+
+def copied_run(run: Path, tmp_path: Path) -> str:
+    shutil.copytree(run, tmp_path / "tiny")
+    return f"file://{tmp_path}"
+
+
+def digests(run: Path) -> list[str]:
+    return [json.loads((run / f"{stage}/manifest.json").read_text())["digest"] for stage in RULES_STAGES]
+
+
+def test_rerunning_a_stage_gives_the_same_digest(rules_run, tmp_path):
     # Digests cover what a stage made, not its records: train_rm and ppo also write per-step throughput, TensorBoard
     # event files and model cards naming the run, which differ on every re-run.
-    root, stages = f"file://{tmp_path}", ("generate", "label", "train_rm", "ppo")
-    settings = ["--set", "label.judge=rules", "--set", "ppo.iterations=1", "--set", "tracking.report_to=[tensorboard]"]
-    digests = []
-    for _ in range(2):
-        for stage in stages:
-            proc = rlaif("launch", stage, "--config", "configs/tiny.yaml", "--storage-root", root, *settings)
-            assert proc.returncode == 0, proc.stderr[-2000:]
-        digests.append([json.loads((tmp_path / f"tiny/{s}/manifest.json").read_text())["digest"] for s in stages])
-        for stage in stages:  # force real re-runs, not cache hits
-            (tmp_path / f"tiny/{stage}/manifest.json").unlink()
+    root = copied_run(rules_run, tmp_path)
+    for stage in RULES_STAGES:  # real re-runs, not cache hits
+        (tmp_path / f"tiny/{stage}/manifest.json").unlink()
+    for stage in RULES_STAGES:
+        proc = rlaif("launch", stage, *RULES_RUN, "--storage-root", root)
+        assert proc.returncode == 0 and "cache hit" not in proc.stdout, proc.stderr[-2000:]
     assert list((tmp_path / "tiny/train_rm").glob("tensorboard/*"))  # the records were written, and differ
-    assert digests[0] == digests[1]
+    assert digests(tmp_path / "tiny") == digests(rules_run)
 
 
-def test_train_rm_resumed_from_its_last_checkpoint_makes_the_same_output(tmp_path):
+def test_train_rm_resumed_from_its_last_checkpoint_makes_the_same_output(rules_run, tmp_path):
     """Killed after its last step's checkpoint, train_rm resumes with no step left to train: it wrote the tokenizer
     with the padding and truncation of the package's file instead of its last batch's (another digest, so ppo and
     evaluate ran again) and lost its metrics."""
-    root = f"file://{tmp_path}"
-    settings = ["--config", "configs/tiny.yaml", "--storage-root", root, "--set", "label.judge=rules",
-                "--set", "train_rm.checkpoint_every=1"]
-    for stage in ("generate", "label", "train_rm"):
-        assert rlaif("launch", stage, *settings).returncode == 0
+    root = copied_run(rules_run, tmp_path)
     stage_dir = tmp_path / "tiny/train_rm"
     uninterrupted = json.loads((stage_dir / "manifest.json").read_text())["digest"]
     metrics = (stage_dir / "metrics.jsonl").read_text().splitlines()
     last_step = json.loads(metrics[-1])["step"]
-    subprocess.run(["rm", "-rf", str(stage_dir)], check=True)
-    killed = rlaif("launch", "train_rm", *settings, env={"RLAIF_FAULT": f"train_rm:{last_step}:0"})
+    shutil.rmtree(stage_dir)
+    killed = rlaif("launch", "train_rm", *RULES_RUN, "--storage-root", root,
+                   env={"RLAIF_FAULT": f"train_rm:{last_step}:0"})
     assert killed.returncode != 0 and not (stage_dir / "manifest.json").exists()
-    resumed = rlaif("launch", "train_rm", *settings)
+    resumed = rlaif("launch", "train_rm", *RULES_RUN, "--storage-root", root)
     assert resumed.returncode == 0 and f"(step {last_step})" in resumed.stdout, resumed.stdout[-2000:]
     assert json.loads((stage_dir / "manifest.json").read_text())["digest"] == uninterrupted
     assert [json.loads(line)["step"] for line in (stage_dir / "metrics.jsonl").read_text().splitlines()] == [

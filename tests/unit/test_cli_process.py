@@ -45,3 +45,29 @@ def test_python_dash_m_rlaif_and_the_console_script_go_through_entry():
     assert done.returncode == 0 and done.stdout.startswith("generate") and "evaluate" in done.stdout
     script = Path(sys.executable).parent / "rlaif"
     assert "from rlaif.cli import entry" in script.read_text()
+
+
+def test_an_output_that_cannot_be_written_ends_in_code_120_and_a_closed_one_in_the_commands_own(tmp_path):
+    """As Python's own exit: a last flush that fails (a full disk: /dev/full; `graph` prints less than the buffer, so
+    nothing is written before it) is not a success; a process started with stdout closed (`rlaif graph >&-`) writes
+    nowhere and ends with the command's code."""
+    program = "import sys; sys.argv = ['rlaif', 'graph']; from rlaif.cli import entry; entry()"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-c", program], cwd=REPO, env=env, stdout=full, stderr=subprocess.PIPE,
+                              text=True, timeout=60)
+    assert done.returncode == 120 and "error: the output could not be written" in done.stderr, done.stderr[-2000:]
+    closed = subprocess.run([sys.executable, "-c", program], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=60,
+                            preexec_fn=lambda: os.close(1))
+    assert closed.returncode == 0 and "Traceback" not in closed.stderr, closed.stderr[-2000:]
+
+
+def test_work_queued_on_a_thread_pool_is_finished_before_the_process_ends(tmp_path):
+    """A non-daemon thread still working at the end (a pool's queued task): the usual exit, which waits for it."""
+    done_file = tmp_path / "queued-work-done"
+    program = ("import sys, time; from concurrent.futures import ThreadPoolExecutor; pool = ThreadPoolExecutor(1); "
+               f"pool.submit(lambda: (time.sleep(1), open({str(done_file)!r}, 'w').write('done'))); "
+               "sys.argv = ['rlaif', 'graph']; from rlaif.cli import entry; entry()")
+    done = subprocess.run([sys.executable, "-c", program], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done_file.read_text() == "done", done.stderr[-2000:]
