@@ -19,7 +19,7 @@ SHORTEST_JUDGE_INPUT = 16  # tokens: hf.max_length's floor, and the least room a
 class HFJudgeConfig(Strict):
     model: str = ""
     """The judge: a Hugging Face causal-LM directory (local path or s3:// URL). Required for judge `hf`."""
-    max_length: int = Field(1024, ge=SHORTEST_JUDGE_INPUT)
+    max_length: int = Field(1024, ge=SHORTEST_JUDGE_INPUT, le=1_000_000)
     """Longest judge input in tokens, and never more than the judge model's positions (less the rationale's tokens
     with chain of thought); longer inputs lose their beginning (the question at the end is kept)."""
     trust_remote_code: bool = False
@@ -66,9 +66,9 @@ class OpenAIJudgeConfig(Strict):
 class RulesJudgeConfig(Strict):
     """Deterministic checks; a response's score is the fraction of checks it passes."""
 
-    min_words: int = Field(1, ge=0)
+    min_words: int = Field(1, ge=0, le=100_000)
     """A response shorter than this fails the length check."""
-    max_words: int | None = Field(None, ge=1)
+    max_words: int | None = Field(None, ge=1, le=100_000)
     """A response longer than this fails the length check (None: no upper bound)."""
     required: list[Phrase] = []
     """Keywords (case-insensitive) of which each present passes one check."""
@@ -138,7 +138,7 @@ class JudgeSettings(Strict):
     """LLM judges (hf, openai): the instruction at the top of every judge prompt."""
     chain_of_thought: bool = False
     """LLM judges: the judge writes a rationale first (greedy), then the answer is read after it."""
-    rationale_tokens: int = Field(64, ge=1)
+    rationale_tokens: int = Field(64, ge=1, le=32768)
     """LLM judges: longest rationale with chain_of_thought."""
     few_shot: str | None = None
     """LLM judges: JSONL of worked examples {prompt, response_1, response_2, preferred: 1 or 2, rationale?} shown

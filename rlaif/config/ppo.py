@@ -22,20 +22,20 @@ class PPOConfig(Strict):
     algorithm: Literal["ppo", "grpo"] = "ppo"
     """`ppo`: clipped PPO with a value head on the policy's backbone, GAE, KL penalty in the reward. `grpo`: several
     samples per prompt, advantages relative to the prompt's group, no critic, KL as a loss term (DeepSeekMath)."""
-    group_size: int = Field(4, ge=2)
+    group_size: int = Field(4, ge=2, le=1024)
     """GRPO: samples per prompt (rollout_batch_size counts samples, so it must be a multiple of this per process)."""
     group_minibatches: bool = True
     """GRPO: minibatches of whole groups, so the packed forward runs a prompt once for its samples (where each
     process's micro-batch, minibatch_size / processes / grad_accum_steps, is a multiple of group_size; otherwise a group
     may span micro-batches and shares less); false draws samples one by one across minibatches (TRL's order)."""
-    iterations: int = Field(40, ge=1)
+    iterations: int = Field(40, ge=1, le=10_000_000)
     """Rollout + update iterations."""
-    rollout_batch_size: int = Field(64, ge=1)
+    rollout_batch_size: int = Field(64, ge=1, le=1_000_000)
     """Sequences per iteration, global (split across processes)."""
-    minibatch_size: int = Field(16, ge=1)
+    minibatch_size: int = Field(16, ge=1, le=1_000_000)
     """Sequences per optimizer step, global. Minibatches are drawn from the whole gathered rollout, so the update
     is the same for any number of processes."""
-    grad_accum_steps: int = Field(1, ge=1)
+    grad_accum_steps: int = Field(1, ge=1, le=4096)
     """Micro-batches per optimizer step on each process (minibatch_size / processes / this sequences each)."""
     strategy: Literal["ddp", "deepspeed"] = "ddp"
     """DDP, or DeepSpeed ZeRO (the `deepspeed` extra) for the policy and value head."""
@@ -45,7 +45,7 @@ class PPOConfig(Strict):
     """Generate the next rollout in a background thread, with an actor copy of the policy holding the weights from
     before the current update, while the current update trains (one step off-policy; the PPO ratio to the rollout
     log-probs corrects it). Costs a second copy of the policy. A resumed run regenerates its first batch on-policy."""
-    target_kl: float | None = Field(None, gt=0)
+    target_kl: float | None = Field(None, gt=0, le=1e6)
     """Stop an iteration's remaining PPO epochs when the mean approximate KL to the rollout policy exceeds this."""
     ppo_epochs: int = Field(2, ge=1, le=100)
     """Passes over each rollout (TRL: 4, OpenRLHF/verl: 1)."""
@@ -60,7 +60,7 @@ class PPOConfig(Strict):
     whichever it is."""
     lora_rank: int = Field(16, ge=0, le=4096)
     """LoRA rank; 0 trains all weights (and keeps a frozen reference copy)."""
-    lora_alpha: int = Field(32, ge=1)
+    lora_alpha: int = Field(32, ge=1, le=65536)
     """LoRA scaling numerator."""
     max_new_tokens: int = Field(40, ge=1, le=32768)
     """Longest response during rollout."""
@@ -85,19 +85,19 @@ class PPOConfig(Strict):
     """GAE lambda (TRL, DeepSpeed-Chat, NeMo: 0.95; OpenRLHF, verl: 1.0)."""
     clip_eps: float = Field(0.2, gt=0, le=10)
     """Policy ratio clip."""
-    value_clip: float = Field(0.2, gt=0)
+    value_clip: float = Field(0.2, gt=0, le=1e6)
     """Value clip around the rollout values."""
-    vf_coef: float = Field(0.1, ge=0)
+    vf_coef: float = Field(0.1, ge=0, le=1e6)
     """Value-loss weight (TRL: 0.1)."""
-    kl_coef: float = Field(0.05, ge=0)
+    kl_coef: float = Field(0.05, ge=0, le=1e6)
     """PPO: weight of the per-token KL penalty in the reward (peers: 0.001 to 0.1). GRPO: weight of the KL loss term
     (TRL's GRPO default is 0). 0 without adaptive_kl_target: no reference at all (no reference pass per rollout, no
     frozen copy of an all-weights policy), and the KL to it is not logged."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k1"
     """Per-token KL estimator (PPO peers use k1 in the reward; GRPO uses k3 in the loss)."""
-    adaptive_kl_target: float | None = Field(None, gt=0)
+    adaptive_kl_target: float | None = Field(None, gt=0, le=1e6)
     """PPO: adapt kl_coef so the per-sequence KL tracks this target (Ziegler et al.); None keeps kl_coef fixed."""
-    adaptive_kl_horizon: int = Field(10000, ge=1)
+    adaptive_kl_horizon: int = Field(10000, ge=1, le=1_000_000_000)
     """PPO: horizon (in sequences) of the adaptive KL controller."""
     reward: Literal["reward_model", "judge"] = "reward_model"
     """`reward_model`: the stage-3 reward model's normalised score. `judge` (d-RLAIF, Lee et al. 2023): label's judge
@@ -111,18 +111,18 @@ class PPOConfig(Strict):
     model's pair template (no decode and re-tokenize; needs the reward model's tokenizer to be the policy's). `text`:
     responses are decoded and re-tokenized. `auto`: token ids when the tokenizers are the same. Sampled tokens can
     split a text differently from re-tokenizing it (BENCHMARKS.md measures how often)."""
-    reward_clip: float = Field(5.0, gt=0)
+    reward_clip: float = Field(5.0, gt=0, le=1e6)
     """Clip normalised rewards to +-this."""
-    missing_eos_penalty: float | None = Field(None, ge=0)
+    missing_eos_penalty: float | None = Field(None, ge=0, le=1e6)
     """Subtract this from the score of a response that ran out of tokens before its EOS (TRL's option)."""
-    grad_clip: float = Field(1.0, gt=0)
+    grad_clip: float = Field(1.0, gt=0, le=1e6)
     """Clip the global gradient norm to this."""
     anneal_lr: bool = False
     """Decay the learning rate linearly to 0 over the run (CleanRL); off keeps it constant."""
-    checkpoint_every: int = runtime_field(10, ge=0)
+    checkpoint_every: int = runtime_field(10, ge=0, le=10_000_000)
     """Checkpoint every this many iterations (trainable weights, value head, optimizer, schedule, KL coefficient,
     metrics so far); a restarted stage resumes from the newest, exactly. 0 disables. Not part of the cache key."""
-    keep_checkpoints: int = runtime_field(2, ge=1)
+    keep_checkpoints: int = runtime_field(2, ge=1, le=10_000)
     """Checkpoints kept in storage (not part of the cache key)."""
 
     def cache_key_view(self, keyed: dict) -> dict:

@@ -38,7 +38,7 @@ class TinyPolicyConfig(Strict):
     """Transformer blocks."""
     num_heads: int = Field(4, ge=1, le=1024)
     """Attention heads."""
-    intermediate_size: int = Field(384, ge=1)
+    intermediate_size: int = Field(384, ge=1, le=65536)
     """MLP width."""
     max_positions: int = Field(256, ge=16, le=1_000_000)
     """Longest sequence the model supports (prompt + response)."""
@@ -46,7 +46,7 @@ class TinyPolicyConfig(Strict):
     """JSONL of {prompt, response} used for the supervised warm start (mixed quality on purpose)."""
     sft_steps: int = Field(400, ge=1, le=10_000_000)
     """Supervised warm-start steps."""
-    sft_batch_size: int = Field(32, ge=1)
+    sft_batch_size: int = Field(32, ge=1, le=4096)
     """Sequences per warm-start step."""
     sft_lr: float = Field(3e-3, gt=0, le=1)
     """Warm-start learning rate (AdamW, cosine decay)."""
@@ -86,7 +86,7 @@ class PolicyConfig(Strict):
 
 
 class GenerateConfig(Strict):
-    max_prompts: int | None = Field(1024, ge=1)
+    max_prompts: int | None = Field(1024, ge=1, le=10_000_000)
     """Use at most this many training prompts (None: all)."""
     max_new_tokens: int = Field(40, ge=1, le=32768)
     """Longest response in tokens."""
@@ -94,7 +94,7 @@ class GenerateConfig(Strict):
     """Sampling temperature; 0 is greedy decoding (then every sample of a prompt is the same: see identical_pairs)."""
     top_p: float = Field(1.0, gt=0, le=1)
     """Nucleus sampling mass."""
-    top_k: int = Field(0, ge=0)
+    top_k: int = Field(0, ge=0, le=1_000_000)
     """Keep only the k most likely tokens (0: off)."""
     stop: list[NonEmptyString] = Field([], max_length=256)
     """Stop strings: a response ends before the first of these (besides the EOS token); at most 256 (as many as a
@@ -102,14 +102,14 @@ class GenerateConfig(Strict):
     fixed_length: bool = False
     """Sample exactly max_new_tokens tokens per response: EOS is barred until then (transformers' min_new_tokens),
     as peers' benchmarks generate. Off: a response ends at its EOS."""
-    samples_per_prompt: int = Field(2, ge=2)
+    samples_per_prompt: int = Field(2, ge=2, le=64)
     """Responses sampled per prompt; the pair is the first two distinct ones."""
     identical_pairs: Literal["resample", "drop", "keep"] = "resample"
     """What to do when a prompt's two responses are identical: `resample` the second up to max_resamples times (then
     drop the pair if still identical), `drop` it, or `keep` it. Counted in the stage summary either way."""
-    max_resamples: int = Field(3, ge=0)
+    max_resamples: int = Field(3, ge=0, le=100)
     """Extra samples tried per identical pair when identical_pairs is resample."""
-    batch_size: int = Field(128, ge=1)
+    batch_size: int = Field(128, ge=1, le=65536)
     """Sequences per generation micro-batch (prompts x samples_per_prompt). Part of the cache key, as are
     length_bucketing and nproc: how rows are padded together moves logits in their last bits, and shards are
     byte-reproducible."""
@@ -129,7 +129,7 @@ class GenerateConfig(Strict):
     nodes: int = Field(1, ge=1, le=1024)
     """Nodes on a cluster: more than 1 runs generate as a Kubeflow TrainJob (or PyTorchJob) whose ranks split the
     prompts (global rank 0 merges the parts); locally it is refused."""
-    shard_size: int = runtime_field(512, ge=1)
+    shard_size: int = runtime_field(512, ge=1, le=10_000_000)
     """Samples per output shard (not part of the cache key)."""
 
     @model_validator(mode="after")
@@ -157,9 +157,9 @@ class LabelConfig(JudgeSettings):
     sigmoid((score_a - score_b) / temperature). Judges hf and rules."""
     min_confidence: float = Field(0.0, ge=0.0, lt=0.5)
     """Drop pairs whose label is within this of 0.5 (|p - 0.5| < min_confidence); counted in the summary."""
-    batch_size: int = Field(64, ge=1)
+    batch_size: int = Field(64, ge=1, le=65536)
     """Pairs per judge batch (part of the cache key: padding moves a model judge's logits in their last bits)."""
-    shard_size: int = runtime_field(512, ge=1)
+    shard_size: int = runtime_field(512, ge=1, le=10_000_000)
     """Samples per output shard (not part of the cache key)."""
     streaming: bool = runtime_field(False)
     """Label generate's shards as they land instead of after its manifest: `rlaif run` starts the two stages
@@ -186,7 +186,7 @@ class TrainRMConfig(Strict):
     created and watched by the pipeline step; locally it is refused."""
     epochs: int = Field(1, ge=1, le=1000)
     """Passes over the labels."""
-    batch_size: int = Field(16, ge=1)
+    batch_size: int = Field(16, ge=1, le=65536)
     """Global batch size in pairs (split across processes)."""
     lr: float = Field(1e-4, gt=0, le=1)
     """Peak learning rate (linear warm-up then linear decay), whichever the optimizer."""
@@ -203,16 +203,16 @@ class TrainRMConfig(Strict):
     """Fraction of steps spent warming up."""
     max_length: int = Field(128, ge=8, le=1_000_000)
     """Tokens of (prompt, response) shown to the reward model."""
-    grad_clip: float = Field(1.0, gt=0)
+    grad_clip: float = Field(1.0, gt=0, le=1e6)
     """Clip the global gradient norm to this."""
-    grad_accum_steps: int = Field(1, ge=1)
+    grad_accum_steps: int = Field(1, ge=1, le=4096)
     """Micro-batches per optimizer step (the global batch is split across processes and these)."""
     margin: float = Field(0.0, ge=0, le=100)
     """Bradley-Terry margin: the pair's logit is shifted by margin * (2p - 1), demanding a wider gap on confident
     labels (Llama 2's margin loss, for soft labels). 0 turns it off."""
     lora_rank: int = Field(0, ge=0, le=4096)
     """LoRA rank on all linear layers of the backbone (the score head is trained fully); 0 trains all weights."""
-    lora_alpha: int = Field(32, ge=1)
+    lora_alpha: int = Field(32, ge=1, le=65536)
     """LoRA scaling numerator."""
     strategy: Literal["ddp", "deepspeed"] = "ddp"
     """Data parallelism: PyTorch DDP, or DeepSpeed ZeRO (needs the `deepspeed` extra)."""
@@ -223,14 +223,14 @@ class TrainRMConfig(Strict):
     for any process count; each process reads all labels). shard: processes and workers stream disjoint shards."""
     data_workers: int = Field(0, ge=0, le=64)
     """DataLoader workers per process in `shard` mode."""
-    shuffle_buffer: int = Field(1024, ge=1)
+    shuffle_buffer: int = Field(1024, ge=1, le=10_000_000)
     """Shuffle-buffer size of the label stream (samples held in memory)."""
     held_out_fraction: float = Field(0.1, ge=0, lt=1)
     """Pairs held out for accuracy and calibration, chosen by a hash of the pair key (0: none, no accuracy)."""
-    checkpoint_every: int = runtime_field(25, ge=0)
+    checkpoint_every: int = runtime_field(25, ge=0, le=10_000_000)
     """Optimizer steps between checkpoints (0: none). A restarted stage resumes from the newest one, exactly: not
     part of the cache key."""
-    keep_checkpoints: int = runtime_field(2, ge=1)
+    keep_checkpoints: int = runtime_field(2, ge=1, le=10_000)
     """Checkpoints kept; older ones are deleted (not part of the cache key)."""
     student: StudentConfig = StudentConfig()
     """A distilled student reward model for PPO (off unless student.layers > 0)."""
@@ -262,24 +262,24 @@ class TrainRMConfig(Strict):
 
 
 class EvaluateConfig(Strict):
-    n_prompts: int = Field(256, ge=1)
+    n_prompts: int = Field(256, ge=1, le=10_000_000)
     """Held-out prompts to evaluate on (at most the held-out split's size)."""
     max_new_tokens: int = Field(40, ge=1, le=32768)
     """Longest response."""
     temperature: Temperature = Field(0.7, gt=0, le=100)
     """Sampling temperature of both policies."""
-    batch_size: int = Field(64, ge=1)
+    batch_size: int = Field(64, ge=1, le=65536)
     """Prompts per generation micro-batch. Part of the cache key: each micro-batch samples from its own seed."""
     tie_margin: float = Field(0.05, ge=0, lt=0.5)
     """A comparison with |p - 0.5| below this counts as a tie (half a win)."""
-    n_examples: int = Field(8, ge=0)
+    n_examples: int = Field(8, ge=0, le=10_000)
     """Example prompts shown in the report."""
     judges: list[JudgeSpec] = []
     """Further judges reported beside the training judge, e.g. an independent held-out judge whose principles the
     policy was never optimised against: a gap between the two is a sign of reward hacking."""
     min_win_rate: float | None = Field(None, ge=0, le=1)
     """Quality gate: fail the stage (exit code 2, no manifest) when the training judge's win rate is below this."""
-    max_kl: float | None = Field(None, ge=0)
+    max_kl: float | None = Field(None, ge=0, le=1e6)
     """Quality gate: fail the stage when the per-sequence KL to the reference is above this."""
 
     @field_validator("judges")

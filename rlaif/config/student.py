@@ -27,7 +27,7 @@ class StudentConfig(Strict):
     policy_samples: int = Field(2, ge=0, le=64)
     """Responses sampled from the starting policy per PPO training prompt (each with its own seed); 0: the labeled
     responses only."""
-    max_prompts: int | None = Field(2048, ge=1)
+    max_prompts: int | None = Field(2048, ge=1, le=10_000_000)
     """PPO training prompts to sample for (None: all)."""
     temperature: Temperature = Field(0.7, gt=0, le=100)
     """Sampling temperature of those responses (PPO's rollout default)."""

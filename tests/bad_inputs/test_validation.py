@@ -61,10 +61,14 @@ def nothing_written(root) -> bool:
     ("label.openai.api_key_env=", "write one (for empty text: ''), or leave the key out"),
     ("label.reference.min_point_overlap=0", "'label.reference.min_point_overlap'"),
     # Finite in Python, not in the float32 training computes in: infinite there (NaN losses), or 0 (no training).
-    ("ppo.kl_coef=1e39", "'ppo.kl_coef': is 1e+39, beyond float32's range"),
-    ("ppo.missing_eos_penalty=1e308", "beyond float32's range"), ("ppo.lr=1e-300", "float32 (in which it is "
+    ("ppo.kl_coef=1e39", "'ppo.kl_coef'"),
+    ("ppo.missing_eos_penalty=1e308", "'ppo.missing_eos_penalty'"), ("ppo.lr=1e-300", "float32 (in which it is "
                                                                    "computed) rounds to 0: give a larger value"),
     ("ppo.value_clip=1e39", "'ppo.value_clip'"),
+    # Too large to be meant: one sampled a hundred quintillion responses per prompt until the OOM killer came.
+    ("generate.samples_per_prompt=100000000000000000000", "'generate.samples_per_prompt'"),
+    ("ppo.iterations=100000000000000000000", "'ppo.iterations'"),
+    ("generate.top_k=100000000000000000000", "'generate.top_k'"),
     # A lone surrogate passes as a str until a stage encodes it (its config dump died with a traceback).
     ("policy.prompt_template=Q: {prompt} \udcff", "'policy.prompt_template': holds a lone surrogate"),
     ('generate.stop=["\\udcff"]', "'generate.stop': holds a lone surrogate"),
@@ -75,6 +79,39 @@ def test_config_ranges_and_rules(cli, tmp_path, override, needle):
              else ["--storage-root", f"file://{tmp_path}/root", "--set", override])
     cli("run", "--config", TINY, *where, needle=needle)
     assert not (tmp_path / "root").exists()
+
+
+def numeric_fields(model, prefix=""):
+    """(dotted name, field) of every int or float setting (alone or with None) in the config schema."""
+    import types
+    import typing
+
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        if hasattr(annotation, "model_fields"):
+            yield from numeric_fields(annotation, f"{prefix}{name}.")
+            continue
+        kinds = set(typing.get_args(annotation)) if isinstance(annotation, types.UnionType) else {annotation}
+        if kinds - {type(None)} and kinds - {type(None)} <= {int, float}:
+            yield prefix + name, field
+
+
+def test_every_numeric_setting_has_a_range_both_ways():
+    """A bound below and above on every number (TRL's config dataclasses): a value too large to be meant is refused
+    at once, not met as an out-of-memory kill or an overflow mid-run. eval_fraction's validator holds it in (0, 1)."""
+    import annotated_types
+
+    from rlaif.config import PipelineConfig
+
+    def bounded(field, kinds) -> bool:
+        return any(isinstance(m, kinds) for m in field.metadata)
+
+    fields = dict(numeric_fields(PipelineConfig))
+    assert len(fields) > 80 and "ppo.iterations" in fields and "label.hf.max_length" in fields
+    unbounded = [name for name, field in fields.items() if name != "data.eval_fraction" and not (
+        bounded(field, (annotated_types.Ge, annotated_types.Gt))
+        and bounded(field, (annotated_types.Le, annotated_types.Lt)))]
+    assert unbounded == []
 
 
 def test_launch_time_checks(cli, tmp_path, monkeypatch):
