@@ -89,7 +89,7 @@ class PPOConfig(Strict):
     """Value clip around the rollout values."""
     vf_coef: float = Field(0.1, ge=0, le=1e6)
     """Value-loss weight (TRL: 0.1)."""
-    kl_coef: float = Field(0.05, ge=0, le=1e6)
+    kl_coef: float = Field(0.05, ge=0, le=3.4e38)  # float32: a huge one diverges, which ppo refuses
     """PPO: weight of the per-token KL penalty in the reward (peers: 0.001 to 0.1). GRPO: weight of the KL loss term
     (TRL's GRPO default is 0). 0 without adaptive_kl_target: no reference at all (no reference pass per rollout, no
     frozen copy of an all-weights policy), and the KL to it is not logged."""
