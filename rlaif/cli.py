@@ -215,7 +215,8 @@ def entry() -> NoReturn:
             code = code or 120
             with contextlib.suppress(Exception):
                 print(f"error: the output could not be written ({exc})", file=sys.__stderr__)
-    ctypes.CDLL(None).fflush(None)  # what native libraries printed through C's stdio
+    if sys.platform != "win32":  # what native libraries printed through C's stdio (libc's fflush(NULL))
+        ctypes.CDLL(None).fflush(None)
     os._exit(code)
 
 
