@@ -83,16 +83,12 @@ def test_config_ranges_and_rules(cli, tmp_path, override, needle):
 
 def numeric_fields(model, prefix=""):
     """(dotted name, field) of every int or float setting (alone or with None) in the config schema."""
-    import types
-    import typing
+    from rlaif.config.base import _numeric
 
     for name, field in model.model_fields.items():
-        annotation = field.annotation
-        if hasattr(annotation, "model_fields"):
-            yield from numeric_fields(annotation, f"{prefix}{name}.")
-            continue
-        kinds = set(typing.get_args(annotation)) if isinstance(annotation, types.UnionType) else {annotation}
-        if kinds - {type(None)} and kinds - {type(None)} <= {int, float}:
+        if hasattr(field.annotation, "model_fields"):
+            yield from numeric_fields(field.annotation, f"{prefix}{name}.")
+        elif _numeric(field.annotation):
             yield prefix + name, field
 
 

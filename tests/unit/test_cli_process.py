@@ -8,6 +8,7 @@ from pathlib import Path
 from rlaif.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
+BUFFERED = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # block-buffered stdout, as in a pod's log
 
 
 def run_entry(tmp_path: Path, *argv: str) -> tuple[subprocess.CompletedProcess, Path]:
@@ -16,8 +17,7 @@ def run_entry(tmp_path: Path, *argv: str) -> tuple[subprocess.CompletedProcess, 
     marker = tmp_path / "exit-handler-ran"
     program = (f"import atexit, sys, torch; atexit.register(lambda: open({str(marker)!r}, 'w').write('ran')); "
                f"sys.argv = ['rlaif', *{list(argv)!r}]; from rlaif.cli import entry; entry()")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # block-buffered, as in a pod's log
-    done = subprocess.run([sys.executable, "-c", program], cwd=REPO, env=env, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", program], cwd=REPO, env=BUFFERED, capture_output=True, text=True,
                           timeout=120)
     return done, marker
 
@@ -52,12 +52,11 @@ def test_an_output_that_cannot_be_written_ends_in_code_120_and_a_closed_one_in_t
     nothing is written before it) is not a success; a process started with stdout closed (`rlaif graph >&-`) writes
     nowhere and ends with the command's code."""
     program = "import sys; sys.argv = ['rlaif', 'graph']; from rlaif.cli import entry; entry()"
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     with open("/dev/full", "w") as full:
-        done = subprocess.run([sys.executable, "-c", program], cwd=REPO, env=env, stdout=full, stderr=subprocess.PIPE,
-                              text=True, timeout=60)
+        done = subprocess.run([sys.executable, "-c", program], cwd=REPO, env=BUFFERED, stdout=full,
+                              stderr=subprocess.PIPE, text=True, timeout=60)
     assert done.returncode == 120 and "error: the output could not be written" in done.stderr, done.stderr[-2000:]
-    closed = subprocess.run([sys.executable, "-c", program], cwd=REPO, env=env,
+    closed = subprocess.run([sys.executable, "-c", program], cwd=REPO, env=BUFFERED,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=60,
                             preexec_fn=lambda: os.close(1))
     assert closed.returncode == 0 and "Traceback" not in closed.stderr, closed.stderr[-2000:]
