@@ -19,7 +19,7 @@ from rlaif.errors import StageFailed, UserError
 from rlaif.graph import topological_order
 from rlaif.io import manifest, storage, stream
 from rlaif.io.lock import StageLock
-from rlaif.orchestration import launch
+from rlaif.orchestration import launch, preflight
 from rlaif.orchestration.parent_guard import guarded, kill_when_orphaned
 from rlaif.stages import common
 
@@ -27,7 +27,7 @@ from rlaif.stages import common
 def run(cfg: PipelineConfig, rerun: set[str] = frozenset()) -> dict:
     """The whole graph; stages named in `rerun` run even where their output exists. The run is held from before its
     config is written to its end: a second launcher of it refuses up front, not between two of its stages."""
-    launch.check(cfg, pipeline=True)
+    preflight.check(cfg, pipeline=True)
     run_url = common.run_url(cfg)
     with StageLock(run_url, f"run '{cfg.run_id}'") as held:
         return _run_held(cfg, rerun, launch.write_config(cfg, held), run_url)

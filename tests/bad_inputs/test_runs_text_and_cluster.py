@@ -17,7 +17,7 @@ from rlaif.errors import UserError
 from rlaif.io import storage
 from rlaif.io.lock import StageLock
 from rlaif.io.prompts import load_prompts
-from rlaif.orchestration import cluster, kfp_steps, launch
+from rlaif.orchestration import cluster, kfp_steps, launch, preflight
 from rlaif.stages.common import run_url, stage_url
 
 TINY = "configs/tiny.yaml"
@@ -363,7 +363,7 @@ def test_an_hf_judge_on_a_label_pod_sized_without_a_gpu(tmp_path, monkeypatch):
     assert not list(tmp_path.iterdir())
     served = load_config(TINY, [f"storage.root=file://{tmp_path}", "label.judge=hf", "label.hf.model=/models/judge",
                                 "label.hf.endpoint.base_url=http://judge:8000/v1"])
-    launch.check_label_pod(served)  # its model runs in the service: the CPU pod is right
+    preflight.check_label_pod(served)  # its model runs in the service: the CPU pod is right
 
 
 def test_a_stage_refuses_settings_its_launcher_did_not_start_it_with(cli, tmp_path, monkeypatch):

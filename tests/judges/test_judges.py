@@ -75,7 +75,7 @@ def test_a_judge_model_with_fewer_positions_than_max_length_gets_inputs_that_fit
     import json
     import shutil
 
-    from rlaif.orchestration.launch import check_judge_model
+    from rlaif.orchestration.preflight import check_judge_model
 
     shutil.copytree(judge_model_dir, tmp_path / "judge")
     config = json.loads((tmp_path / "judge" / "config.json").read_text())
@@ -190,7 +190,7 @@ def test_judge_errors_are_one_clear_line(tmp_path, judge_model_dir):
         answer_token(no_digits, prompting.ANSWER_CUE, " 1")
     import shutil
 
-    from rlaif.orchestration.launch import check_models
+    from rlaif.orchestration.preflight import check_models
 
     shutil.copytree(judge_model_dir, tmp_path / "digitless")
     no_digits.save_pretrained(tmp_path / "digitless")  # the same model, a tokenizer without the answers

@@ -110,7 +110,7 @@ def test_a_judge_that_reads_no_principles_runs_without_a_constitution(tmp_path):
     without = label(tmp_path / "none", "label.constitution=''")[1]
     assert {key: lab["p_a"] for key, lab in without.items()} == {key: lab["p_a"] for key, lab in with_file.items()}
     assert {lab["principle"] for lab in without.values()} == {"rules"}
-    from rlaif.orchestration.launch import check_judges
+    from rlaif.orchestration.preflight import check_judges
 
     check_judges(load_config(None, ["label.judge=rules", "label.constitution=''"]), [])
     with pytest.raises(UserError, match=r"^label.constitution is empty: judge embedding applies"):

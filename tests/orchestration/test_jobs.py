@@ -176,7 +176,7 @@ def test_a_run_in_a_pod_that_is_no_stage_pod_is_checked_as_this_machine_runs_it(
     """`rlaif run` in a notebook server's pod runs every stage there: batch sizes its processes do not divide were
     let through (any pod counted as a stage pod, whose stage checks the world it gets) to fail after generate and
     label. A stage pod is one the pipeline made: it carries the cluster settings."""
-    from rlaif.orchestration import launch
+    from rlaif.orchestration import launch, preflight
 
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
     monkeypatch.delenv("RLAIF_CLUSTER_JSON", raising=False)
@@ -184,9 +184,9 @@ def test_a_run_in_a_pod_that_is_no_stage_pod_is_checked_as_this_machine_runs_it(
                                             "ppo.grad_accum_steps=1", f"storage.root=file://{tmp_path}"])
     with pytest.raises(UserError, match="ppo.minibatch_size=3 must be divisible by 2 processes"):
         launch.prepare(cfg)
-    assert not launch.in_stage_pod()
+    assert not preflight.in_stage_pod()
     monkeypatch.setenv("RLAIF_CLUSTER_JSON", "{}")
-    assert launch.in_stage_pod()  # its stage checks the processes it gets
+    assert preflight.in_stage_pod()  # its stage checks the processes it gets
 
 
 def test_multinode_outside_a_cluster_is_refused_before_any_stage(cfg, monkeypatch, tmp_path):

@@ -18,11 +18,11 @@ def test_the_launchers_checks_import_neither_torch_nor_transformers(tmp_path):
         import sys
         from rlaif.config import load_config
         from rlaif.graph import STAGE_BY_NAME
-        from rlaif.orchestration import launch
-        launch.GPU_DEVICE_FILES = ()  # this machine as one without GPUs; where there are, torch counts them
+        from rlaif.orchestration import preflight
+        preflight.GPU_DEVICE_FILES = ()  # this machine as one without GPUs; where there are, torch counts them
         cfg = load_config("configs/tiny.yaml", ["storage.root=file://{tmp_path}", "train_rm.student.layers=2"])
-        launch.check(cfg)
-        assert launch.processes_per_node(STAGE_BY_NAME["ppo"], cfg) == cfg.ppo.nproc
+        preflight.check(cfg)
+        assert preflight.processes_per_node(STAGE_BY_NAME["ppo"], cfg) == cfg.ppo.nproc
         print(sorted(name for name in ("torch", "transformers") if name in sys.modules))
     """)
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)

@@ -109,7 +109,7 @@ def test_token_ids_with_another_backbone_tokenizer_is_refused_at_launch(policy_d
     trained from its demonstrations where the policy is not built yet (policy None)."""
     from rlaif.config import load_config
     from rlaif.models.loading import minilm_dir
-    from rlaif.orchestration.launch import check_reward_inputs
+    from rlaif.orchestration.preflight import check_reward_inputs
 
     cfg = load_config("configs/tiny.yaml", ["ppo.reward_inputs=token_ids"])
     check_reward_inputs(cfg, policy_dir, policy_dir)  # a backbone on the policy's own tokenizer

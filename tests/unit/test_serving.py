@@ -345,8 +345,8 @@ def test_serve_manifest_cli(capsys):
 
 def test_a_served_judge_needs_no_gpu_in_the_label_pod_and_only_pairwise_is_served():
     from rlaif.graph import STAGE_BY_NAME
-    from rlaif.orchestration.launch import check_judges
     from rlaif.orchestration.pod import pod_plan
+    from rlaif.orchestration.preflight import check_judges
 
     served = ["label.judge=hf", "label.hf.model=/models/judge", "label.hf.endpoint.base_url=http://judge:8000/v1"]
     cluster = from_dict({"gpus_per_node": 1})
