@@ -10,30 +10,22 @@ import csv
 import importlib
 import io
 import json
-import os
-import re
-import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 
 from rlaif.config import DataConfig, PromptColumns, sha256_json
-from rlaif.errors import UserError, one_line
-from rlaif.io import hub, storage, user_files
+from rlaif.errors import UserError
+from rlaif.io import storage, user_files
 from rlaif.io.digest import spec_digest
 
 SUFFIX_FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".jsonlines": "jsonl", ".txt": "text",
                   ".parquet": "parquet", ".csv": "csv", ".tsv": "csv"}
-DATA_FILE_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json"}  # datasets' loader per suffix
 COMPRESSED = {".gz": "gunzip", ".bz2": "bunzip2", ".xz": "unxz", ".zst": "unzstd", ".zip": "unzip", ".7z": "7z x"}
 # Files a path may name by mistake (the constitution, a config, the README): read as text, every line a prompt.
 NOT_PROMPTS = {".yaml": "YAML", ".yml": "YAML", ".toml": "TOML", ".ini": "a settings file", ".cfg": "a settings file",
                ".md": "Markdown", ".rst": "reStructuredText", ".html": "HTML", ".htm": "HTML", ".xml": "XML",
                ".py": "Python", ".sh": "a shell script", ".pdf": "a PDF", ".docx": "a Word document",
                ".xlsx": "a spreadsheet", ".safetensors": "model weights", ".bin": "a binary file"}
-SAVED_DATASET_MARKERS = ("dataset_dict.json", "state.json")  # what save_to_disk writes (DatasetDict, Dataset)
-HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 FIX = ("set data.prompts to a JSONL, CSV, text or parquet file, or a dataset directory saved with datasets' "
        "save_to_disk")
 
@@ -73,7 +65,9 @@ def read_source(data: DataConfig) -> Source:
             return _read_parquet(data)
         if fmt == "csv":
             return _read_csv(data)
-        return _read_hf(data)
+        from rlaif.io.hf_datasets import read_hf  # imports this module
+
+        return read_hf(data)
 
 
 def named_format(data: DataConfig) -> str | None:
@@ -83,11 +77,11 @@ def named_format(data: DataConfig) -> str | None:
         return data.format
     if data.prompts.startswith("hf://"):
         return "hf"
-    suffix = _suffix(data.prompts)
-    if _has_glob(data.prompts) and not storage.exists(data.prompts):  # a file may have '[' in its name
+    suffix = suffix_of(data.prompts)
+    if has_glob(data.prompts) and not storage.exists(data.prompts):  # a file may have '[' in its name
         raise UserError(f"prompts {data.prompts} is a glob, which data.format=hf reads (all matching parquet or JSONL "
                         "files as one dataset): set data.format=hf, or name one file")
-    if suffix in COMPRESSED and not _has_glob(data.prompts):
+    if suffix in COMPRESSED and not has_glob(data.prompts):
         raise UserError(f"prompts file {data.prompts} is compressed ({suffix}): decompress it first "
                         f"({COMPRESSED[suffix]}) and point data.prompts at the result")
     if (fmt := SUFFIX_FORMATS.get(suffix)) is not None:
@@ -101,7 +95,7 @@ def named_format(data: DataConfig) -> str | None:
 def reading(data: DataConfig) -> str:
     """What decides, besides the content, how the prompts are read: data.format and, under auto, the name's suffix
     (the same bytes as p.txt and p.csv are other prompts). No storage call, unlike named_format."""
-    return f"{data.format} {_suffix(data.prompts)}"
+    return f"{data.format} {suffix_of(data.prompts)}"
 
 
 def _starts_with_a_json_object(url: str) -> bool:
@@ -126,22 +120,24 @@ def source_digest(data: DataConfig) -> str:
 def _source_digest(data: DataConfig) -> str:
     if named_format(data) != "hf":  # a file's digest is its bytes', whatever it is read as
         return spec_digest(data.prompts)
-    if _is_hub(data):
-        return _hub_digest(data)
-    if _has_glob(data.prompts):  # only hf reads globs: elsewhere '[' is part of a file's name
+    from rlaif.io.hf_datasets import hub_digest, is_hub  # imports this module
+
+    if is_hub(data):
+        return hub_digest(data)
+    if has_glob(data.prompts):  # only hf reads globs: elsewhere '[' is part of a file's name
         return sha256_json([[url, spec_digest(url)] for url in storage.glob(data.prompts)])
     return spec_digest(data.prompts)
 
 
-def _suffix(url: str) -> str:
+def suffix_of(url: str) -> str:
     return PurePosixPath(url.split("://", 1)[-1]).suffix.lower()
 
 
-def _has_glob(url: str) -> bool:
+def has_glob(url: str) -> bool:
     return any(c in url for c in "*?[")
 
 
-def _import(module: str, fmt: str):
+def import_extra(module: str, fmt: str):
     """A module of the `datasets` extra, or a one-line UserError saying how to install it."""
     try:
         return importlib.import_module(module)
@@ -150,7 +146,7 @@ def _import(module: str, fmt: str):
                         'pip install "rlaif[datasets]"') from None
 
 
-def _numbered(name: str, unit: str, records: list) -> list[RawRow]:
+def numbered_rows(name: str, unit: str, records: list) -> list[RawRow]:
     return [RawRow(f"{name} {unit} {i}", f"line{i:07d}", record) for i, record in enumerate(records, 1)]
 
 
@@ -202,8 +198,8 @@ def _read_jsonl(url: str, sniffed: bool = False) -> Source:
     """One JSON object per line; a .json file holding one JSON array is read as its items. `sniffed`: read as JSONL
     for its first line, a JSON object, which an error says."""
     name, text = f"prompts file {url}", user_files.read_user_file(url, "prompts file", FIX)
-    if _suffix(url) == ".json" and text.lstrip().startswith("["):
-        return Source(name, _numbered(name, "item", user_files.parse_json(text, name)))
+    if suffix_of(url) == ".json" and text.lstrip().startswith("["):
+        return Source(name, numbered_rows(name, "item", user_files.parse_json(text, name)))
     _check_not_one_object(name, text)
     try:
         rows = user_files.parse_jsonl(text, name)
@@ -229,7 +225,7 @@ def wanted_columns(name: str, available: list[str], columns: PromptColumns, othe
 
 
 def _read_parquet(data: DataConfig) -> Source:
-    pyarrow, parquet = _import("pyarrow", "parquet"), _import("pyarrow.parquet", "parquet")
+    pyarrow, parquet = import_extra("pyarrow", "parquet"), import_extra("pyarrow.parquet", "parquet")
     name = f"prompts file {data.prompts}"
     raw = user_files.read_user_bytes(data.prompts, "prompts file", FIX)  # bytes: the same for a path and s3://
     try:
@@ -237,7 +233,7 @@ def _read_parquet(data: DataConfig) -> Source:
     except (pyarrow.ArrowException, OSError) as exc:
         raise UserError(f"{name} is not a parquet file ({storage.first_line(exc)[:200]}): {FIX}") from None
     records = table.select(wanted_columns(name, table.column_names, data.columns)).to_pylist()
-    return Source(name, _numbered(name, "row", records))
+    return Source(name, numbered_rows(name, "row", records))
 
 
 def _read_csv(data: DataConfig) -> Source:
@@ -246,7 +242,7 @@ def _read_csv(data: DataConfig) -> Source:
     text = user_files.read_user_file(data.prompts, "prompts file", FIX)
     # strict: a quoted cell never closed is an error, where it would swallow every row after it into one prompt.
     dialect = {"strict": True}
-    if _suffix(data.prompts) == ".tsv":
+    if suffix_of(data.prompts) == ".tsv":
         # TSV has no quoting (a prompt may start with a quote mark), unless the export quoted its header's cells too.
         header = next(iter(user_files.text_lines(text)), "").split("\t")
         quoted = all(len(cell) > 1 and cell[0] == cell[-1] == '"' for cell in header)
@@ -289,179 +285,3 @@ def _check_delimiter(name: str, header: list[str], prompt_column: str) -> None:
         if prompt_column in (cell.strip() for cell in header[0].split(separator)):
             raise UserError(f"{name}'s header {header[0][:80]!r} is separated by {separator!r}: CSV here is "
                             "comma-separated (tab-separated in a .tsv file): export it so")
-
-
-def _read_hf(data: DataConfig) -> Source:
-    """A hub dataset, parquet/JSONL data files (a file or a glob) through datasets' loaders, or a saved directory."""
-    if _is_hub(data):
-        return _read_hub(data)
-    if data.revision or data.data_files:
-        raise UserError(f"data.revision and data.data_files apply to Hugging Face Hub datasets, and {data.prompts} "
-                        "is not one: unset them, or write the hub dataset as hf://datasets/ORG/NAME")
-    if _has_glob(data.prompts) or _suffix(data.prompts) in DATA_FILE_BUILDERS:
-        return _read_data_files(data)
-    return _read_saved(data)
-
-
-def _is_hub(data: DataConfig) -> bool:
-    """hf:// URLs, and with data.format hf a bare ORG/NAME that is not a local path."""
-    url = data.prompts
-    if url.startswith("hf://"):
-        return True
-    return (data.format == "hf" and "://" not in url and HUB_ID.fullmatch(url) is not None
-            and _suffix(url) not in DATA_FILE_BUILDERS and not Path(url).exists())
-
-
-def hub_repo(url: str) -> str:
-    repo = url.removeprefix("hf://").removeprefix("datasets/").strip("/")
-    if not HUB_ID.fullmatch(repo):
-        raise UserError(f"prompts {url!r} is not a Hugging Face Hub dataset name: write hf://datasets/ORG/NAME")
-    return repo
-
-
-def hub_offline() -> bool:
-    """Offline mode for datasets: HF_HUB_OFFLINE (as for models, io/hub.py) or datasets' own HF_DATASETS_OFFLINE."""
-    return hub.offline() or os.environ.get("HF_DATASETS_OFFLINE", "").strip().lower() in ("1", "on", "yes", "true")
-
-
-def _datasets():
-    datasets = _import("datasets", "hf")
-    datasets.disable_progress_bars()  # a failed launch prints one line, not a progress bar per split
-    datasets.logging.set_verbosity_error()
-    return datasets
-
-
-def _loaded(name: str, load: Callable):
-    """datasets raises many kinds of error for a bad dataset (FileNotFoundError, ValueError, its own): one line each."""
-    try:
-        return load()
-    except UserError:
-        raise
-    except Exception as exc:
-        cause = exc
-        while cause.__cause__ is not None or cause.__context__ is not None:  # DatasetGenerationError wraps the reason
-            cause = cause.__cause__ or cause.__context__
-        reason = one_line(cause) or type(cause).__name__
-        raise UserError(f"{name} cannot be loaded ({type(cause).__name__}: {reason})") from None
-
-
-def _saved_split(local: Path, split: str, name: str) -> tuple[Path, str]:
-    """The directory of the Dataset to load (a saved DatasetDict's: data.split's own, so that another split saved with
-    no rows, which load_from_disk cannot read, does not stop it) and its name for errors."""
-    if (local / "dataset_dict.json").exists():
-        splits = _loaded(name, lambda: json.loads((local / "dataset_dict.json").read_text())["splits"])
-        if not splits:
-            raise UserError(f"{name} is a DatasetDict with no splits: save the dataset with its prompts")
-        if split not in splits:
-            raise UserError(f"{name} has splits {sorted(splits)}, not {split!r}: set data.split")
-        local, name = local / split, f"{name} (split {split})"
-    elif split != "train":
-        raise UserError(f"data.split {split!r} picks a split of a saved DatasetDict, and {name} is a single "
-                        "Dataset with no splits: unset data.split")
-    try:
-        saved_files = json.loads((local / "state.json").read_text()).get("_data_files")
-    except (OSError, ValueError, AttributeError):
-        return local, name  # load_from_disk names what is wrong
-    if saved_files == []:  # save_to_disk wrote no data file: load_from_disk would fail with an IndexError
-        raise UserError(f"{name} holds no prompts (saved with no rows): save the dataset with its prompts")
-    return local, name
-
-
-def _dataset_source(name: str, dataset, columns: PromptColumns) -> Source:
-    records = dataset.select_columns(wanted_columns(name, dataset.column_names, columns)).to_list()
-    return Source(name, _numbered(name, "row", records))
-
-
-def _read_hub(data: DataConfig) -> Source:
-    repo, name = hub_repo(data.prompts), f"prompts dataset {data.prompts} (split {data.split})"
-    datasets = _datasets()
-    if hub_offline() or getattr(datasets.config, "HF_HUB_OFFLINE", False):
-        raise UserError(f"{name} is on the Hugging Face Hub, which is off here (HF_HUB_OFFLINE): save it with "
-                        "datasets' save_to_disk where the hub is reachable and set data.prompts to that directory "
-                        "(local or s3://), or set HF_HUB_OFFLINE=0")
-    dataset = _loaded(name, lambda: datasets.load_dataset(repo, split=data.split, revision=data.revision,
-                                                          data_files=data.data_files))
-    return _dataset_source(name, dataset, data.columns)
-
-
-def _hub_digest(data: DataConfig) -> str:
-    """The commit the revision resolves to (a moving branch re-runs the stages when it moves); where the hub cannot
-    be asked, the revision as written (loading then says why it cannot read the dataset)."""
-    pinned = f"hf-hub:{data.prompts}@{data.revision or 'main'}"
-    if hub_offline():
-        return pinned
-    try:
-        from huggingface_hub import HfApi
-
-        return f"hf-hub:{data.prompts}@{HfApi().dataset_info(hub_repo(data.prompts), revision=data.revision).sha}"
-    except Exception:  # unreachable, unknown repo, no huggingface_hub: loading reports it in one line
-        return pinned
-
-
-@contextmanager
-def _scratch() -> Iterator[Path]:
-    """A private directory per load under the rlaif cache, removed after: torchrun ranks load the same prompts at
-    once, and datasets' own cache would grow by a copy per load."""
-    storage.cache_dir().mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="prompts-", dir=storage.cache_dir()) as tmp:
-        yield Path(tmp)
-
-
-def _read_data_files(data: DataConfig) -> Source:
-    """Parquet or JSONL files (a glob may name several) through datasets' own loaders, in sorted order."""
-    url, name = data.prompts, f"prompts dataset {data.prompts} (split {data.split})"
-    builder = DATA_FILE_BUILDERS.get(_suffix(url))
-    if builder is None:
-        raise UserError(f"{name}: data.format hf reads .parquet, .jsonl or .json data files, a saved dataset "
-                        "directory or a hub dataset")
-    matches = storage.glob(url)
-    if not matches:
-        raise UserError(f"prompts not found: no file matches {url} ({FIX})")
-    datasets = _datasets()
-    with _scratch() as scratch:
-        files = _local_files(matches, scratch)
-        dataset = _loaded(name, lambda: datasets.load_dataset(builder, data_files=files, split=data.split,
-                                                              cache_dir=str(scratch / "cache"), keep_in_memory=True))
-        return _dataset_source(name, dataset, data.columns)
-
-
-def _local_files(matches: list[str], scratch: Path) -> list[str]:
-    """Local paths of the matched files, s3:// ones copied into `scratch` (a folder each: two prefixes may hold
-    files of the same name)."""
-    paths = []
-    for i, url in enumerate(matches):
-        if storage.is_local(url):
-            paths.append(str(storage.local_path(url)))
-            continue
-        parent, _, file = url.rpartition("/")
-        storage.copy_to_local(parent, [file], scratch / f"{i:05d}")
-        paths.append(str(scratch / f"{i:05d}" / file))
-    return paths
-
-
-def _read_saved(data: DataConfig) -> Source:
-    """A directory written by save_to_disk (a Dataset, or a DatasetDict whose data.split is read); an s3:// one is
-    copied to a private local directory first."""
-    url, name = data.prompts, f"prompts dataset {data.prompts}"
-    if not storage.is_dir(url):
-        if not storage.exists(url):
-            raise UserError(f"prompts not found: {url} ({FIX})")
-        raise UserError(f"prompts file {url} is read as a dataset directory (data.format hf) but is a file: {FIX}")
-    files = storage.list_files(url)
-    if not any(marker in files for marker in SAVED_DATASET_MARKERS):
-        data_files = sorted({_suffix(name) for name in files} & set(DATA_FILE_BUILDERS))
-        if data_files:
-            raise UserError(f"prompts {url} is a directory of {data_files[0]} files, not a dataset saved with save_to_"
-                            f"disk: read them all with data.prompts={url.rstrip('/')}/*{data_files[0]} and "
-                            "data.format=hf, or name one file")
-        raise UserError(f"prompts file {url} is not a regular file (a directory, FIFO or device), nor a dataset saved "
-                        f"with datasets' save_to_disk (no {' or '.join(SAVED_DATASET_MARKERS)} in it): {FIX}")
-    datasets = _datasets()
-    with _scratch() as scratch:
-        local = storage.local_path(url)
-        if not storage.is_local(url):
-            storage.copy_to_local(url, files, scratch)
-            local = scratch
-        local, name = _saved_split(local, data.split, name)
-        dataset = _loaded(name, lambda: datasets.load_from_disk(str(local), keep_in_memory=True))
-        return _dataset_source(name, dataset, data.columns)
