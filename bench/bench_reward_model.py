@@ -45,7 +45,8 @@ def worker_ours(run: Path) -> dict:
 
     cfg = load_config("configs/demo.yaml", [f"storage.root={run.parent}", "run_id=bench-rm",
                                             f"train_rm.batch_size={BATCH}", f"train_rm.max_length={MAX_LEN}",
-                                            f"train_rm.lr={LR}", "train_rm.checkpoint_every=0"])
+                                            f"train_rm.lr={LR}", "train_rm.checkpoint_every=0",
+                                            "train_rm.nproc=1"])  # this one process, as TRL's worker
     run_stage(cfg, "train_rm")
     summary = json.loads((run / "train_rm" / "manifest.json").read_text())["summary"]
     return {"pairs_per_s": summary["samples_per_s"], "steps": summary["steps"]}

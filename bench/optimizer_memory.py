@@ -94,7 +94,7 @@ def worker_train_rm(work: Path, optimizer: str) -> dict:
     cfg = load_config("configs/demo.yaml", [
         f"storage.root={run.parent}", f"run_id={run.name}", f"train_rm.backbone={rm_dir}",
         f"train_rm.batch_size={RM_BATCH}", f"train_rm.max_length={RM_MAX_LEN}", "train_rm.checkpoint_every=0",
-        f"train_rm.optimizer={optimizer}"])
+        f"train_rm.optimizer={optimizer}", "train_rm.nproc=1"])  # run in this process
     run_stage(cfg, "train_rm")
     return {"state_mib": probe["state_mib"], "train_rss_above_imports_mib": probe["train_peak"] - baseline}
 

@@ -102,8 +102,16 @@ def _kfp_parsers(sub, config_args) -> None:
     submit.add_argument("--experiment", default="rlaif", help="KFP experiment name")
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's parser with its errors on one line, as every other user error is (argparse prints the usage block
+    first); the subcommands' parsers are of this class too."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rlaif",
+    p = OneLineParser(prog="rlaif",
                                 description="RLAIF pipeline: generate -> label -> train_rm -> ppo -> evaluate")
     p.add_argument("--version", action="version", version=f"rlaif {__version__}")
     sub = p.add_subparsers(dest="command", required=True)

@@ -162,8 +162,6 @@ def _interrupt(procs: list[subprocess.Popen], grace_s: float = launch.STOP_GRACE
 def run_stage(cfg: PipelineConfig, name: str, part_index: int = 0, num_parts: int = 1) -> None:
     """What a container runs: one stage, skipped if its output already exists for this config and inputs. A stage
     split across pods (generate) runs part `part_index` of `num_parts`."""
-    import importlib
-
     from rlaif.distributed import avoid_per_shape_attention_plans, die_with_parent, tell_deepspeed_the_device
     from rlaif.models.loading import quiet_transformers
 
@@ -177,21 +175,66 @@ def run_stage(cfg: PipelineConfig, name: str, part_index: int = 0, num_parts: in
         raise UserError(f"--num-shards splits stage 'generate' only, not '{name}'")
     if not 0 <= part_index < num_parts:
         raise UserError(f"--shard-index {part_index} is outside 0..{num_parts - 1} (--num-shards {num_parts})")
+    # A launcher (`rlaif launch`, `rlaif run`, a KFP or Airflow step, a TrainJob's) holds the stage's lock and checked
+    # the cache for this key; `rlaif stage` started by hand is one process, and takes the lock itself.
+    launched = "RLAIF_CACHE_CHECKED" in os.environ
+    if not launched:
+        check_by_hand(cfg, name, num_parts)
     common.check_launched_config(cfg)
     ctx = common.start_context(cfg, name, part_index, num_parts)
     first_rank = int(os.environ.get("RANK", "0")) == 0  # the process group is not up yet: torchrun's env says
-    # `rlaif launch` checked the cache for this key already; a pod running `rlaif stage` alone checks it here.
     if os.environ.get("RLAIF_CACHE_CHECKED") != ctx.config_hash and common.cached(ctx):
         if first_rank:
             print(f"[{name}] cache hit: output exists for this config and inputs, skipped")
         return
+    if launched:
+        _run_stage_module(ctx, first_rank)
+    elif num_parts > 1:  # parts of one stage run side by side by design; not beside a launcher of the whole stage
+        if (holder := StageLock(ctx.url, "").live_holder()) is not None:
+            raise UserError(f"stage '{name}' of run '{cfg.run_id}' is running (pid {holder['pid']} on "
+                            f"{holder['host']}): wait for it to finish before running a part of it")
+        _run_stage_module(ctx, first_rank)
+    else:
+        with StageLock(ctx.url, f"stage '{name}' of run '{cfg.run_id}'"):
+            if common.cached(ctx, report=False):  # another launcher finished it meanwhile
+                print(f"[{name}] cache hit: output exists for this config and inputs, skipped")
+                return
+            _run_stage_module(ctx, first_rank)
+
+
+def _run_stage_module(ctx, first_rank: bool) -> None:
+    import importlib
+
+    module = importlib.import_module(f"rlaif.stages.{ctx.stage.name}")
     common.check_inputs_whole(ctx)
-    module = importlib.import_module(f"rlaif.stages.{name}")
     if hasattr(module, "invalidate"):  # a stage split into parts removes only its own part's output
         module.invalidate(ctx)
     elif first_rank:
         common.clear_output(ctx)
     module.run(ctx)
+
+
+def check_by_hand(cfg: PipelineConfig, name: str, num_parts: int) -> None:
+    """`rlaif stage` started by hand (not by a launcher) is one process: the stage's lock is taken by it alone, and a
+    stage whose config runs several (each rank samples or draws dropout from its own seed, so the count is part of
+    its cache key) would file one process's output under their key."""
+    from rlaif.graph import STAGE_BY_NAME
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and "RANK" in os.environ:  # (WORLD_SIZE alone, left in the environment: the process group says so)
+        raise UserError(f"`rlaif stage {name}` runs under a torchrun of its own here ({world} processes): start it "
+                        f"with `rlaif launch {name}`, which runs torchrun itself and holds the stage's lock")
+    stage, settings = STAGE_BY_NAME[name], getattr(cfg, name)
+    if not stage.resources.torchrun or num_parts > 1:
+        return
+    nodes, gpus = getattr(settings, "nodes", 1), preflight.gpu_count()
+    expected = preflight.processes_per_node(stage, cfg) * nodes
+    if expected != 1:
+        why = f"one per GPU, {gpus} here" if gpus else f"{name}.nproc={settings.nproc}"
+        why += f" x {name}.nodes={nodes}" if nodes > 1 else ""
+        other = f", or set {name}.nproc=1" if not gpus and nodes == 1 else ""
+        raise UserError(f"stage '{name}' runs as {expected} processes ({why}) and `rlaif stage` by hand is one: start "
+                        f"it with `rlaif launch {name}`, which runs them under torchrun{other}")
 
 
 @contextlib.contextmanager

@@ -99,10 +99,40 @@ MLFLOW_BOUNDS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3", "MLFLOW_HTTP_REQUEST_TI
 
 def check_settings(settings) -> None:
     """What can be known about the trackers before any work (the training stages open them only after generate and
-    label have run): an MLflow server named. (W&B's key can live in a netrc entry for any host or its settings file:
-    its own start, in the stage, is the check.)"""
+    label have run): an MLflow server named (W&B's key: check_wandb_credentials, where the stages run)."""
     if "mlflow" in settings.report_to:
         check_mlflow_answers(mlflow_uri(settings))
+
+
+WANDB_OFFLINE_MODES = ("offline", "disabled", "dryrun")
+
+
+def check_wandb_credentials(settings) -> None:
+    """W&B (in tracking.report_to) finds a key here, or runs offline, as its own start in train_rm and ppo will see
+    it: without one they would fail after generate and label have run. Read with wandb's own settings (environment,
+    settings files, its default host) and netrc lookup; where this wandb keeps them elsewhere (another version), its
+    start in the stage decides."""
+    if "wandb" not in settings.report_to:
+        return
+    if (os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE")
+            or os.environ.get("WANDB_MODE", "").strip().lower() in WANDB_OFFLINE_MODES):
+        return
+    try:
+        import wandb  # noqa: F401
+    except ImportError:
+        raise UserError('tracking.report_to has wandb but it is missing: pip install "rlaif[tracking]"') from None
+    try:
+        from wandb.sdk import wandb_setup
+        from wandb.sdk.lib.wbauth import read_netrc_auth
+
+        resolved = wandb_setup.singleton().settings
+        if str(resolved.mode) in WANDB_OFFLINE_MODES or resolved.api_key or read_netrc_auth(host=resolved.base_url):
+            return
+        host = resolved.base_url
+    except Exception:  # noqa: BLE001 - another wandb lays its settings out otherwise: its own start decides
+        return
+    raise UserError(f"tracking.report_to has wandb, and W&B finds no API key here for {host} (WANDB_API_KEY, or "
+                    "`wandb login`): set one, or WANDB_MODE=offline")
 
 
 def check_mlflow_answers(uri: str, timeout_s: float = 10.0) -> None:

@@ -10,7 +10,10 @@ from pathlib import Path
 
 import rlaif
 
-WHOLE_FILE_LIMIT = 64 * 2**20  # larger files (model weights) enter by size, mtime and their first and last MiB
+# Larger files of a model directory (weights) enter by size, mtime and their first and last MiB. Data files (prompts,
+# a constitution, demonstrations) are hashed whole at any size: a stage reads all of them anyway, and a copy that
+# keeps the mtime (cp -p, rsync -a) of a file edited in place at the same size would otherwise be a stale hit.
+WHOLE_FILE_LIMIT = 64 * 2**20
 EDGE = 2**20
 
 
@@ -24,14 +27,43 @@ def code_digest() -> str:
     return h.hexdigest()
 
 
-def _file_digest(path: str, size: int, mtime_ns: int) -> str:
-    if size > WHOLE_FILE_LIMIT:
-        return _large_file_digest(path, size, mtime_ns)
+def _file_digest(path: str, stat: os.stat_result, whole: bool) -> str:
+    if stat.st_size > WHOLE_FILE_LIMIT:
+        return _remembered_digest(path, stat) if whole else _large_file_digest(path, stat.st_size, stat.st_mtime_ns)
+    return _sha256(path)
+
+
+def _sha256(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(2**20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def _remembered_digest(path: str, stat: os.stat_result) -> str:
+    """A large data file's sha256, hashed once per version of the file: every launcher and rank of every stage reads
+    the prompts' digest, gigabytes for a large dataset. Remembered in the cache directory under the file's identity
+    and its change time (ctime), which the kernel sets on every write and mtime reset; no tool can set it back."""
+    from rlaif.io.storage import cache_dir
+
+    identity = [os.path.realpath(path), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns]
+    memo = cache_dir() / "digests" / hashlib.sha256(json.dumps(identity).encode()).hexdigest()
+    try:
+        known = memo.read_text()
+        if len(known) == 64:
+            return known
+    except OSError:
+        pass
+    digest = _sha256(path)
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo.with_name(f".{memo.name}.{os.getpid()}.tmp")
+        tmp.write_text(digest)
+        os.replace(tmp, memo)
+    except OSError:
+        pass  # a read-only cache: hashed again next time
+    return digest
 
 
 @functools.lru_cache(maxsize=256)
@@ -45,11 +77,11 @@ def _large_file_digest(path: str, size: int, mtime_ns: int) -> str:
     return h.hexdigest()
 
 
-def local_digest(path: Path) -> str:
-    """A file's digest, or a directory's over its files' relative paths and digests; 'missing' when absent."""
+def local_digest(path: Path, whole: bool = True) -> str:
+    """A file's digest, or a directory's over its files' relative paths and digests; 'missing' when absent.
+    `whole`: every byte of every file (data), else large files by the shortcut above (model weights)."""
     if path.is_file():
-        st = path.stat()
-        return _file_digest(str(path), st.st_size, st.st_mtime_ns)
+        return _file_digest(str(path), path.stat(), whole)
     if path.is_dir():
         entries = []
         for dirpath, dirnames, filenames in os.walk(path):
@@ -57,7 +89,7 @@ def local_digest(path: Path) -> str:
             for name in sorted(filenames):
                 full = Path(dirpath) / name
                 if full.is_file():
-                    entries.append([str(full.relative_to(path)), local_digest(full)])
+                    entries.append([str(full.relative_to(path)), local_digest(full, whole)])
         return hashlib.sha256(json.dumps(entries).encode()).hexdigest()
     return "missing"
 
@@ -91,4 +123,4 @@ def spec_digest(spec: str, model: bool = False) -> str:
         return hub.revision_digest(spec)
     if "://" in spec and not spec.startswith("file://"):
         return remote_digest(spec)
-    return local_digest(Path(spec.removeprefix("file://")).expanduser())
+    return local_digest(Path(spec.removeprefix("file://")).expanduser(), whole=not model)

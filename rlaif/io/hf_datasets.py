@@ -14,7 +14,7 @@ from pathlib import Path
 from rlaif.config import DataConfig, PromptColumns
 from rlaif.errors import UserError, one_line
 from rlaif.io import hub, storage
-from rlaif.io.prompt_sources import FIX, Source, has_glob, import_extra, numbered_rows, suffix_of, wanted_columns
+from rlaif.io.prompt_rows import FIX, Source, has_glob, import_extra, numbered_rows, suffix_of, wanted_columns
 
 DATA_FILE_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json"}  # datasets' loader per suffix
 SAVED_DATASET_MARKERS = ("dataset_dict.json", "state.json")  # what save_to_disk writes (DatasetDict, Dataset)

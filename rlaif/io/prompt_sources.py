@@ -7,16 +7,15 @@ pyarrow and datasets (the `datasets` extra) are imported only when a source need
 from __future__ import annotations
 
 import csv
-import importlib
 import io
 import json
-from dataclasses import dataclass
-from pathlib import PurePosixPath
 
 from rlaif.config import DataConfig, PromptColumns, sha256_json
 from rlaif.errors import UserError
 from rlaif.io import storage, user_files
 from rlaif.io.digest import spec_digest
+from rlaif.io.hf_datasets import hub_digest, is_hub, read_hf
+from rlaif.io.prompt_rows import FIX, RawRow, Source, has_glob, import_extra, numbered_rows, suffix_of, wanted_columns
 
 SUFFIX_FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".jsonlines": "jsonl", ".txt": "text",
                   ".parquet": "parquet", ".csv": "csv", ".tsv": "csv"}
@@ -26,21 +25,7 @@ NOT_PROMPTS = {".yaml": "YAML", ".yml": "YAML", ".toml": "TOML", ".ini": "a sett
                ".md": "Markdown", ".rst": "reStructuredText", ".html": "HTML", ".htm": "HTML", ".xml": "XML",
                ".py": "Python", ".sh": "a shell script", ".pdf": "a PDF", ".docx": "a Word document",
                ".xlsx": "a spreadsheet", ".safetensors": "model weights", ".bin": "a binary file"}
-FIX = ("set data.prompts to a JSONL, CSV, text or parquet file, or a dataset directory saved with datasets' "
-       "save_to_disk")
 
-
-@dataclass
-class RawRow:
-    where: str  # how errors name the row: "prompts file X line 3"
-    default_id: str  # a row without an id gets its line or row number: a JSONL file and its parquet twin agree
-    record: object  # the row's columns; a JSONL line may hold any JSON value, and the validator says what is wrong
-
-
-@dataclass
-class Source:
-    name: str  # how errors name the whole source: "prompts file X", "prompts dataset X (split train)"
-    rows: list[RawRow]
 
 
 # Listing, globbing or copying a dataset on s3:// fails as OSError kinds: one line, as for a single file.
@@ -65,8 +50,6 @@ def read_source(data: DataConfig) -> Source:
             return _read_parquet(data)
         if fmt == "csv":
             return _read_csv(data)
-        from rlaif.io.hf_datasets import read_hf  # imports this module
-
         return read_hf(data)
 
 
@@ -120,34 +103,11 @@ def source_digest(data: DataConfig) -> str:
 def _source_digest(data: DataConfig) -> str:
     if named_format(data) != "hf":  # a file's digest is its bytes', whatever it is read as
         return spec_digest(data.prompts)
-    from rlaif.io.hf_datasets import hub_digest, is_hub  # imports this module
-
     if is_hub(data):
         return hub_digest(data)
     if has_glob(data.prompts):  # only hf reads globs: elsewhere '[' is part of a file's name
         return sha256_json([[url, spec_digest(url)] for url in storage.glob(data.prompts)])
     return spec_digest(data.prompts)
-
-
-def suffix_of(url: str) -> str:
-    return PurePosixPath(url.split("://", 1)[-1]).suffix.lower()
-
-
-def has_glob(url: str) -> bool:
-    return any(c in url for c in "*?[")
-
-
-def import_extra(module: str, fmt: str):
-    """A module of the `datasets` extra, or a one-line UserError saying how to install it."""
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise UserError(f"data.format {fmt} needs the {module.split('.')[0]} package: "
-                        'pip install "rlaif[datasets]"') from None
-
-
-def numbered_rows(name: str, unit: str, records: list) -> list[RawRow]:
-    return [RawRow(f"{name} {unit} {i}", f"line{i:07d}", record) for i, record in enumerate(records, 1)]
 
 
 def _read_text(data: DataConfig) -> Source:
@@ -209,19 +169,6 @@ def _read_jsonl(url: str, sniffed: bool = False) -> Source:
         raise UserError(f"{exc} (read as JSON Lines because its first line is a JSON object: set data.format=text "
                         "to read one prompt per line)") from None
     return Source(name, [RawRow(f"{name} line {number}", f"line{number:07d}", record) for number, record in rows])
-
-
-def wanted_columns(name: str, available: list[str], columns: PromptColumns, other_reading: str = "") -> list[str]:
-    """The mapped columns the source has. The prompt column must be there, and so must any column data.columns names
-    explicitly; the optional ones under their default names may be absent. `other_reading`: a further fix for a
-    missing prompt column (a file whose format was guessed)."""
-    defaults = PromptColumns()
-    for field, column in columns.model_dump().items():
-        if column not in available and (field == "prompt" or column != getattr(defaults, field)):
-            further = f", {other_reading}" if field == "prompt" and other_reading else ""
-            raise UserError(f"{name} has no column {column!r} (it has {', '.join(map(repr, available))[:200]}): set "
-                            f"data.columns.{field} to the column that holds the {field.replace('_', ' ')}{further}")
-    return [column for column in columns.model_dump().values() if column in available]
 
 
 def _read_parquet(data: DataConfig) -> Source:

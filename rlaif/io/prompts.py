@@ -10,7 +10,8 @@ from rlaif.config import DataConfig, PromptColumns
 from rlaif.config.base import encodable
 from rlaif.errors import UserError
 from rlaif.io import user_files
-from rlaif.io.prompt_sources import RawRow, read_source, source_digest
+from rlaif.io.prompt_rows import RawRow
+from rlaif.io.prompt_sources import read_source, source_digest
 
 __all__ = ["check_splits", "is_held_out", "load_prompts", "read_demonstrations", "source_digest", "split"]
 

@@ -140,13 +140,31 @@ def join(url: str, *parts: str) -> str:
     return "/".join([scheme + separator + path.rstrip("/"), *[p.strip("/") for p in parts]])
 
 
+# An http(s) server that accepts a connection and never answers fails a request after 30 s without a byte (fsspec
+# sends a HEAD, then a GET: about a minute in all). aiohttp's default bounds a whole request at 300 s instead, which
+# both left such a server silent for ten minutes and would cut a large file's download on a slow link short: no
+# bound on the whole transfer here, as long as bytes keep coming.
+HTTP_TIMEOUTS_S = {"sock_connect": 10, "sock_read": 30}
+
+
+def _options(url: str) -> dict:
+    """fsspec's options for the URL's filesystem: object storage's endpoint and retry limits, http(s)'s timeouts."""
+    if url.startswith("s3://"):
+        return _s3_options
+    if url.lower().startswith(("http://", "https://")):
+        import aiohttp
+
+        return {"client_kwargs": {"timeout": aiohttp.ClientTimeout(**HTTP_TIMEOUTS_S)}}
+    return {}
+
+
 def filesystem(url: str):
-    fs, _ = fsspec.core.url_to_fs(url, **(_s3_options if url.startswith("s3://") else {}))
+    fs, _ = fsspec.core.url_to_fs(url, **_options(url))
     return fs
 
 
 def _path(url: str) -> str:
-    return fsspec.core.url_to_fs(url, **(_s3_options if url.startswith("s3://") else {}))[1]
+    return fsspec.core.url_to_fs(url, **_options(url))[1]
 
 
 def is_local(url: str) -> bool:
@@ -166,7 +184,7 @@ def exists(url: str) -> bool:
 def open_url(url: str, mode: str = "rb"):
     if url.startswith("s3://"):  # no auto_mkdir: for s3fs a write's "parent directory" is a bucket it would create
         return fsspec.open(url, mode, auto_mkdir=False, **_s3_options).open()
-    return fsspec.open(url, mode).open()
+    return fsspec.open(url, mode, **_options(url)).open()
 
 
 def read_bytes(url: str) -> bytes:
@@ -243,6 +261,18 @@ def copy_to_local(url: str, relative_paths: list[str], dest: Path) -> None:
         fs.get_file(_path(join(url, rel)), str(target))
 
 
+@contextlib.contextmanager
+def named_on_failure(path: Path):
+    """An OSError that names no file (a write or sendfile on a full disk) names `path`, the output it was for, so the
+    one-line error says which disk ran out."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is not None or exc.errno is None:
+            raise
+        raise OSError(exc.errno, exc.strerror, str(path)) from exc
+
+
 def write_bytes_atomic(url: str, data: bytes) -> None:
     """Readers never see a partial object: local files go through a temp file + rename; an S3 PUT is atomic."""
     if is_local(url):
@@ -250,7 +280,8 @@ def write_bytes_atomic(url: str, data: bytes) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
         try:
-            tmp.write_bytes(data)
+            with named_on_failure(path):
+                tmp.write_bytes(data)
             os.replace(tmp, path)
         finally:  # a full disk or an interrupt leaves no partial temp file beside the output
             tmp.unlink(missing_ok=True)
@@ -340,7 +371,8 @@ def upload_file(local: Path, url: str) -> None:
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.tmp")
         try:
-            shutil.copyfile(local, tmp)
+            with named_on_failure(dest):
+                shutil.copyfile(local, tmp)
             os.replace(tmp, dest)
         finally:
             tmp.unlink(missing_ok=True)

@@ -37,7 +37,10 @@ def user_read_errors(url: str, what: str, fix: str, also: tuple[str, ...] = ()):
                         f"an http(s) URL first ({fix})")
     try:
         yield
-    except FileNotFoundError:
+    except FileNotFoundError as exc:
+        if (unreachable := _unreachable(exc)) is not None:
+            raise UserError(f"{what} {url} cannot be read ({unreachable}): check the URL and that its server is up, "
+                            "or copy the file to local disk or s3://") from None
         relative = "" if "://" in url or os.path.isabs(os.path.expanduser(url)) else \
             f"; a relative path is read from the working directory, {os.getcwd()}, not from the config's"
         raise UserError(f"{what} not found: {url} ({fix}{relative})") from None
@@ -46,6 +49,25 @@ def user_read_errors(url: str, what: str, fix: str, also: tuple[str, ...] = ()):
         raise UserError(f"{what} {url} cannot be read ({type(exc).__name__}{inside}): {_fix_for(url, fix)}") from None
     except (OSError, *botocore_errors()) as exc:
         raise UserError(f"{what} {url} cannot be read ({first_line(exc)[:200]}): {_fix_for(url, fix)}") from None
+
+
+def _unreachable(exc: BaseException) -> str | None:
+    """Why a server behind a URL gave no file, where fsspec's http reports every failure as not found: no answer in
+    time, no connection, or an HTTP error other than 404 (401, 403 for an expired signed URL, 5xx); None for 404 or
+    anything else."""
+    import asyncio
+
+    seen = exc.__cause__ or exc.__context__
+    while seen is not None:
+        status = getattr(seen, "status", None)
+        if isinstance(status, int) and type(seen).__name__ == "ClientResponseError":
+            return None if status == 404 else f"the server answered {status} {getattr(seen, 'message', '')}".strip()
+        if isinstance(seen, (TimeoutError, asyncio.TimeoutError)):  # the same class from Python 3.11 on
+            return f"the server did not answer in time: {first_line(seen)[:160]}"
+        if isinstance(seen, ConnectionError) or type(seen).__name__.startswith(("ClientConnector", "ServerDisconn")):
+            return f"the server cannot be reached: {first_line(seen)[:160]}"
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def _unreadable_scheme(scheme: str) -> str | None:

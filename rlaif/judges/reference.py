@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import re
 import unicodedata
-
-import torch
+from typing import TYPE_CHECKING
 
 from rlaif.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
 
 STOP_WORDS = frozenset("""
 a an the and or but if then than so to of in on at by for with from into onto about as is are was were be been being
@@ -73,13 +75,20 @@ def content_words(text: str) -> set[str]:
 
 def check_points(rows: list[dict]) -> None:
     """Every key point has a word the judge can match: one of stop words or punctuation alone would count as
-    covered by every response."""
+    covered by every response. A reference answer, read where a row has no key points, needs a sentence that has
+    one (else the prompt would have no key point, and evaluate would leave the reference judge out)."""
     for row in rows:
         for point in row.get("key_points") or []:
             if not content_words(point):
                 raise UserError(f"judge 'reference': key point {point[:60]!r} of prompt {row.get('id', '')!r} has no "
                                 "word it can match (only stop words, punctuation or symbols): write what a good answer "
                                 "says")
+        reference = row.get("reference")
+        if not row.get("key_points") and isinstance(reference, str) and reference.strip() \
+                and not split_reference(reference):
+            raise UserError(f"judge 'reference': the reference answer {reference[:60]!r} of prompt "
+                            f"{row.get('id', '')!r} has no word it can match (only stop words, punctuation or "
+                            "symbols): write what a good answer says")
 
 
 def split_reference(reference: str) -> list[str]:
@@ -118,6 +127,8 @@ class ReferenceJudge:
                 "score": max(-1.0, min(1.0, score))}
 
     def direct_score(self, prompts, responses, principles=None) -> torch.Tensor:
+        import torch  # here: the launcher's checks read this module without loading torch
+
         return torch.tensor([self.grade(p, r)["score"] for p, r in zip(prompts, responses)], dtype=torch.float32)
 
     def prefer_first_where_graded(self, prompts, first, second) -> dict[int, float]:
@@ -129,6 +140,8 @@ class ReferenceJudge:
         return dict(zip(index, p.tolist()))
 
     def prefer_first(self, prompts, first, second, principles=None) -> torch.Tensor:
+        import torch
+
         margin = self.direct_score(prompts, first) - self.direct_score(prompts, second)
         return torch.sigmoid(margin / self.temperature)
 

@@ -302,5 +302,14 @@ def next_token_logprobs(model, inputs: dict) -> torch.Tensor:
 
 def _row_by_row(layer, args, _batched):
     """A forward hook that replaces an output layer's result by the same layer's, one input row at a time (its own
-    forward, which runs no hooks)."""
-    return torch.cat([layer.forward(row) for row in args[0].split(1)])
+    forward, which runs no hooks). On a CPU with one thread: a one-row product's last bits depend on how many threads
+    split it (measured on an Intel Xeon), and a judge service's replica runs with its own share of the cores."""
+    rows = args[0].split(1)
+    if args[0].device.type != "cpu":
+        return torch.cat([layer.forward(row) for row in rows])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return torch.cat([layer.forward(row) for row in rows])
+    finally:
+        torch.set_num_threads(threads)

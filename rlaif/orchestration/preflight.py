@@ -16,6 +16,8 @@ from rlaif.io import output_files, storage
 from rlaif.io.prompts import check_splits, load_prompts, read_demonstrations
 from rlaif.stages import common
 
+TRACKED = ("train_rm", "ppo")  # the stages that open the trackers
+
 
 def check(cfg: PipelineConfig, pipeline: bool = False, launched: str | None = None) -> None:
     """Cheap checks before any work. `pipeline`: the whole graph will run, so both prompt splits must hold prompts
@@ -30,6 +32,8 @@ def check(cfg: PipelineConfig, pipeline: bool = False, launched: str | None = No
     check_models(cfg)
     check_packages(cfg)
     tracking.check_settings(cfg.tracking)
+    if (pipeline or launched in TRACKED) and not in_stage_pod():  # a stage's pod has its own secrets: it checks
+        tracking.check_wandb_credentials(cfg.tracking)
     if pipeline:
         check_splits(cfg.data, prompts)
         check_enough_pairs(cfg, prompts)
@@ -119,10 +123,10 @@ def check_judges(cfg: PipelineConfig, prompts: list[dict]) -> None:
     if served and (cfg.label.mode == "score" or cfg.ppo.reward == "judge"):
         raise UserError("label.hf.endpoint serves pairwise judging only (score mode and ppo.reward=judge read whole "
                         "continuations): run the judge in-process (empty label.hf.endpoint.base_url)")
-    if "reference" in (cfg.label.judge, *(j.judge for j in cfg.evaluate.judges)):
-        from rlaif.judges.reference import check_points, reference_points
+    from rlaif.judges.reference import check_points, reference_points
 
-        check_points(prompts)
+    check_points(prompts)  # evaluate grades with the reference judge wherever every prompt has references
+    if "reference" in (cfg.label.judge, *(j.judge for j in cfg.evaluate.judges)):
         missing = len(prompts) - len(reference_points(prompts))
         if missing:
             raise UserError(f"judge 'reference' needs key points on every prompt; {missing} of {len(prompts)} in "

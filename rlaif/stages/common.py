@@ -75,9 +75,6 @@ def _judge_files(judge, setting: str) -> dict[str, tuple[str | None, str]]:
     return files
 
 
-MODEL_ROLES = ("policy", "model", "backbone")  # roles whose spec may be a hub model id
-
-
 def named_files(cfg: PipelineConfig, name: str) -> dict[str, tuple[str | None, str]]:
     """role -> (config field, file or model directory) for every one the stage reads that its config names (besides
     the prompts)."""
@@ -125,9 +122,14 @@ def file_digests(cfg: PipelineConfig, name: str) -> dict[str, str]:
     datasets included) and of every file its config names (local or s3://)."""
     digests = {"prompts": source_digest(cfg.data), "prompts_read_as": reading(cfg.data)} \
         if STAGE_BY_NAME[name].uses_prompts else {}
-    files = config_files(cfg, name)
-    return {**digests, **{f"file:{role}": spec_digest(spec, model=role.rsplit(".", 1)[-1] in MODEL_ROLES)
-                          for role, spec in files.items()}}
+    return {**digests, **{f"file:{role}": spec_digest(spec, model=_names_a_model(field))
+                          for role, (field, spec) in named_files(cfg, name).items()}}
+
+
+def _names_a_model(field: str | None) -> bool:
+    """A model directory setting (policy.model, a judge's hf.model, train_rm.backbone), which may be a hub id and
+    whose weights enter the key by the large-file shortcut; not a data file (policy.tiny.demonstrations)."""
+    return field is not None and field.rsplit(".", 1)[-1] in ("model", "backbone")
 
 
 def context(cfg: PipelineConfig, name: str, part_index: int = 0, num_parts: int = 1,

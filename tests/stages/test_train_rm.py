@@ -56,14 +56,17 @@ def train(root: Path, run_id: str, backbone: Path, nproc: int, *extra: str, env=
     write_labels(root, run_id)
     sets = [f"storage.root={root}", f"run_id={run_id}", f"train_rm.backbone={backbone}", "train_rm.batch_size=8",
             "train_rm.epochs=2", "train_rm.lr=1e-3", "train_rm.max_length=32", "train_rm.checkpoint_every=5",
-            "train_rm.shuffle_buffer=64"]
+            "train_rm.shuffle_buffer=64", f"train_rm.nproc={nproc}"]
     given = {item.partition("=")[0] for item in extra}  # a test's own value replaces the default (two are refused)
     sets = [item for item in sets if item.partition("=")[0] not in given] + list(extra)
     stage = (["-m", "rlaif", "stage", "train_rm", "--config", "configs/tiny.yaml"]
              + [a for s in sets for a in ("--set", s)])
     launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if nproc > 1 else []
+    # Under torchrun as a multi-node TrainJob's pods run it: their launcher holds the stage's lock (a stage started by
+    # hand, RLAIF_CACHE_CHECKED unset, is one process that takes the lock itself).
+    launched = {"RLAIF_CACHE_CHECKED": ""} if nproc > 1 else {}
     proc = subprocess.run([sys.executable, *launcher, *stage], cwd=REPO, capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})))
+                          env=dict(os.environ, OMP_NUM_THREADS="1", **launched, **(env or {})))
     return proc
 
 
