@@ -220,7 +220,8 @@ def check_by_hand(cfg: PipelineConfig, name: str, num_parts: int) -> None:
     its cache key) would file one process's output under their key."""
     from rlaif.graph import STAGE_BY_NAME
 
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = os.environ.get("WORLD_SIZE", "1")
+    world = int(world) if world.isdigit() else 1  # one that is not a count: the process group's start names it
     if world > 1 and "RANK" in os.environ:  # (WORLD_SIZE alone, left in the environment: the process group says so)
         raise UserError(f"`rlaif stage {name}` runs under a torchrun of its own here ({world} processes): start it "
                         f"with `rlaif launch {name}`, which runs torchrun itself and holds the stage's lock")
