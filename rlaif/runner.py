@@ -196,8 +196,7 @@ def run_stage(cfg: PipelineConfig, name: str, part_index: int = 0, num_parts: in
         _run_stage_module(ctx, first_rank)
     else:
         with StageLock(ctx.url, f"stage '{name}' of run '{cfg.run_id}'"):
-            if common.cached(ctx, report=False):  # another launcher finished it meanwhile
-                print(f"[{name}] cache hit: output exists for this config and inputs, skipped")
+            if launch.cache_hit(ctx, report=False) is not None:  # another launcher finished it meanwhile
                 return
             _run_stage_module(ctx, first_rank)
 

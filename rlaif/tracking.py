@@ -105,6 +105,7 @@ def check_settings(settings) -> None:
 
 
 WANDB_OFFLINE_MODES = ("offline", "disabled", "dryrun")
+WANDB_MISSING = 'tracking.report_to has wandb but it is missing: pip install "rlaif[tracking]"'
 
 
 def check_wandb_credentials(settings) -> None:
@@ -120,7 +121,7 @@ def check_wandb_credentials(settings) -> None:
     try:
         import wandb  # noqa: F401
     except ImportError:
-        raise UserError('tracking.report_to has wandb but it is missing: pip install "rlaif[tracking]"') from None
+        raise UserError(WANDB_MISSING) from None
     try:
         from wandb.sdk import wandb_setup
         from wandb.sdk.lib.wbauth import read_netrc_auth
@@ -157,7 +158,7 @@ class WandbRun:
         try:
             import wandb
         except ImportError:
-            raise UserError('tracking.report_to has wandb but it is missing: pip install "rlaif[tracking]"') from None
+            raise UserError(WANDB_MISSING) from None
         settings = ctx.cfg.tracking
         try:
             self.run = wandb.init(project=settings.wandb_project, entity=settings.wandb_entity, config=params,

@@ -45,7 +45,7 @@ def _remembered_digest(path: str, stat: os.stat_result) -> str:
     """A large data file's sha256, hashed once per version of the file: every launcher and rank of every stage reads
     the prompts' digest, gigabytes for a large dataset. Remembered in the cache directory under the file's identity
     and its change time (ctime), which the kernel sets on every write and mtime reset; no tool can set it back."""
-    from rlaif.io.storage import cache_dir
+    from rlaif.io.storage import cache_dir, write_bytes_atomic
 
     identity = [os.path.realpath(path), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns]
     memo = cache_dir() / "digests" / hashlib.sha256(json.dumps(identity).encode()).hexdigest()
@@ -57,10 +57,7 @@ def _remembered_digest(path: str, stat: os.stat_result) -> str:
         pass
     digest = _sha256(path)
     try:
-        memo.parent.mkdir(parents=True, exist_ok=True)
-        tmp = memo.with_name(f".{memo.name}.{os.getpid()}.tmp")
-        tmp.write_text(digest)
-        os.replace(tmp, memo)
+        write_bytes_atomic(str(memo), digest.encode())
     except OSError:
         pass  # a read-only cache: hashed again next time
     return digest

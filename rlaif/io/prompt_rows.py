@@ -12,6 +12,7 @@ from rlaif.errors import UserError
 FIX = ("set data.prompts to a JSONL, CSV, text or parquet file, or a dataset directory saved with datasets' "
        "save_to_disk")
 
+
 @dataclass
 class RawRow:
     where: str  # how errors name the row: "prompts file X line 3"

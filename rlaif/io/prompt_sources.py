@@ -26,8 +26,6 @@ NOT_PROMPTS = {".yaml": "YAML", ".yml": "YAML", ".toml": "TOML", ".ini": "a sett
                ".py": "Python", ".sh": "a shell script", ".pdf": "a PDF", ".docx": "a Word document",
                ".xlsx": "a spreadsheet", ".safetensors": "model weights", ".bin": "a binary file"}
 
-
-
 # Listing, globbing or copying a dataset on s3:// fails as OSError kinds: one line, as for a single file.
 STORAGE_FIX = "check data.prompts and the storage credentials"
 

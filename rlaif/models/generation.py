@@ -304,12 +304,15 @@ def _row_by_row(layer, args, _batched):
     """A forward hook that replaces an output layer's result by the same layer's, one input row at a time (its own
     forward, which runs no hooks). On a CPU with one thread: a one-row product's last bits depend on how many threads
     split it (measured on an Intel Xeon), and a judge service's replica runs with its own share of the cores."""
-    rows = args[0].split(1)
-    if args[0].device.type != "cpu":
-        return torch.cat([layer.forward(row) for row in rows])
+    with _one_thread() if args[0].device.type == "cpu" else contextlib.nullcontext():
+        return torch.cat([layer.forward(row) for row in args[0].split(1)])
+
+
+@contextlib.contextmanager
+def _one_thread():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return torch.cat([layer.forward(row) for row in rows])
+        yield
     finally:
         torch.set_num_threads(threads)

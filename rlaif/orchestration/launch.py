@@ -162,20 +162,21 @@ def launch(cfg: PipelineConfig, name: str, config_url: str, rerun: bool = False)
     ctx = common.start_context(cfg, name)
     if ctx.streamed:
         print(f"[{name}] streaming: reads {', '.join(ctx.streamed)}'s output as it is written", flush=True)
-    if not rerun and (hit := _cache_hit(ctx)) is not None:  # checked before the lock too: a hit needs no lock
+    if not rerun and (hit := cache_hit(ctx)) is not None:  # checked before the lock too: a hit needs no lock
         return hit
     if name in ("label", "evaluate"):
         from rlaif.judges import check_services
 
         check_services(cfg, name)
     with StageLock(ctx.url, f"stage '{name}' of run '{cfg.run_id}'"):
-        if not rerun and (hit := _cache_hit(ctx, report=False)) is not None:  # another launcher finished it meanwhile
+        if not rerun and (hit := cache_hit(ctx, report=False)) is not None:  # another launcher finished it meanwhile
             return hit
         run_locked(cfg, stage, config_url, ctx.config_hash, rerun)
     return manifest.require(ctx.url, name)
 
 
-def _cache_hit(ctx, report: bool = True) -> dict | None:
+def cache_hit(ctx, report: bool = True) -> dict | None:
+    """The stage's manifest where its output exists for this key (said so on stdout), else None."""
     hit = common.cached(ctx, report)
     if hit is not None:
         print(f"[{ctx.stage.name}] cache hit: output exists for this config and inputs, skipped", flush=True)

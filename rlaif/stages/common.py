@@ -95,11 +95,6 @@ def named_files(cfg: PipelineConfig, name: str) -> dict[str, tuple[str | None, s
     return {**policy, **label, **judges}
 
 
-def config_files(cfg: PipelineConfig, name: str) -> dict[str, str]:
-    """Every file or model directory the stage reads that its config names (besides the prompts), by role."""
-    return {role: spec for role, (_, spec) in named_files(cfg, name).items()}
-
-
 def content_keyed_fields(cfg: PipelineConfig, name: str) -> list[str]:
     """The config fields whose files the stage's key holds by content, its own (file_digests) or through an upstream
     manifest's digest (each stage's digest covers its inputs' content): keyed by that alone, not by how the path is

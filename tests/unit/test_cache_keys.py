@@ -225,12 +225,12 @@ def test_labels_reference_settings_stay_keyed_whatever_the_judge():
 
 
 def test_an_evaluation_reference_judge_keys_no_constitution_file():
-    from rlaif.stages.common import config_files
+    from rlaif.stages.common import named_files
 
     graded = "evaluate.judges=[{name: graded, judge: reference, constitution: /c.yaml}]"
     cfg = load_config("configs/demo.yaml", [graded])
-    assert "evaluate.graded.constitution" not in config_files(cfg, "evaluate")
-    assert "label.constitution" in config_files(cfg, "evaluate")  # label's judge reads it
+    assert "evaluate.graded.constitution" not in named_files(cfg, "evaluate")
+    assert "label.constitution" in named_files(cfg, "evaluate")  # label's judge reads it
 
 
 def test_files_are_keyed_by_content_not_by_how_their_path_is_spelled(copies, tmp_path, monkeypatch):
