@@ -78,7 +78,8 @@ def check_fits(model, prompt_tokens: int, max_new_tokens: int, what: str = "a pr
     limit = limit if limit is not None else position_limit(model)
     if limit is not None and prompt_tokens > limit:  # no max_new_tokens would fit it
         raise UserError(f"{what} of {prompt_tokens} tokens leaves none of the model's {limit} positions for a "
-                        "response: shorten the prompts (data.max_prompt_chars refuses long ones when they are read)")
+                        "response: shorten the prompts or their template (policy.prompt_template; "
+                        "data.max_prompt_chars refuses long prompts when they are read)")
     if limit is not None and prompt_tokens + max_new_tokens - 1 > limit:
         raise UserError(f"{what} of {prompt_tokens} tokens plus {max_new_tokens} new tokens is longer than the "
                         f"model's {limit} positions: shorten the prompts or lower {setting}")

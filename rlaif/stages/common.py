@@ -134,7 +134,12 @@ def context(cfg: PipelineConfig, name: str, part_index: int = 0, num_parts: int 
     the config hashes already computed in this call, so an upstream reached by two paths is hashed once."""
     stage = STAGE_BY_NAME[name]
     known = {} if upstream_hashes is None else upstream_hashes
-    inputs = {dep: current_input(cfg, dep, name, known) for dep in stage.inputs}
+    try:
+        inputs = {dep: current_input(cfg, dep, name, known) for dep in stage.inputs}
+    except StaleInput as stale:
+        if upstream_hashes is not None or stale.reader == name:
+            raise
+        raise stale.seen_from(name, cfg.run_id) from None  # name the stage launched, not an edge further up
     digests = {**{dep: m["digest"] for dep, m in inputs.items()}, **file_digests(cfg, name)}
     return StageContext(cfg, stage, stage_url(cfg, name), inputs, digests,
                         stage_config_hash(cfg, stage.config_sections, digests, content_keyed_fields(cfg, name)),
@@ -152,10 +157,25 @@ def current_input(cfg: PipelineConfig, dep: str, reader: str, known: dict[str, s
         except manifest.MissingInput:  # an input of `dep` itself is gone: nothing to compare its output with
             known[dep] = None
     if known[dep] is not None and committed["config_hash"] != known[dep]:
-        raise UserError(f"stage '{reader}' reads '{dep}', whose output in run '{cfg.run_id}' was made from other "
-                        f"settings, inputs or rlaif code than this config's now: run the pipeline (`rlaif run`), or "
-                        f"`rlaif launch {dep}` with this config first")
+        raise StaleInput(f"stage '{reader}' reads '{dep}', whose output in run '{cfg.run_id}' was made from other "
+                         f"settings, inputs or rlaif code than this config's now: run the pipeline (`rlaif run`), or "
+                         f"`rlaif launch {dep}` with this config first", dep, reader)
     return committed
+
+
+class StaleInput(UserError):
+    """An upstream output made from other settings than the config's now (`dep`, as read by stage `reader`)."""
+
+    def __init__(self, message: str, dep: str, reader: str):
+        super().__init__(message)
+        self.dep, self.reader = dep, reader
+
+    def seen_from(self, launched: str, run_id: str) -> StaleInput:
+        """The same finding told to the stage launched, several edges below the stale output."""
+        return StaleInput(f"stage '{launched}' depends on '{self.dep}' (through '{self.reader}'), whose output in run "
+                          f"'{run_id}' was made from other settings, inputs or rlaif code than this config's now: run "
+                          f"the pipeline (`rlaif run`), or `rlaif launch` each stage from '{self.dep}' to "
+                          f"'{launched}' in order", self.dep, launched)
 
 
 def start_context(cfg: PipelineConfig, name: str, part_index: int = 0, num_parts: int = 1) -> StageContext:

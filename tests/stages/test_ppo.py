@@ -143,6 +143,17 @@ def test_a_stage_launched_after_its_upstreams_settings_changed_is_refused(upstre
     assert (run / "config.yaml").read_bytes() == config_before and not (run / "ppo").exists()
 
 
+def test_a_stale_output_edges_above_the_launched_stage_is_named_from_that_stage(upstream, tmp_path):
+    # generate's sampling changed: generate, label and train_rm are all stale. The message tells the user who launched
+    # ppo which output is the first stale one and what to launch, not which edge between other stages it was found on.
+    run = copy_run(upstream, tmp_path, "stale-generate")
+    proc = launch_ppo(run, "generate.temperature=0.61")
+    assert proc.returncode == 2
+    assert ("stage 'ppo' depends on 'generate' (through 'label'), whose output in run 'stale-generate' was made from "
+            "other settings") in proc.stderr
+    assert "`rlaif launch` each stage from 'generate' to 'ppo' in order" in proc.stderr and not (run / "ppo").exists()
+
+
 def test_a_kl_weight_of_zero_builds_and_runs_no_reference(upstream, tmp_path):
     # TRL's GRPO default (beta 0): no reference pass per rollout, no frozen copy of an all-weights policy, and no KL
     # logged that nothing measured. (The frozen all-weights copy is made only where a reference is returned.)

@@ -152,8 +152,11 @@ def test_an_upstream_reached_by_two_paths_is_hashed_once(tmp_path, monkeypatch):
     assert sorted(hashed) == sorted(s.name for s in STAGES)
     manifest.write(common.stage_url(cfg, "label"), stage="label", run_id=cfg.run_id, config_hash="other settings",
                    inputs={}, shards=[])
-    with pytest.raises(UserError, match="stage 'train_rm' reads 'label', whose output in run 'paths' was made"):
+    with pytest.raises(UserError, match=r"stage 'evaluate' depends on 'label' \(through 'train_rm'\), whose output "
+                                        "in run 'paths' was made"):
         common.context(cfg, "evaluate")
+    with pytest.raises(UserError, match="stage 'train_rm' reads 'label', whose output in run 'paths' was made"):
+        common.context(cfg, "train_rm")
 
 
 def test_the_tiny_policy_is_built_again_when_its_build_code_changes(tmp_path, monkeypatch):
