@@ -3,7 +3,7 @@ both orders removes position bias, the hf judge reads exactly the answer tokens'
 expectation over 1..10, and bad judge set-ups fail with one clear error."""
 import pytest
 import torch
-from conftest import settings
+from judge_helpers import settings
 
 from rlaif.config import load_config
 from rlaif.errors import UserError

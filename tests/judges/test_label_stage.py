@@ -2,7 +2,7 @@
 position consistency and label histogram, low-confidence pairs dropped and counted, d-RLAIF score mode, and
 malformed input shards refused with one clear error."""
 import pytest
-from conftest import write_pairs
+from judge_helpers import write_pairs
 
 from rlaif.config import load_config
 from rlaif.errors import UserError

@@ -5,7 +5,7 @@ import socket
 
 import pytest
 import torch
-from conftest import JudgeServer, settings, write_pairs
+from judge_helpers import JudgeServer, settings, write_pairs
 
 from rlaif.config import load_config
 from rlaif.errors import UserError
