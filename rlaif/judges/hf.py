@@ -119,7 +119,7 @@ class HFJudge:
             self.client = served_judge(settings.hf, f"{settings.setting}.hf")
             self.stats = self.client.stats
         else:
-            self.model = load_causal_lm(path, settings.hf.trust_remote_code).eval().to(self.device)
+            self.model = load_causal_lm(path, settings.hf.trust_remote_code, "judge model").eval().to(self.device)
         self.answer_ids = [answer_token(self.tokenizer, prompting.ANSWER_CUE, a) for a in prompting.ANSWERS]
         self.examples = prompting.load_few_shot(settings.few_shot)
 

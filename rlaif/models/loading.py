@@ -2,6 +2,7 @@
 (safetensors only, no remote code unless the config allows it)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -190,14 +191,47 @@ def float32_weights() -> dict:
     return {"dtype": torch.float32}
 
 
-def load_causal_lm(path: Path, trust_remote_code: bool = False):
-    from transformers import AutoModelForCausalLM
+# What a model class raises for a directory it cannot be built or loaded from: a config whose values contradict each
+# other (a pad_token_id past the vocabulary: AssertionError; heads that do not divide the hidden size: ValueError), a
+# field of the wrong type, missing or unreadable files. Not RuntimeError: out of memory is one.
+UNLOADABLE = (OSError, ValueError, AssertionError, TypeError, KeyError, IndexError, AttributeError)
+
+
+@contextlib.contextmanager
+def refused_if_unloadable(path: Path, what: str):
+    """A model directory that its class cannot be built or loaded from, as one line naming it."""
+    try:
+        yield
+    except UNLOADABLE as exc:
+        detail = (str(exc).splitlines() or [""])[0][:200]
+        raise UserError(f"cannot load the {what} from {path} ({type(exc).__name__}: {detail}): check its config.json "
+                        "against its weights, or save the model again with save_pretrained") from None
+
+
+def check_buildable(path: Path, what: str) -> None:
+    """Before any stage runs: the model class of `what` builds from the directory's config.json, on the meta device
+    (no memory, no weights read), so a contradictory config is refused now, not by the stage that loads it after
+    the stages before it ran. transformers' own classes only: remote code is not run here."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
     try:
+        config = AutoConfig.from_pretrained(str(path))
+    except (OSError, ValueError):
+        return  # remote code, or a config the loader refuses with its own message
+    classifier = what not in CAUSAL_LM_ROLES
+    if classifier:
+        config.num_labels = 1
+    with refused_if_unloadable(path, what), torch.device("meta"):
+        (AutoModelForSequenceClassification if classifier else AutoModelForCausalLM).from_config(config)
+
+
+def load_causal_lm(path: Path, trust_remote_code: bool = False, what: str = "causal LM"):
+    from transformers import AutoModelForCausalLM
+
+    with refused_if_unloadable(path, what):
         return AutoModelForCausalLM.from_pretrained(str(path), use_safetensors=True, **float32_weights(),
                                                     trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"cannot load causal LM from {path}: {str(exc).splitlines()[0]}") from None
 
 
 def resolve_policy(policy) -> Path:
@@ -260,7 +294,8 @@ def check_tokenizer_files(path: Path, what: str, trust_remote_code: bool) -> Non
 def load_policy(policy):
     """(tokenizer, model) of the starting policy; the model in eval mode."""
     path = resolve_policy(policy)
-    tokenizer, model = policy_tokenizer(path, policy), load_causal_lm(path, policy.trust_remote_code).eval()
+    tokenizer, model = policy_tokenizer(path, policy), load_causal_lm(path, policy.trust_remote_code,
+                                                                       "policy model").eval()
     check_match(tokenizer, model.get_input_embeddings().num_embeddings, path)
     return tokenizer, model
 

@@ -9,7 +9,7 @@ import torch
 
 from rlaif.errors import UserError
 from rlaif.models.adapters import stores_weights_transposed
-from rlaif.models.loading import check_match, float32_weights, load_tokenizer
+from rlaif.models.loading import check_match, float32_weights, load_tokenizer, refused_if_unloadable
 from rlaif.models.packing import enable_packing, packed_scores
 
 
@@ -19,9 +19,10 @@ def load_reward_model(path: Path, lora_rank: int = 0, lora_alpha: int = 32):
     from transformers import AutoModelForSequenceClassification
 
     tokenizer = load_tokenizer(path, padding_side=None)
-    model, loaded = AutoModelForSequenceClassification.from_pretrained(str(path), use_safetensors=True, num_labels=1,
-                                                                       ignore_mismatched_sizes=True,
-                                                                       output_loading_info=True, **float32_weights())
+    with refused_if_unloadable(path, "reward model"):
+        model, loaded = AutoModelForSequenceClassification.from_pretrained(
+            str(path), use_safetensors=True, num_labels=1, ignore_mismatched_sizes=True, output_loading_info=True,
+            **float32_weights())
     # Only the head may be replaced (fresh, one score); a backbone tensor that does not fit its config is an error.
     backbone = {key for key, *_ in loaded["mismatched_keys"] if key.startswith(model.base_model_prefix + ".")}
     if backbone:

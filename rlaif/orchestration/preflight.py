@@ -224,10 +224,12 @@ def checked_model(role: str, spec: str, trust_remote_code: bool) -> Path | None:
     from rlaif.models.loading import (
         CAUSAL_LM_ROLES,
         MINILM,
+        check_buildable,
         check_builtin,
         check_causal_lm,
         check_tokenizer_files,
         minilm_dir,
+        quiet_transformers,
     )
 
     check_builtin(spec, role)
@@ -244,9 +246,11 @@ def checked_model(role: str, spec: str, trust_remote_code: bool) -> Path | None:
     if spec.startswith("builtin:"):
         return minilm_dir() if spec == MINILM else None
     path = check_model_files(Path(spec.removeprefix("file://")).expanduser(), role)
+    quiet_transformers()  # its warnings on a config's fields would precede the one line that refuses it
     if role in CAUSAL_LM_ROLES:
         check_causal_lm(path, role)
     check_tokenizer_files(path, role, trust_remote_code)
+    check_buildable(path, role)
     return path
 
 

@@ -120,7 +120,7 @@ class TransformersEngine:
             path = resolve(cfg.label.hf.model, "judge model")
             self.tokenizer = with_model_stops(load_tokenizer(path, cfg.label.hf.trust_remote_code, padding_side="left"),
                                               path)  # a rationale ends where the in-process judge's does
-            self.model = load_causal_lm(path, cfg.label.hf.trust_remote_code).eval()
+            self.model = load_causal_lm(path, cfg.label.hf.trust_remote_code, "judge model").eval()
         self.device = local_device()
         self.model.to(self.device)
         self.cache_budget_gib, self.bytes_per_token = cfg.serve.max_request_cache_gib, cache_bytes_per_token(self.model)

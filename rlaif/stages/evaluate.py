@@ -131,7 +131,7 @@ def run(ctx: StageContext) -> dict:
     device = local_device()
     tokenizer, reference = load_policy(cfg.policy)
     reference.to(device)
-    tuned_model = load_causal_lm(model_dir(ctx, "ppo", "policy")).eval().to(device)
+    tuned_model = load_causal_lm(model_dir(ctx, "ppo", "policy"), what="tuned policy").eval().to(device)
 
     seed = cfg.seed * 7919 + 17
     tuned, start = (answer(model, tokenizer, cfg, prompts, seed) for model in (tuned_model, reference))

@@ -1,5 +1,6 @@
 """Bad input a user can give, across the CLI and every stage: each ends in one line naming the problem and the fix,
 exit code 2, no traceback, and nothing written that a later stage would trust (no manifest)."""
+import json
 import re
 import subprocess
 import sys
@@ -160,6 +161,22 @@ def test_bad_policy_directories(tmp_path, kind, needle):
     proc = rlaif("stage", "generate", "--config", "configs/tiny.yaml", "--set", f"storage.root=file://{tmp_path}/runs",
                  "--set", f"policy.model={model}")
     assert_clean_failure(proc, needle)
+    assert no_manifest(tmp_path)
+
+
+@pytest.mark.parametrize("command", ["run", "stage"])
+def test_a_model_config_its_class_cannot_be_built_from(tmp_path, command):
+    # A pad_token_id past the vocabulary fails in the class's constructor (an AssertionError in nn.Embedding):
+    # refused before any stage by `rlaif run`, and by the loader of a stage run by hand, as one line each.
+    model = small_model(tmp_path / "model", tokenizer_vocab=300, model_vocab=300)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "pad_token_id": 100_000}))
+    args = ("--config", "configs/tiny.yaml", "--set", f"storage.root=file://{tmp_path}/runs", "--set",
+            f"train_rm.backbone={model}" if command == "run" else f"policy.model={model}")
+    proc = rlaif("run", *args) if command == "run" else rlaif("stage", "generate", *args)
+    what = "reward-model backbone" if command == "run" else "policy model"
+    assert_clean_failure(proc, f"cannot load the {what} from {model} (AssertionError: Padding_idx must be within "
+                               "num_embeddings): check its config.json")
     assert no_manifest(tmp_path)
 
 
