@@ -20,9 +20,10 @@ def load_reward_model(path: Path, lora_rank: int = 0, lora_alpha: int = 32):
 
     tokenizer = load_tokenizer(path, padding_side=None)
     with refused_if_unloadable(path, "reward model"):
-        model, loaded = AutoModelForSequenceClassification.from_pretrained(
-            str(path), use_safetensors=True, num_labels=1, ignore_mismatched_sizes=True, output_loading_info=True,
-            **float32_weights())
+        model, loaded = AutoModelForSequenceClassification.from_pretrained(str(path), use_safetensors=True,
+                                                                           num_labels=1, ignore_mismatched_sizes=True,
+                                                                           output_loading_info=True,
+                                                                           **float32_weights())
     # Only the head may be replaced (fresh, one score); a backbone tensor that does not fit its config is an error.
     backbone = {key for key, *_ in loaded["mismatched_keys"] if key.startswith(model.base_model_prefix + ".")}
     if backbone:
