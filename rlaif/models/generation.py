@@ -57,7 +57,8 @@ def sample(model, tokenizer, enc: dict, *, max_new_tokens: int, temperature: flo
                                       pad_id=tokenizer.pad_token_id, min_new_tokens=min_new_tokens,
                                       cuda_graph=False if want_hidden else None, recorder=recorder)
         return (responses, recorder.hidden()) if want_hidden else responses
-    with hooked, torch.autocast("cuda", dtype=torch.bfloat16, enabled=enc["input_ids"].is_cuda):
+    on_gpu = enc["input_ids"].is_cuda
+    with hooked, plain_generation(model), torch.autocast("cuda", dtype=torch.bfloat16, enabled=on_gpu):
         out = model.generate(
             **enc,
             do_sample=temperature > 0,
@@ -145,13 +146,35 @@ def sample_seeded(model, tokenizer, enc: dict, seeds: list[int], *, max_new_toke
                              min_new_tokens=min_new_tokens)
     processors = LogitsProcessorList([PerRowSampler(seeds, temperature, top_k, top_p)]
                                      if temperature > 0 else [])
-    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=enc["input_ids"].is_cuda):
+    with plain_generation(model), torch.autocast("cuda", dtype=torch.bfloat16, enabled=enc["input_ids"].is_cuda):
         out = model.generate(**enc, do_sample=False, logits_processor=processors, max_new_tokens=max_new_tokens,
                              min_new_tokens=min_new_tokens or None,
                              pad_token_id=tokenizer.pad_token_id, eos_token_id=stop_ids(tokenizer) or None,
                              use_cache=True,
                              **({"stop_strings": list(stop), "tokenizer": tokenizer} if stop else {}))
     return out[:, enc["input_ids"].shape[1]:]
+
+
+TOKEN_SETTINGS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
+
+
+@contextlib.contextmanager
+def plain_generation(model):
+    """generate() with the settings of its call alone. transformers fills every setting the call leaves unset from the
+    model's generation_config.json, which may carry processors (repetition_penalty, suppress_tokens, top_k,
+    no_repeat_ngram_size, min_p, ...): they would sample from another distribution than softmax(logits / T) under the
+    configured top-k and top-p, the one whose log-probs, KL and entropy PPO and evaluate compute and the one the
+    static decoder samples. The model's own config is back after the call (an exported policy keeps it); its EOS ids
+    are read apart (loading.with_model_stops)."""
+    from transformers import GenerationConfig
+
+    inner = unwrapped(model)
+    own = inner.generation_config
+    inner.generation_config = GenerationConfig(**{name: getattr(own, name, None) for name in TOKEN_SETTINGS})
+    try:
+        yield
+    finally:
+        inner.generation_config = own
 
 
 def sample_texts(model, tokenizer, texts: list[str], seeds: list[int], device, settings) -> list[tuple[str, int]]:
@@ -290,6 +313,10 @@ def next_token_logprobs(model, inputs: dict) -> torch.Tensor:
     is the same kernel whatever the batch, so the hf judge (which batches rows) and the judge service (a row per
     request) give the same bits."""
     keep = {"logits_to_keep": 1} if forward_takes(model, "logits_to_keep") else {}
+    if "attention_mask" in inputs and "position_ids" not in inputs and forward_takes(model, "position_ids"):
+        # Each row's own positions: a model with learned absolute positions (GPT-2) would otherwise count the left
+        # padding, and a row's answer would depend on the longest row of its batch.
+        keep["position_ids"] = position_ids(inputs["attention_mask"])
     layer = model.get_output_embeddings()
     handle = layer.register_forward_hook(_row_by_row) if layer is not None else None
     try:

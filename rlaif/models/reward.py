@@ -18,7 +18,9 @@ def load_reward_model(path: Path, lora_rank: int = 0, lora_alpha: int = 32):
     saved with another number of labels gets a fresh one-score head, as an encoder or a causal LM does."""
     from transformers import AutoModelForSequenceClassification
 
-    tokenizer = load_tokenizer(path, padding_side=None)
+    # Right padding: the positions a classifier counts from column 0 are each row's own (a left-padded row of a model
+    # with learned absolute positions, GPT-2, would be scored by the longest row of its batch).
+    tokenizer = load_tokenizer(path, padding_side="right")
     with refused_if_unloadable(path, "reward model"):
         model, loaded = AutoModelForSequenceClassification.from_pretrained(str(path), use_safetensors=True,
                                                                            num_labels=1, ignore_mismatched_sizes=True,
@@ -30,8 +32,9 @@ def load_reward_model(path: Path, lora_rank: int = 0, lora_alpha: int = 32):
         raise UserError(f"the weights in {path} do not fit its config.json ({', '.join(sorted(backbone)[:3])}): "
                         "re-export the model with save_pretrained")
     check_match(tokenizer, model.get_input_embeddings().num_embeddings, path)
-    if model.config.pad_token_id is None:
-        model.config.pad_token_id = tokenizer.pad_token_id
+    # The classifier pools each row's rightmost token that is not config.pad_token_id: it must be the id the
+    # tokenizer pads with (a config naming another id, or a tokenizer padding with its EOS, would pool a padding token).
+    model.config.pad_token_id = tokenizer.pad_token_id
     if lora_rank > 0:
         from peft import LoraConfig, get_peft_model
 

@@ -196,3 +196,80 @@ assert filecmp.cmpfiles({str(tmp_path / "ours")!r}, {str(tmp_path / "plain")!r},
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def gpt2_with_unit_positions(tokenizer, head: str = "lm"):
+    """A GPT-2 whose learned position embeddings are of a trained model's scale: at the default 0.02 initialisation
+    a shift of positions moves the outputs by ~1e-3, and the tests below would pass on the bug."""
+    from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
+
+    config = GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=2, n_positions=128, num_labels=1,
+                        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(0)
+    model = (GPT2LMHeadModel if head == "lm" else GPT2ForSequenceClassification)(config).eval()
+    with torch.no_grad():
+        model.transformer.wpe.weight.normal_()
+    return model
+
+
+def test_a_judge_with_learned_positions_answers_each_row_as_alone(llama_dir):
+    # The hf judge left-pads its prompts: GPT-2 counted the padding as positions, and a row's P(answer) depended on
+    # the longest row of its batch (0.11 alone, 0.0002 beside a longer prompt).
+    from rlaif.models.generation import next_token_logprobs
+    from rlaif.models.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(llama_dir)  # pads on the left
+    model = gpt2_with_unit_positions(tokenizer)
+    texts = ["Which is better? Preferred response:", "A much longer comparison of two answers, with the principle "
+             "written out in full before it. Preferred response:"]
+    alone = next_token_logprobs(model, dict(tokenizer(texts[:1], return_tensors="pt")))
+    batched = next_token_logprobs(model, dict(tokenizer(texts, return_tensors="pt", padding=True)))
+    assert torch.allclose(batched[0], alone[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["left-padding tokenizer", "config pad id not the tokenizer's"])
+def test_a_reward_model_scores_each_pair_as_alone(llama_dir, tmp_path, case):
+    # A GPT-2 backbone whose tokenizer pads on the left scored by batch (learned positions); a config.json naming
+    # another pad id than the tokenizer pads with pooled a padding token. Both ran to the end of the pipeline.
+    from rlaif.models.loading import load_tokenizer
+    from rlaif.models.reward import batched_rewards
+
+    tokenizer = load_tokenizer(llama_dir)
+    if case == "left-padding tokenizer":
+        model = gpt2_with_unit_positions(tokenizer, head="classifier")
+        edit = lambda config: config.update(padding_side="left")  # noqa: E731
+    else:
+        from transformers import LlamaForSequenceClassification
+
+        torch.manual_seed(0)
+        model = LlamaForSequenceClassification(llama_config(llama_dir, num_labels=1, pad_token_id=5))
+        edit = None
+    loaded_tokenizer, loaded = load_reward_model(save_model(model, tmp_path / "rm", llama_dir, edit))
+    prompts, responses = ["Hi", "A much longer prompt than the first one, by far"], ["Hello there.", "Sure."]
+    alone = batched_rewards(loaded, loaded_tokenizer, prompts[:1], responses[:1], 128, "cpu")
+    batched = batched_rewards(loaded, loaded_tokenizer, prompts, responses, 128, "cpu")
+    assert torch.allclose(batched[:1], alone, atol=1e-5), (batched, alone)
+
+
+def test_sampling_through_generate_ignores_the_models_generation_config(llama_dir, tmp_path):
+    # generate() fills what its call leaves unset from generation_config.json: suppress_tokens and a repetition
+    # penalty sampled from another distribution than the one PPO's log-probs and KL are computed for (a negative KL
+    # in a probe), and only on the generate() path (a stop string, sliding-window and ALiBi models).
+    from rlaif.models.generation import encode_prompts, sample_seeded
+    from rlaif.models.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(llama_dir)
+    plain = load_causal_lm(llama_dir).eval()
+    odd_dir = tmp_path / "odd"
+    shutil.copytree(llama_dir, odd_dir)
+    settings = json.loads((odd_dir / "generation_config.json").read_text())
+    keep = {tokenizer.eos_token_id, *tokenizer("the a and", add_special_tokens=False).input_ids}
+    (odd_dir / "generation_config.json").write_text(json.dumps({
+        **settings, "repetition_penalty": 5.0, "no_repeat_ngram_size": 2,
+        "suppress_tokens": [i for i in range(len(tokenizer)) if i not in keep]}))
+    odd = load_causal_lm(odd_dir).eval()
+    enc = encode_prompts(tokenizer, ["Question: How do I boil an egg?\nAnswer:"], "cpu")
+    runs = [sample_seeded(model, tokenizer, enc, [7], max_new_tokens=10, temperature=1.0, stop=["zzzz"])
+            for model in (plain, odd)]
+    assert runs[0].tolist() == runs[1].tolist()
+    assert odd.generation_config.repetition_penalty == 5.0  # the model's own settings are back after the call
