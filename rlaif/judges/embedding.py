@@ -29,6 +29,7 @@ class EmbeddingJudge:
 
         path = resolve(backbone, "embedding judge backbone")
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
+        self.tokenizer.padding_side = "right"  # positions from column 0 are each text's own (learned positions)
         self.device = local_device()
         self.model = AutoModel.from_pretrained(str(path), use_safetensors=True, **float32_weights()).eval()
         self.model.to(self.device)
