@@ -9,6 +9,9 @@ from pathlib import Path
 
 from rlaif.errors import UserError
 
+# Weights saved with pickle (torch.save): never loaded, since unpickling can run code.
+PICKLED_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
+
 
 def check_model_dir(path: Path, what: str) -> Path:
     if path.is_file():
@@ -25,8 +28,12 @@ def check_model_dir(path: Path, what: str) -> Path:
                             "result with its tokenizer")
         raise UserError(f"{what} directory {path} has no config.json: it is not a Hugging Face model directory")
     if not any(path.glob("*.safetensors")):
-        raise UserError(f"{what} directory {path} has no .safetensors weights: "
-                        "convert it with save_pretrained(safe_serialization=True)")
+        if any(any(path.glob(pattern)) for pattern in PICKLED_WEIGHTS):
+            raise UserError(f"{what} directory {path} has no .safetensors weights, only pickled ones (loaded by none "
+                            "of the stages: they could run code): convert it with "
+                            "save_pretrained(safe_serialization=True)")
+        raise UserError(f"{what} directory {path} has no weights (no .safetensors files): save the model into it "
+                        "with save_pretrained, or name the directory that holds them")
     return path
 
 

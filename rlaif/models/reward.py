@@ -21,6 +21,7 @@ def load_reward_model(path: Path, lora_rank: int = 0, lora_alpha: int = 32):
     # Right padding: the positions a classifier counts from column 0 are each row's own (a left-padded row of a model
     # with learned absolute positions, GPT-2, would be scored by the longest row of its batch).
     tokenizer = load_tokenizer(path, padding_side="right")
+    tokenizer.truncation_side = "right"  # as pair_inputs truncates the policy's token ids: both keep the starts
     with refused_if_unloadable(path, "reward model"):
         model, loaded = AutoModelForSequenceClassification.from_pretrained(str(path), use_safetensors=True,
                                                                            num_labels=1, ignore_mismatched_sizes=True,

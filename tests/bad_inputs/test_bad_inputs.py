@@ -130,6 +130,7 @@ def test_bad_config_files(tmp_path):
 
 
 def small_model(path: Path, tokenizer_vocab: int, model_vocab: int, safetensors: bool = True) -> Path:
+    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from rlaif.models.tiny import _train_tokenizer
@@ -139,14 +140,16 @@ def small_model(path: Path, tokenizer_vocab: int, model_vocab: int, safetensors:
                                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2))
     model.save_pretrained(path, safe_serialization=safetensors)
     tok.save_pretrained(path)
-    if not safetensors:
+    if not safetensors:  # transformers 5 writes safetensors whatever safe_serialization says: a pickle instead
         for f in path.glob("*.safetensors"):
             f.unlink()
+        torch.save(model.state_dict(), path / "pytorch_model.bin")
     return path
 
 
 @pytest.mark.parametrize("kind, needle", [
-    ("no-safetensors", "has no .safetensors weights"),
+    ("no-safetensors", "has no .safetensors weights, only pickled ones"),
+    ("no-weights", "has no weights (no .safetensors files): save the model into it"),
     ("mismatch", "do not belong together"),
     ("no-config", "has no config.json"),
 ])
@@ -157,7 +160,9 @@ def test_bad_policy_directories(tmp_path, kind, needle):
         (model / "model.safetensors").write_bytes(b"")
     else:
         small_model(model, tokenizer_vocab=300, model_vocab=64 if kind == "mismatch" else 300,
-                    safetensors=kind != "no-safetensors")
+                    safetensors=kind not in ("no-safetensors", "no-weights"))
+        for weights in model.glob("*.bin") if kind == "no-weights" else ():
+            weights.unlink()
     proc = rlaif("stage", "generate", "--config", "configs/tiny.yaml", "--set", f"storage.root=file://{tmp_path}/runs",
                  "--set", f"policy.model={model}")
     assert_clean_failure(proc, needle)
