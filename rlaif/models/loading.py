@@ -193,8 +193,9 @@ def float32_weights() -> dict:
 
 # What a model class raises for a directory it cannot be built or loaded from: a config whose values contradict each
 # other (a pad_token_id past the vocabulary: AssertionError; heads that do not divide the hidden size: ValueError), a
-# field of the wrong type, missing or unreadable files. Not RuntimeError: out of memory is one.
-UNLOADABLE = (OSError, ValueError, AssertionError, TypeError, KeyError, IndexError, AttributeError)
+# field of the wrong type, missing or unreadable files, a package the config asks for (an attention kernel) that is
+# not installed. Not RuntimeError: out of memory is one.
+UNLOADABLE = (OSError, ValueError, AssertionError, TypeError, KeyError, IndexError, AttributeError, ImportError)
 
 
 @contextlib.contextmanager
