@@ -152,16 +152,19 @@ class Engine:
 
     def backward(self, loss: torch.Tensor) -> None:
         if self.strategy == "deepspeed":
-            self.module.backward(loss)  # DeepSpeed scales by the accumulation steps itself
+            # DeepSpeed scales by the accumulation steps itself, and its step() after every micro-batch's backward is
+            # what counts micro-batches: ZeRO reduces gradients in the backward that its count says ends the window
+            # (two backwards before one step reduced none, and the update failed).
+            self.module.backward(loss)
+            self.module.step()
         else:
             (loss / self.accum_steps).backward()
         self._micro += 1
 
     def step(self) -> float:
-        """Optimizer step at the end of an accumulation window; returns the gradient norm before clipping."""
+        """Optimizer step at the end of an accumulation window; returns the gradient norm before clipping. (DeepSpeed
+        stepped in each backward: it updated at the window's last one.)"""
         if self.strategy == "deepspeed":
-            for _ in range(self.accum_steps):  # DeepSpeed counts micro steps and updates at the boundary
-                self.module.step()
             norm = self.module.get_global_grad_norm()
             return float(norm) if norm is not None else float("nan")
         norm = torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], self.grad_clip)

@@ -1,6 +1,7 @@
 """Run under torchrun by test_ppo.py: one update on a fixed synthetic global batch, each rank holding its slice of it
-(as after a distributed rollout), for PPO and GRPO, each without and with gradient accumulation (a fresh policy for
-each, so one launch serves all four); rank 0 saves the trainable weights as OUT_DIR/{algorithm}-accum{1,2}.pt.
+(as after a distributed rollout), for PPO and GRPO under DDP and PPO under DeepSpeed ZeRO-2, each without and with
+gradient accumulation (a fresh policy for each, so one launch serves all six); rank 0 saves the trainable weights as
+OUT_DIR/{ppo,grpo,zero2}-accum{1,2}.pt.
 
     torchrun --nproc_per_node=N tests/stages/ppo_update_worker.py OUT_DIR
 """
@@ -56,6 +57,9 @@ def main(out_dir: str) -> None:
             one_update(f"{out_dir}/{algorithm}-accum{accum}.pt",
                        [f"ppo.algorithm={algorithm}", "ppo.group_size=2", f"ppo.grad_accum_steps={accum}"], rank, world,
                        device)
+    for accum in (1, 2):  # DeepSpeed counts micro-batches itself: accumulation once failed there alone
+        one_update(f"{out_dir}/zero2-accum{accum}.pt", ["ppo.strategy=deepspeed", "ppo.zero_stage=2",
+                                                        f"ppo.grad_accum_steps={accum}"], rank, world, device)
     dist.teardown()
 
 

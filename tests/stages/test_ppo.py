@@ -24,7 +24,8 @@ def torchrun(nproc: int, *args, env=None, timeout=600):
 
 @pytest.fixture(scope="module")
 def updates(tmp_path_factory) -> dict:
-    """{nproc: out_dir}: one launch per process count; each runs PPO and GRPO updates without and with accumulation."""
+    """{nproc: out_dir}: one launch per process count; each runs PPO and GRPO updates, and PPO under ZeRO-2, without
+    and with accumulation."""
     out = {}
     for nproc in (1, 2):
         out[nproc] = tmp_path_factory.mktemp(f"updates-{nproc}")
@@ -49,6 +50,17 @@ def test_update_is_the_same_for_one_and_two_processes_and_with_accumulation(upda
         for key in weights["one"]:
             torch.testing.assert_close(weights[name][key], weights["one"][key], atol=1e-5, rtol=1e-5,
                                        msg=f"{name}: {key}")
+
+
+def test_deepspeed_updates_as_ddp_does_with_and_without_accumulation(updates):
+    # ZeRO-2 with grad_accum_steps 2 failed in DeepSpeed's step (no gradients reduced) while 1 worked.
+    expected = torch.load(updates[1] / "ppo-accum1.pt", weights_only=True)
+    for nproc in (1, 2):
+        for accum in (1, 2):
+            got = torch.load(updates[nproc] / f"zero2-accum{accum}.pt", weights_only=True)
+            for key in expected:
+                torch.testing.assert_close(got[key], expected[key], atol=1e-5, rtol=1e-5,
+                                           msg=f"{nproc} processes, accumulation {accum}: {key}")
 
 
 @pytest.fixture(scope="module")
