@@ -340,8 +340,9 @@ class PipelineConfig(Strict):
     run_id: str = "default"
     """Name of the run; outputs go to <storage.root>/<run_id>/. Re-running the same run_id resumes it. The built-in
     defaults run as `default`, apart from the demo config's `demo`."""
-    seed: int = Field(0, ge=0, le=2**63 - 1)
-    """Seed of every random choice in every stage."""
+    seed: int = Field(0, ge=0, le=2**32 - 1)
+    """Seed of every random choice in every stage. Up to 2^32 - 1: the seeds derived from it per iteration, process
+    and epoch stay within torch's 64-bit seeds."""
     storage: StorageConfig = StorageConfig()
     """Where outputs live."""
     data: DataConfig = DataConfig()
