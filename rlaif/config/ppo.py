@@ -91,8 +91,8 @@ class PPOConfig(Strict):
     """Value-loss weight (TRL: 0.1)."""
     kl_coef: float = Field(0.05, ge=0, le=3.4e38)  # float32: a huge one diverges, which ppo refuses
     """PPO: weight of the per-token KL penalty in the reward (peers: 0.001 to 0.1). GRPO: weight of the KL loss term
-    (TRL's GRPO default is 0). 0 without adaptive_kl_target: no reference at all (no reference pass per rollout, no
-    frozen copy of an all-weights policy), and the KL to it is not logged."""
+    (TRL's GRPO default is 0). 0: no reference at all (no reference pass per rollout, no frozen copy of an
+    all-weights policy), and the KL to it is not logged. With adaptive_kl_target, the coefficient it starts from."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k1"
     """Per-token KL estimator (PPO peers use k1 in the reward; GRPO uses k3 in the loss)."""
     adaptive_kl_target: float | None = Field(None, gt=0, le=1e6)
@@ -153,6 +153,9 @@ class PPOConfig(Strict):
         if self.algorithm == "grpo" and self.adaptive_kl_target is not None:
             raise ValueError("adaptive_kl_target adapts PPO's KL penalty; GRPO's KL loss weight is kl_coef, fixed: "
                              "remove adaptive_kl_target, or set algorithm ppo")
+        if self.adaptive_kl_target is not None and self.kl_coef == 0:
+            raise ValueError("adaptive_kl_target scales kl_coef up and down from its starting value, and from 0 it "
+                             "stays 0: set kl_coef above 0 as its start (e.g. 0.05), or remove adaptive_kl_target")
         if self.algorithm == "grpo" and self.rollout_batch_size % self.group_size:
             raise ValueError(f"rollout_batch_size {self.rollout_batch_size} must be a multiple of "
                              f"group_size {self.group_size}")

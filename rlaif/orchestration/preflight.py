@@ -68,10 +68,13 @@ def check_enough_pairs(cfg: PipelineConfig, prompts: list[dict]) -> None:
     capped = cfg.generate.max_prompts is not None and cfg.generate.max_prompts < training_prompts
     train_pairs = cfg.train_rm.training_pairs(min(training_prompts, cfg.generate.max_prompts or training_prompts))
     if train_pairs < cfg.train_rm.batch_size:
-        more = "raise generate.max_prompts" if capped else "add prompts"
-        raise UserError(f"at most {train_pairs} training pairs for train_rm.batch_size={cfg.train_rm.batch_size} (one "
-                        f"pair per training prompt, {cfg.train_rm.held_out_fraction:g} held out): {more}, lower "
-                        "train_rm.held_out_fraction, or lower train_rm.batch_size")
+        more = "raise generate.max_prompts" if capped else "add prompts, lower data.eval_fraction"
+        source = (f"generate.max_prompts={cfg.generate.max_prompts} of the {training_prompts} training prompts"
+                  if capped else f"{training_prompts} of the {len(prompts)} prompts are training prompts at "
+                  f"data.eval_fraction={cfg.data.eval_fraction:g}")
+        raise UserError(f"at most {train_pairs} training pairs for train_rm.batch_size={cfg.train_rm.batch_size} "
+                        f"({source}; one pair per training prompt, {cfg.train_rm.held_out_fraction:g} of them held "
+                        f"out): {more}, lower train_rm.held_out_fraction, or lower train_rm.batch_size")
 
 
 

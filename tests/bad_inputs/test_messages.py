@@ -47,11 +47,15 @@ def test_too_few_prompts_for_the_reward_models_batch_is_refused_before_generate(
     prompts = tmp_path / "few.jsonl"
     prompts.write_text("\n".join(lines) + "\n")
     cli("run", "--config", TINY, *root, "--set", f"data.prompts={prompts}", "--set", "data.eval_fraction=0.5",
-        needle="at most 4 training pairs for train_rm.batch_size=8 (one pair per training prompt, 0.1 held out): "
-               "add prompts")
+        needle="at most 4 training pairs for train_rm.batch_size=8 (5 of the 12 prompts are training prompts at "
+               "data.eval_fraction=0.5; one pair per training prompt, 0.1 of them held out): add prompts, lower "
+               "data.eval_fraction")
     cli("run", "--config", TINY, *root, "--set", "generate.max_prompts=5",
-        needle="at most 4 training pairs for train_rm.batch_size=8 (one pair per training prompt, 0.1 held out): "
-               "raise generate.max_prompts")
+        needle="(generate.max_prompts=5 of the 2498 training prompts; one pair per training prompt, 0.1 of them "
+               "held out): raise generate.max_prompts")
+    cli("run", "--config", TINY, *root, "--set", "data.eval_fraction=0.999",  # the split, not the batch, is the cause
+        needle="at most 0 training pairs for train_rm.batch_size=8 (1 of the 2780 prompts are training prompts at "
+               "data.eval_fraction=0.999;")
     assert not (tmp_path / "root").exists()
 
 

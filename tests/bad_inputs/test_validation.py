@@ -316,3 +316,6 @@ def test_an_adaptive_kl_target_under_grpo_is_refused():
 
     with pytest.raises(UserError, match="adaptive_kl_target adapts PPO's KL penalty"):
         load_config("configs/tiny.yaml", ["ppo.algorithm=grpo", "ppo.adaptive_kl_target=6"])
+    # The controller scales the coefficient: from 0 it stayed 0, a reference pass ran every iteration for nothing.
+    with pytest.raises(UserError, match="from 0 it stays 0: set kl_coef above 0 as its start"):
+        load_config("configs/tiny.yaml", ["ppo.kl_coef=0", "ppo.adaptive_kl_target=0.1"])

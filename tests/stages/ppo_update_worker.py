@@ -1,7 +1,8 @@
 """Run under torchrun by test_ppo.py: one update on a fixed synthetic global batch, each rank holding its slice of it
-(as after a distributed rollout), for PPO and GRPO under DDP and PPO under DeepSpeed ZeRO-2, each without and with
-gradient accumulation (a fresh policy for each, so one launch serves all six); rank 0 saves the trainable weights as
-OUT_DIR/{ppo,grpo,zero2}-accum{1,2}.pt.
+(as after a distributed rollout): PPO and GRPO under DDP and PPO under DeepSpeed ZeRO-2, each without and with
+gradient accumulation, PPO under ZeRO-3, and PPO with all weights trained under DDP and ZeRO-3 (a fresh policy for
+each, so one launch serves all nine); rank 0 saves the trainable weights as OUT_DIR/{ppo,grpo,zero2}-accum{1,2}.pt,
+OUT_DIR/zero3-accum1.pt and OUT_DIR/{ddp,deepspeed}-all-weights.pt.
 
     torchrun --nproc_per_node=N tests/stages/ppo_update_worker.py OUT_DIR
 """
@@ -46,8 +47,9 @@ def one_update(out: str, overrides: list[str], rank: int, world: int, device) ->
     assert all(torch.equal(gathered[k], batch[k]) for k in batch), "gather must rebuild the global batch"
     engine = ppo.make_engine(cfg, policy, device)
     ppo.update(cfg, engine, gathered, seed=7, kl_coef=cfg.ppo.kl_coef, amp=contextlib.nullcontext)
-    if rank == 0:
-        torch.save({n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}, out)
+    with engine.full_parameters():  # ZeRO-3: the partitions gathered, as the stage's export gathers them
+        if rank == 0:
+            torch.save({n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}, out)
 
 
 def main(out_dir: str) -> None:
@@ -57,9 +59,12 @@ def main(out_dir: str) -> None:
             one_update(f"{out_dir}/{algorithm}-accum{accum}.pt",
                        [f"ppo.algorithm={algorithm}", "ppo.group_size=2", f"ppo.grad_accum_steps={accum}"], rank, world,
                        device)
-    for accum in (1, 2):  # DeepSpeed counts micro-batches itself: accumulation once failed there alone
-        one_update(f"{out_dir}/zero2-accum{accum}.pt", ["ppo.strategy=deepspeed", "ppo.zero_stage=2",
-                                                        f"ppo.grad_accum_steps={accum}"], rank, world, device)
+    for stage, accum in ((2, 1), (2, 2), (3, 1)):  # DeepSpeed counts micro-batches itself: accumulation once failed
+        one_update(f"{out_dir}/zero{stage}-accum{accum}.pt", ["ppo.strategy=deepspeed", f"ppo.zero_stage={stage}",
+                                                              f"ppo.grad_accum_steps={accum}"], rank, world, device)
+    for strategy in ("ddp", "deepspeed"):  # all weights: ZeRO-3 partitions the policy, not its frozen reference copy
+        one_update(f"{out_dir}/{strategy}-all-weights.pt", [f"ppo.strategy={strategy}", "ppo.zero_stage=3",
+                                                             "ppo.lora_rank=0"], rank, world, device)
     dist.teardown()
 
 
