@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from rlaif.distributed import local_device
-from rlaif.models.loading import float32_weights, resolve
+from rlaif.models.loading import float32_weights, refused_if_unloadable, resolve
 
 
 class EmbeddingJudge:
@@ -31,7 +31,8 @@ class EmbeddingJudge:
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
         self.tokenizer.padding_side = "right"  # positions from column 0 are each text's own (learned positions)
         self.device = local_device()
-        self.model = AutoModel.from_pretrained(str(path), use_safetensors=True, **float32_weights()).eval()
+        with refused_if_unloadable(path, "embedding judge backbone"):
+            self.model = AutoModel.from_pretrained(str(path), use_safetensors=True, **float32_weights()).eval()
         self.model.to(self.device)
         self.temperature = temperature
         self.relevance_weight = relevance_weight

@@ -238,13 +238,27 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+# Decoders whose embeddings count positions from their input ids past the padding themselves, offset by their
+# padding_idx (RoBERTa's family): 0-based positions given to them would shift every token.
+OWN_POSITIONS = {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "data2vec-text", "xmod",
+                 "roberta-prelayernorm"}
+
+
+def row_positions(model, attention_mask: torch.Tensor) -> dict:
+    """The forward's `position_ids` that give each left-padded row its own positions (none for OWN_POSITIONS)."""
+    config = getattr(unwrapped(model), "config", None)
+    if getattr(config, "model_type", None) in OWN_POSITIONS:
+        return {}
+    return {"position_ids": position_ids(attention_mask)}
+
+
 def response_logits_and_hidden(model, prompt_ids, prompt_mask, responses, resp_mask, want_hidden: bool = False):
     """Logits predicting each response token ([B, T, V]) and, optionally, the hidden states at those positions (the
     model's output layer is applied to the response positions only)."""
     input_ids = torch.cat([prompt_ids, responses], dim=1)
     attention = torch.cat([prompt_mask, resp_mask], dim=1)
     keep = {"logits_to_keep": responses.shape[1] + 1} if forward_takes(model, "logits_to_keep") else {}
-    out = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids(attention),
+    out = model(input_ids=input_ids, attention_mask=attention, **row_positions(model, attention),
                 output_hidden_states=want_hidden, use_cache=False, **keep)
     p = prompt_ids.shape[1]
     logits = out.logits[:, -responses.shape[1] - 1 : -1]
@@ -294,7 +308,7 @@ def response_logprobs(model, prompt_ids, prompt_mask, responses, resp_mask, temp
         return spread(logprobs), spread(entropy), spread(hidden) if want_hidden else None
     input_ids = torch.cat([prompt_ids, responses], dim=1)
     attention = torch.cat([prompt_mask, resp_mask], dim=1)
-    out = backbone(input_ids=input_ids, attention_mask=attention, position_ids=position_ids(attention), use_cache=False)
+    out = backbone(input_ids=input_ids, attention_mask=attention, **row_positions(model, attention), use_cache=False)
     hidden = out.last_hidden_state[:, prompt_ids.shape[1] - 1 : -1]
     logprobs, entropy = chosen_logprobs(hidden, head.weight, head.bias, responses, temperature)
     return logprobs, entropy, hidden if want_hidden else None
@@ -316,7 +330,7 @@ def next_token_logprobs(model, inputs: dict) -> torch.Tensor:
     if "attention_mask" in inputs and "position_ids" not in inputs and forward_takes(model, "position_ids"):
         # Each row's own positions: a model with learned absolute positions (GPT-2) would otherwise count the left
         # padding, and a row's answer would depend on the longest row of its batch.
-        keep["position_ids"] = position_ids(inputs["attention_mask"])
+        keep.update(row_positions(model, inputs["attention_mask"]))
     layer = model.get_output_embeddings()
     handle = layer.register_forward_hook(_row_by_row) if layer is not None else None
     try:

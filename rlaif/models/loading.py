@@ -168,9 +168,14 @@ def resolve(spec: str, what: str) -> Path:
 
 def load_tokenizer(path: Path, trust_remote_code: bool = False, padding_side: str | None = "left"):
     """The directory's tokenizer, padding on `padding_side` (None: its own), its EOS as padding where it has none."""
+    from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    except StrictDataclassError as exc:  # AutoTokenizer reads config.json for the class, and validates it
+        raise UserError(f"{path / 'config.json'} does not validate ({' '.join(str(exc).split())[:200]}): fix it, or "
+                        "save the model again with save_pretrained") from None
     if padding_side is not None:
         tok.padding_side = padding_side
     if tok.pad_token is None:
@@ -191,40 +196,51 @@ def float32_weights() -> dict:
     return {"dtype": torch.float32}
 
 
-# What a model class raises for a directory it cannot be built or loaded from: a config whose values contradict each
-# other (a pad_token_id past the vocabulary: AssertionError; heads that do not divide the hidden size: ValueError), a
-# field of the wrong type, missing or unreadable files, a package the config asks for (an attention kernel) that is
-# not installed. Not RuntimeError: out of memory is one.
-UNLOADABLE = (OSError, ValueError, AssertionError, TypeError, KeyError, IndexError, AttributeError, ImportError)
+def unloadable() -> tuple[type[Exception], ...]:
+    """What a model class raises for a directory it cannot be built or loaded from: a config whose values contradict
+    each other (a pad_token_id past the vocabulary: AssertionError; heads that do not divide the hidden size:
+    huggingface_hub's validation error), a field of the wrong type, missing or unreadable files, a package the config
+    asks for (an attention kernel) that is not installed. Not RuntimeError: out of memory is one."""
+    from huggingface_hub.errors import StrictDataclassError
+
+    return OSError, ValueError, AssertionError, TypeError, KeyError, IndexError, AttributeError, ImportError, \
+        StrictDataclassError
 
 
 @contextlib.contextmanager
-def refused_if_unloadable(path: Path, what: str):
-    """A model directory that its class cannot be built or loaded from, as one line naming it."""
+def refused_if_unloadable(path: Path, what: str, also: tuple[type[Exception], ...] = ()):
+    """A model directory that its class cannot be built or loaded from (or raises one of `also`), as one line."""
     try:
         yield
-    except UNLOADABLE as exc:
-        detail = (str(exc).splitlines() or [""])[0][:200]
-        raise UserError(f"cannot load the {what} from {path} ({type(exc).__name__}: {detail}): check its config.json "
-                        "against its weights, or save the model again with save_pretrained") from None
+    except (*unloadable(), *also) as exc:
+        detail = " ".join(str(exc).split())[:200] or "no message"  # a validation error's first line names no field
+        fix = ("install the package it names, or remove the setting in config.json that asks for it"
+               if isinstance(exc, ImportError) else
+               "check its config.json against its weights, or save the model again with save_pretrained")
+        raise UserError(f"cannot load the {what} from {path} ({type(exc).__name__}: {detail}): {fix}") from None
 
 
-def check_buildable(path: Path, what: str) -> None:
-    """Before any stage runs: the model class of `what` builds from the directory's config.json, on the meta device
-    (no memory, no weights read), so a contradictory config is refused now, not by the stage that loads it after
-    the stages before it ran. transformers' own classes only: remote code is not run here."""
+def check_buildable(path: Path, what: str, trust_remote_code: bool) -> None:
+    """Before any stage runs: the model class of `what` builds from the directory's config.json in float32 (as the
+    loaders load it) on the meta device (no memory, no weights read), so a contradictory config is refused now, not by
+    the stage that loads it after the stages before it ran. A model of its own code (trusted, auto_map) is left to
+    the stage: that code is not run here."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    try:
-        config = AutoConfig.from_pretrained(str(path))
-    except (OSError, ValueError):
-        return  # remote code, or a config the loader refuses with its own message
+    fields = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    if trust_remote_code and fields.get("auto_map"):
+        return
+    if fields.get("quantization_config"):
+        raise UserError(f"{what} directory {path} holds a quantized checkpoint (config.json has a "
+                        "quantization_config): rlaif loads weights in float32 to train and sample them; give the "
+                        "unquantized model")
     classifier = what not in CAUSAL_LM_ROLES
-    if classifier:
-        config.num_labels = 1
-    with refused_if_unloadable(path, what), torch.device("meta"):
-        (AutoModelForSequenceClassification if classifier else AutoModelForCausalLM).from_config(config)
+    # On the meta device nothing is allocated: a RuntimeError there is the config's (a rotary table of a wrong shape).
+    with refused_if_unloadable(path, what, also=(RuntimeError, NotImplementedError)), torch.device("meta"):
+        config = AutoConfig.from_pretrained(str(path), **({"num_labels": 1} if classifier else {}))
+        (AutoModelForSequenceClassification if classifier else AutoModelForCausalLM).from_config(
+            config, **float32_weights())
 
 
 def load_causal_lm(path: Path, trust_remote_code: bool = False, what: str = "causal LM"):

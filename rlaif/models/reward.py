@@ -33,9 +33,12 @@ def load_reward_model(path: Path, lora_rank: int = 0, lora_alpha: int = 32):
         raise UserError(f"the weights in {path} do not fit its config.json ({', '.join(sorted(backbone)[:3])}): "
                         "re-export the model with save_pretrained")
     check_match(tokenizer, model.get_input_embeddings().num_embeddings, path)
-    # The classifier pools each row's rightmost token that is not config.pad_token_id: it must be the id the
-    # tokenizer pads with (a config naming another id, or a tokenizer padding with its EOS, would pool a padding token).
-    model.config.pad_token_id = tokenizer.pad_token_id
+    if hasattr(model, "score"):
+        # A decoder's classifier (its head is `score`) pools each row's rightmost token that is not the text config's
+        # pad_token_id: it must be the id the tokenizer pads with (a config naming another id, or a tokenizer padding
+        # with its EOS, would pool a padding token). An encoder pools its first token, and its pad id also places
+        # its positions (RoBERTa): left as saved.
+        model.config.pad_token_id = model.config.get_text_config().pad_token_id = tokenizer.pad_token_id
     if lora_rank > 0:
         from peft import LoraConfig, get_peft_model
 

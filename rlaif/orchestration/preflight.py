@@ -253,7 +253,7 @@ def checked_model(role: str, spec: str, trust_remote_code: bool) -> Path | None:
     if role in CAUSAL_LM_ROLES:
         check_causal_lm(path, role)
     check_tokenizer_files(path, role, trust_remote_code)
-    check_buildable(path, role)
+    check_buildable(path, role, trust_remote_code)
     return path
 
 

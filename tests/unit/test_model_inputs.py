@@ -273,3 +273,29 @@ def test_sampling_through_generate_ignores_the_models_generation_config(llama_di
             for model in (plain, odd)]
     assert runs[0].tolist() == runs[1].tolist()
     assert odd.generation_config.repetition_penalty == 5.0  # the model's own settings are back after the call
+
+
+def test_a_half_precision_or_fp8_config_passes_the_launch_build(llama_dir, tmp_path):
+    # The launch check builds the class as the loaders load it, in float32: a config saved in fp8 was refused there.
+    from rlaif.models.loading import check_buildable
+
+    for dtype in ("bfloat16", "float8_e4m3fn"):
+        model = tmp_path / dtype
+        shutil.copytree(llama_dir, model)
+        config = json.loads((model / "config.json").read_text())
+        (model / "config.json").write_text(json.dumps({**config, "dtype": dtype}))
+        check_buildable(model, "policy model", trust_remote_code=False)
+        check_buildable(model, "reward-model backbone", trust_remote_code=False)
+
+
+def test_decoders_that_place_their_own_positions_are_given_none(llama_dir):
+    # RoBERTa's family offsets positions past its padding index from the input ids: 0-based ids would shift them.
+    from transformers import RobertaConfig, RobertaForCausalLM
+
+    from rlaif.models.generation import row_positions
+
+    mask = torch.tensor([[0, 1, 1]])
+    roberta = RobertaForCausalLM(RobertaConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,
+                                               num_attention_heads=2, intermediate_size=32, is_decoder=True))
+    assert row_positions(roberta, mask) == {}
+    assert row_positions(load_causal_lm(llama_dir), mask)["position_ids"].tolist() == [[0, 0, 1]]
