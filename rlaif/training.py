@@ -251,6 +251,20 @@ def refuse_diverged(row: dict, names: tuple[str, ...], where: str, fix: str) -> 
                         f"stops; nothing is committed): {fix}")
 
 
+FLAT_REWARD_STD = 1e-3  # far below any reward that ranks responses: a reward model's are scaled to std 1 on its data
+
+
+def flat_reward_warning(algorithm: str, reward_std: float, responses: int) -> str | None:
+    """A line for a rollout whose rewards barely differ (the std over each process's rows, averaged): PPO's whitened
+    advantages, and GRPO's group-scaled ones, of near-equal rewards are rounding noise, which the policy would learn
+    from."""
+    if reward_std >= FLAT_REWARD_STD:
+        return None
+    return (f"{algorithm}: warning: the first rollout's rewards barely differ (std {reward_std:.2g} over {responses} "
+            "responses): the reward scores these responses alike, and the advantages are rounding noise; check the "
+            "reward model (train_rm's held-out accuracy) or the judge ppo.reward names")
+
+
 def checkpoint_damage(local: Path, strategy: str) -> str | None:
     """What is wrong with a checkpoint directory as files, or None: the files the engine reads there (DDP), every
     torch file a whole zip archive (one cut short loses its central directory), every JSON file parsing, and every

@@ -49,7 +49,7 @@ from rlaif.models.reward import reward_scorer
 from rlaif.progress import progress
 from rlaif.stages.common import StageContext, model_dir
 from rlaif.tracking import Tracker
-from rlaif.training import Checkpoints, Engine, refuse_diverged
+from rlaif.training import Checkpoints, Engine, flat_reward_warning, refuse_diverged
 
 
 def autocast(enabled: bool):
@@ -339,22 +339,11 @@ def iteration(cfg, engine: Engine, rollouts: Rollouts, controller, it: int, amp)
                     "reward's scale: ppo.reward_clip), then run it again")
     if "kl" in row:  # a coefficient that adapts always has a reference
         controller.update(row["kl"], settings.rollout_batch_size)
-    if it == 0 and dist.rank() == 0 and (warning := flat_reward_warning(settings, row["reward_std"])):
+    rows_per_process = settings.rollout_batch_size // dist.world_size()
+    if it == 0 and dist.rank() == 0 and rows_per_process > 1 and (
+            warning := flat_reward_warning(settings.algorithm, row["reward_std"], settings.rollout_batch_size)):
         print(warning, flush=True)
     return row
-
-
-FLAT_REWARD_STD = 1e-3  # far below any reward that ranks responses: a reward model's are scaled to std 1 on its data
-
-
-def flat_reward_warning(settings, reward_std: float) -> str | None:
-    """A line for a rollout whose rewards barely differ (each rank's std, averaged): PPO's whitened advantages, and
-    GRPO's group-scaled ones, of near-equal rewards are rounding noise, which the policy would learn from."""
-    if reward_std >= FLAT_REWARD_STD or settings.rollout_batch_size // dist.world_size() < 2:
-        return None
-    return (f"{settings.algorithm}: warning: the first rollout's rewards barely differ (std {reward_std:.2g} over "
-            f"{settings.rollout_batch_size} responses): the reward scores these responses alike, and the advantages "
-            "are rounding noise; check the reward model (train_rm's held-out accuracy) or the judge ppo.reward names")
 
 
 def run(ctx: StageContext) -> dict:

@@ -175,15 +175,11 @@ def test_a_stale_output_edges_above_the_launched_stage_is_named_from_that_stage(
 
 def test_a_first_rollout_whose_rewards_barely_differ_is_warned_of():
     # A judge that scores every response alike (std 0.0005 in a probe) trained on whitened noise without a word.
-    from rlaif.config import load_config
-    from rlaif.stages import ppo
+    from rlaif.training import flat_reward_warning
 
-    settings = load_config("configs/tiny.yaml", ["ppo.algorithm=grpo"]).ppo
-    assert ppo.flat_reward_warning(settings, 4.6e-4).startswith(
-        "grpo: warning: the first rollout's rewards barely differ (std 0.00046 over ")
-    assert ppo.flat_reward_warning(settings, 0.05) is None
-    one_each = settings.model_copy(update={"rollout_batch_size": 1})  # one row: its std is 0 by definition
-    assert ppo.flat_reward_warning(one_each, 0.0) is None
+    assert flat_reward_warning("grpo", 4.6e-4, 64).startswith(
+        "grpo: warning: the first rollout's rewards barely differ (std 0.00046 over 64 responses)")
+    assert flat_reward_warning("grpo", 0.05, 64) is None
 
 
 def test_a_kl_weight_of_zero_builds_and_runs_no_reference(upstream, tmp_path):
