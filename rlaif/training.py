@@ -164,6 +164,9 @@ class Engine:
     def step(self) -> float:
         """Optimizer step at the end of an accumulation window; returns the gradient norm before clipping. (DeepSpeed
         stepped in each backward: it updated at the window's last one.)"""
+        if self._micro % self.accum_steps:  # DeepSpeed would not update, and report the last window's norm
+            raise RuntimeError(f"optimizer step after {self._micro % self.accum_steps} of {self.accum_steps} "
+                               "micro-batches: a caller must step at the end of a whole accumulation window")
         if self.strategy == "deepspeed":
             norm = self.module.get_global_grad_norm()
             return float(norm) if norm is not None else float("nan")

@@ -165,12 +165,17 @@ def plain_generation(model):
     no_repeat_ngram_size, min_p, ...): they would sample from another distribution than softmax(logits / T) under the
     configured top-k and top-p, the one whose log-probs, KL and entropy PPO and evaluate compute and the one the
     static decoder samples. The model's own config is back after the call (an exported policy keeps it); its EOS ids
-    are read apart (loading.with_model_stops)."""
+    are read apart (loading.with_model_stops). Entries that are not transformers' settings stay (a model of its own
+    code may read them in its generate). One generate at a time per model object: the serving engine holds a lock,
+    and the asynchronous rollout samples with its own copy."""
     from transformers import GenerationConfig
 
     inner = unwrapped(model)
     own = inner.generation_config
-    inner.generation_config = GenerationConfig(**{name: getattr(own, name, None) for name in TOKEN_SETTINGS})
+    standard = GenerationConfig().to_dict()
+    custom = {key: value for key, value in own.to_dict().items() if key not in standard and not key.startswith("_")}
+    inner.generation_config = GenerationConfig(**{name: getattr(own, name, None) for name in TOKEN_SETTINGS},
+                                               **custom)
     try:
         yield
     finally:

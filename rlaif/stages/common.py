@@ -137,6 +137,8 @@ def context(cfg: PipelineConfig, name: str, part_index: int = 0, num_parts: int 
     try:
         inputs = {dep: current_input(cfg, dep, name, known) for dep in stage.inputs}
     except StaleInput as stale:
+        if stale.reader != name:
+            stale.through.append(name)
         if upstream_hashes is not None or stale.reader == name:
             raise
         raise stale.seen_from(name, cfg.run_id) from None  # name the stage launched, not an edge further up
@@ -169,13 +171,15 @@ class StaleInput(UserError):
     def __init__(self, message: str, dep: str, reader: str):
         super().__init__(message)
         self.dep, self.reader = dep, reader
+        self.through = [reader]  # the stages between the stale output and the one launched, as the error rises
 
     def seen_from(self, launched: str, run_id: str) -> StaleInput:
         """The same finding told to the stage launched, several edges below the stale output."""
-        return StaleInput(f"stage '{launched}' depends on '{self.dep}' (through '{self.reader}'), whose output in run "
-                          f"'{run_id}' was made from other settings, inputs or rlaif code than this config's now: run "
-                          f"the pipeline (`rlaif run`), or `rlaif launch` each stage from '{self.dep}' to "
-                          f"'{launched}' in order", self.dep, launched)
+        path = self.through[:-1] if self.through[-1] == launched else self.through
+        return StaleInput(f"stage '{launched}' depends on '{self.dep}' (through {', '.join(map(repr, path))}), whose "
+                          f"output in run '{run_id}' was made from other settings, inputs or rlaif code than this "
+                          f"config's now: run the pipeline (`rlaif run`), or `rlaif launch` each stage from "
+                          f"'{self.dep}' to '{launched}' in order", self.dep, launched)
 
 
 def start_context(cfg: PipelineConfig, name: str, part_index: int = 0, num_parts: int = 1) -> StageContext:

@@ -168,8 +168,8 @@ def test_a_stale_output_edges_above_the_launched_stage_is_named_from_that_stage(
     run = copy_run(upstream, tmp_path, "stale-generate")
     proc = launch_ppo(run, "generate.temperature=0.61")
     assert proc.returncode == 2
-    assert ("stage 'ppo' depends on 'generate' (through 'label'), whose output in run 'stale-generate' was made from "
-            "other settings") in proc.stderr
+    assert ("stage 'ppo' depends on 'generate' (through 'label', 'train_rm'), whose output in run 'stale-generate' was "
+            "made from other settings") in proc.stderr
     assert "`rlaif launch` each stage from 'generate' to 'ppo' in order" in proc.stderr and not (run / "ppo").exists()
 
 

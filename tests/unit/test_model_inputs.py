@@ -273,6 +273,15 @@ def test_sampling_through_generate_ignores_the_models_generation_config(llama_di
             for model in (plain, odd)]
     assert runs[0].tolist() == runs[1].tolist()
     assert odd.generation_config.repetition_penalty == 5.0  # the model's own settings are back after the call
+    # PPO's rollouts: sample() through generate() on a LoRA-wrapped policy (its adapter starts as a no-op)
+    from peft import LoraConfig, get_peft_model
+
+    from rlaif.models.generation import sample
+
+    wrapped = get_peft_model(odd, LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    runs = [sample(model, tokenizer, enc, max_new_tokens=10, temperature=1.0, seed=3, decoder="generate")
+            for model in (plain, wrapped)]
+    assert runs[0].tolist() == runs[1].tolist()
 
 
 def test_a_half_precision_or_fp8_config_passes_the_launch_build(llama_dir, tmp_path):
