@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from rlaif.distributed import local_device
-from rlaif.models.loading import float32_weights, refused_if_unloadable, resolve
+from rlaif.models.loading import float32_weights, load_tokenizer, refused_if_unloadable, resolve
 
 
 class EmbeddingJudge:
@@ -25,11 +25,11 @@ class EmbeddingJudge:
 
     def __init__(self, temperature: float, relevance_weight: float, batch_size: int = 64,
                  backbone: str = "builtin:minilm", contrasts: dict[str, str] | None = None):
-        from transformers import AutoModel, AutoTokenizer
+        from transformers import AutoModel
 
         path = resolve(backbone, "embedding judge backbone")
-        self.tokenizer = AutoTokenizer.from_pretrained(str(path))
-        self.tokenizer.padding_side = "right"  # positions from column 0 are each text's own (learned positions)
+        # Right padding: positions from column 0 are each text's own (an encoder's positions are learned).
+        self.tokenizer = load_tokenizer(path, padding_side="right")
         self.device = local_device()
         with refused_if_unloadable(path, "embedding judge backbone"):
             self.model = AutoModel.from_pretrained(str(path), use_safetensors=True, **float32_weights()).eval()

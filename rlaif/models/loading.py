@@ -174,8 +174,8 @@ def load_tokenizer(path: Path, trust_remote_code: bool = False, padding_side: st
     try:
         tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
     except StrictDataclassError as exc:  # AutoTokenizer reads config.json for the class, and validates it
-        raise UserError(f"{path / 'config.json'} does not validate ({' '.join(str(exc).split())[:200]}): fix it, or "
-                        "save the model again with save_pretrained") from None
+        raise UserError(f"{path / 'config.json'} does not validate ({error_detail(exc)}): fix it, or save the model "
+                        "again with save_pretrained") from None
     if padding_side is not None:
         tok.padding_side = padding_side
     if tok.pad_token is None:
@@ -213,11 +213,16 @@ def refused_if_unloadable(path: Path, what: str, also: tuple[type[Exception], ..
     try:
         yield
     except (*unloadable(), *also) as exc:
-        detail = " ".join(str(exc).split())[:200] or "no message"  # a validation error's first line names no field
         fix = ("install the package it names, or remove the setting in config.json that asks for it"
                if isinstance(exc, ImportError) else
                "check its config.json against its weights, or save the model again with save_pretrained")
-        raise UserError(f"cannot load the {what} from {path} ({type(exc).__name__}: {detail}): {fix}") from None
+        raise UserError(f"cannot load the {what} from {path} ({type(exc).__name__}: {error_detail(exc)}): "
+                        f"{fix}") from None
+
+
+def error_detail(exc: BaseException) -> str:
+    """A library error's whole message on one line (a validation error's first line names no field), cut short."""
+    return " ".join(str(exc).split())[:200] or "no message"
 
 
 def check_buildable(path: Path, what: str, trust_remote_code: bool) -> None:

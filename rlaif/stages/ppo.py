@@ -339,8 +339,7 @@ def iteration(cfg, engine: Engine, rollouts: Rollouts, controller, it: int, amp)
                     "reward's scale: ppo.reward_clip), then run it again")
     if "kl" in row:  # a coefficient that adapts always has a reference
         controller.update(row["kl"], settings.rollout_batch_size)
-    rows_per_process = settings.rollout_batch_size // dist.world_size()
-    if it == 0 and dist.rank() == 0 and rows_per_process > 1 and (
+    if it == 0 and dist.rank() == 0 and settings.rollout_batch_size // dist.world_size() > 1 and (  # a row's std: 0
             warning := flat_reward_warning(settings.algorithm, row["reward_std"], settings.rollout_batch_size)):
         print(warning, flush=True)
     return row
