@@ -268,6 +268,20 @@ def flat_reward_warning(algorithm: str, reward_std: float, responses: int) -> st
             "reward model (train_rm's held-out accuracy) or the judge ppo.reward names")
 
 
+SATURATED_ENTROPY = 1e-3  # nats per token: every sampled token's probability is then above ~0.9999
+
+
+def saturated_sampling_warning(algorithm: str, entropy: float, temperature: float) -> str | None:
+    """A line for a first rollout sampled near-deterministically: the gradient of log p(token) is one-hot minus the
+    probabilities, ~0 where the sampled token's probability is ~1, so the policy cannot learn from its rewards."""
+    if entropy >= SATURATED_ENTROPY:
+        return None
+    return (f"{algorithm}: warning: the first rollout was sampled near-deterministically (mean entropy "
+            f"{entropy:.2g} nats per token at ppo.temperature={temperature:g}): each sampled token's probability is "
+            "about 1, so the policy gradient is about 0 and the policy will barely change; raise ppo.temperature "
+            "(default 0.7)")
+
+
 def checkpoint_damage(local: Path, strategy: str) -> str | None:
     """What is wrong with a checkpoint directory as files, or None: the files the engine reads there (DDP), every
     torch file a whole zip archive (one cut short loses its central directory), every JSON file parsing, and every

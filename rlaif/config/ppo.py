@@ -46,7 +46,8 @@ class PPOConfig(Strict):
     before the current update, while the current update trains (one step off-policy; the PPO ratio to the rollout
     log-probs corrects it). Costs a second copy of the policy. A resumed run regenerates its first batch on-policy."""
     target_kl: float | None = Field(None, gt=0, le=1e6)
-    """Stop an iteration's remaining PPO epochs when the mean approximate KL to the rollout policy exceeds this."""
+    """Stop an iteration's remaining PPO epochs when an epoch's mean approximate KL to the rollout policy exceeds
+    this (checked between epochs: needs ppo_epochs 2 or more)."""
     ppo_epochs: int = Field(2, ge=1, le=100)
     """Passes over each rollout (TRL: 4, OpenRLHF/verl: 1)."""
     lr: float = Field(1e-3, gt=0, le=1)
@@ -156,6 +157,9 @@ class PPOConfig(Strict):
         if self.adaptive_kl_target is not None and self.kl_coef == 0:
             raise ValueError("adaptive_kl_target scales kl_coef up and down from its starting value, and from 0 it "
                              "stays 0: set kl_coef above 0 as its start (e.g. 0.05), or remove adaptive_kl_target")
+        if self.target_kl is not None and self.ppo_epochs == 1:
+            raise ValueError("target_kl stops an iteration's remaining PPO epochs, and with ppo_epochs 1 none remain: "
+                             "set ppo_epochs 2 or more, or remove target_kl")
         if self.algorithm == "grpo" and self.rollout_batch_size % self.group_size:
             raise ValueError(f"rollout_batch_size {self.rollout_batch_size} must be a multiple of "
                              f"group_size {self.group_size}")

@@ -49,7 +49,7 @@ from rlaif.models.reward import reward_scorer
 from rlaif.progress import progress
 from rlaif.stages.common import StageContext, model_dir
 from rlaif.tracking import Tracker
-from rlaif.training import Checkpoints, Engine, flat_reward_warning, refuse_diverged
+from rlaif.training import Checkpoints, Engine, flat_reward_warning, refuse_diverged, saturated_sampling_warning
 
 
 def autocast(enabled: bool):
@@ -339,9 +339,12 @@ def iteration(cfg, engine: Engine, rollouts: Rollouts, controller, it: int, amp)
                     "reward's scale: ppo.reward_clip), then run it again")
     if "kl" in row:  # a coefficient that adapts always has a reference
         controller.update(row["kl"], settings.rollout_batch_size)
-    if it == 0 and dist.rank() == 0 and settings.rollout_batch_size // dist.world_size() > 1 and (  # a row's std: 0
-            warning := flat_reward_warning(settings.algorithm, row["reward_std"], settings.rollout_batch_size)):
-        print(warning, flush=True)
+    if it == 0 and dist.rank() == 0:
+        flat = settings.rollout_batch_size // dist.world_size() > 1 and flat_reward_warning(  # a row's std: 0
+            settings.algorithm, row["reward_std"], settings.rollout_batch_size)
+        for warning in (flat, saturated_sampling_warning(settings.algorithm, row["entropy"], settings.temperature)):
+            if warning:
+                print(warning, flush=True)
     return row
 
 

@@ -319,3 +319,7 @@ def test_an_adaptive_kl_target_under_grpo_is_refused():
     # The controller scales the coefficient: from 0 it stayed 0, a reference pass ran every iteration for nothing.
     with pytest.raises(UserError, match="from 0 it stays 0: set kl_coef above 0 as its start"):
         load_config("configs/tiny.yaml", ["ppo.kl_coef=0", "ppo.adaptive_kl_target=0.1"])
+    # The KL check runs between epochs: with one epoch it could never stop anything.
+    with pytest.raises(UserError, match="with ppo_epochs 1 none remain: set ppo_epochs 2 or more"):
+        load_config("configs/tiny.yaml", ["ppo.target_kl=0.1", "ppo.ppo_epochs=1"])
+    assert load_config("configs/tiny.yaml", ["ppo.target_kl=0.1", "ppo.ppo_epochs=2"]).ppo.target_kl == 0.1

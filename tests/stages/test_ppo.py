@@ -182,6 +182,16 @@ def test_a_first_rollout_whose_rewards_barely_differ_is_warned_of():
     assert flat_reward_warning("grpo", 0.05, 64) is None
 
 
+def test_a_first_rollout_sampled_near_deterministically_is_warned_of(upstream, tmp_path):
+    # At ppo.temperature's floor every sampled token has probability ~1: entropy, clip fraction and the policy
+    # gradient were all ~0 and the run learned nothing, silently (probe 45).
+    run = copy_run(upstream, tmp_path, "cold")
+    proc = launch_ppo(run, "ppo.temperature=0.0001", "ppo.iterations=1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert ("ppo: warning: the first rollout was sampled near-deterministically (mean entropy "
+            in proc.stdout) and "at ppo.temperature=0.0001)" in proc.stdout
+
+
 def test_a_kl_weight_of_zero_builds_and_runs_no_reference(upstream, tmp_path):
     # TRL's GRPO default (beta 0): no reference pass per rollout, no frozen copy of an all-weights policy, and no KL
     # logged that nothing measured. (The frozen all-weights copy is made only where a reference is returned.)
@@ -193,6 +203,7 @@ def test_a_kl_weight_of_zero_builds_and_runs_no_reference(upstream, tmp_path):
                       "ppo.iterations=2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "no reference (kl_coef 0)" in proc.stdout + proc.stderr
+    assert "near-deterministically" not in proc.stdout  # at the default temperature
     rows = rows_of(run)
     assert len(rows) == 2 and all("kl" not in row and row["kl_loss"] == 0 for row in rows)
     assert json.loads((run / "ppo/manifest.json").read_text())["summary"]["kl_last"] is None
