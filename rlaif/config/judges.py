@@ -42,17 +42,18 @@ class OpenAIJudgeConfig(Strict):
     """Model name sent with each request."""
     api: Literal["completions", "chat"] = "completions"
     """`completions` (/completions with a prompt; log-probs of the answer token) or `chat` (/chat/completions)."""
-    api_key_env: str = "RLAIF_JUDGE_API_KEY"
+    api_key_env: str = runtime_field("RLAIF_JUDGE_API_KEY")
     """Name of the environment variable holding the API key (never the key itself: keys do not go in configs); the
     cluster's `rlaif-judge` secret fills RLAIF_JUDGE_API_KEY. A launch refuses when it is set and the variable is
     not; empty: send no key (a server without authentication, e.g. your own vLLM)."""
-    concurrency: int = Field(16, ge=1, le=4096)
-    """Requests in flight at once."""
-    timeout_s: float = Field(60.0, gt=0, le=86400)
+    concurrency: int = runtime_field(16, ge=1, le=4096)
+    """Requests in flight at once. This and the other settings of how the endpoint is called (api_key_env,
+    timeout_s, max_retries, backoff_s) are not part of label's cache key: the pairs are judged and written alike."""
+    timeout_s: float = runtime_field(60.0, gt=0, le=86400)
     """Seconds before a request is abandoned and retried."""
-    max_retries: int = Field(5, ge=0, le=100)
+    max_retries: int = runtime_field(5, ge=0, le=100)
     """Retries of a request after a timeout, a connection error, 429 or 5xx (exponential backoff, Retry-After)."""
-    backoff_s: float = Field(1.0, ge=0, le=600)
+    backoff_s: float = runtime_field(1.0, ge=0, le=600)
     """First retry delay; doubles per retry (at most 10 minutes), with jitter."""
     top_logprobs: int = Field(5, ge=2, le=20)
     """Log-probs asked for per token (at least 2: both answers' odds); the answer's probabilities come from these

@@ -69,9 +69,6 @@ def answer_probability(answer_logprobs: torch.Tensor) -> torch.Tensor:
     return torch.softmax(answer_logprobs, dim=-1)[:, 0]
 
 
-TOP_LOGPROBS = 20  # asked of a judge service: the answers are among a judge's 20 likeliest next tokens
-
-
 def served_judge(hf, setting: str = "label.hf"):
     """A client of the judge service, once it is known to serve this judge model (`setting`: where `hf` lives)."""
     from rlaif.serving.client import ServiceClient
@@ -83,8 +80,8 @@ def served_judge(hf, setting: str = "label.hf"):
 
 
 def answer_logprobs(choice: dict, answer_ids: list[int]) -> list[float]:
-    """The answers' log-probs from a served choice's top log-probs (by token id); an answer outside them gets the least
-    likely shown, an upper bound."""
+    """The answers' exact log-probs from a served choice (asked for by id, returned among its top log-probs whatever
+    their rank): the in-process judge's values, never a bound from the top-k."""
     try:
         top = {int(tid): float(lp) for tid, lp in choice["logprobs"]["top_token_ids"][0]}
         if not top or any(math.isnan(lp) or lp > 1e-6 for lp in top.values()):
@@ -92,7 +89,10 @@ def answer_logprobs(choice: dict, answer_ids: list[int]) -> list[float]:
     except (KeyError, IndexError, TypeError, ValueError):
         raise UserError(f"the judge service returned no token-id log-probs ({str(choice)[:120]}): serve the judge "
                         "with `rlaif serve --set serve.model=judge`") from None
-    return [top.get(a, min(top.values())) for a in answer_ids]
+    if not all(a in top for a in answer_ids):
+        raise UserError("the judge service did not return the answers' own log-probs (an `rlaif serve` older than "
+                        "this rlaif?): serve the judge with this version's `rlaif serve --set serve.model=judge`")
+    return [top[a] for a in answer_ids]
 
 
 class HFJudge:
@@ -156,9 +156,9 @@ class HFJudge:
     def _p_first(self, texts: list[str]) -> torch.Tensor:
         enc = self._encode(texts)
         if self.client:
-            return answer_probability(torch.tensor(
-                [answer_logprobs(c, self.answer_ids) for c in self._served(enc, max_tokens=1, logprobs=TOP_LOGPROBS)],
-                dtype=torch.float32))
+            choices = self._served(enc, max_tokens=1, logprobs=1, logprob_token_ids=self.answer_ids)
+            return answer_probability(torch.tensor([answer_logprobs(c, self.answer_ids) for c in choices],
+                                                   dtype=torch.float32))
         logprobs = next_token_logprobs(self.model, enc)  # left padding: the last position is the answer cue
         return answer_probability(logprobs[:, self.answer_ids]).cpu()
 

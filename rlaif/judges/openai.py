@@ -17,6 +17,14 @@ from rlaif.judges import prompting
 from rlaif.serving.client import ServiceClient
 
 
+def _unlisted_bound(top: dict[str, float]) -> float:
+    """A log-prob no answer outside the listed top-k can exceed: the least likely listed token's (the list is the
+    top-k), or the mass the listed tokens leave, whichever is smaller. With one token listed the first is that token
+    itself, and would read a confident answer as a tie."""
+    left = 1.0 - sum(math.exp(v) for v in top.values())
+    return min(min(top.values()), math.log(max(left, 1e-12)))  # servers round: listed mass can reach 1
+
+
 class OpenAIJudge:
     def __init__(self, settings):
         o = settings.openai
@@ -58,7 +66,7 @@ class OpenAIJudge:
         if top:
             lp = {a: [v for tok, v in top.items() if tok.strip() == a] for a in ("1", "2")}
             if lp["1"] or lp["2"]:
-                floor = min(top.values())  # an answer outside the top-k is at most as likely as the least likely shown
+                floor = _unlisted_bound(top)
                 l1, l2 = (_log_sum_exp(lp[a]) if lp[a] else floor for a in ("1", "2"))
                 self.stats["answers_from_logprobs"] += 1
                 return _sigmoid(l1 - l2)

@@ -37,6 +37,9 @@ class CompletionBody(BaseModel):
     stop: str | list[str] | None = None
     logprobs: int | None = Field(None, ge=0, le=20)
     n: int = Field(1, ge=1, le=1)
+    logprob_token_ids: list[int] = Field([], max_length=64)
+    """rlaif's extension: with `logprobs`, these token ids' exact next-token log-probs are returned among the top ones
+    (a judge reads its answers' own log-probs, not a bound from the top-k; other servers ignore it)."""
     pad_to_tokens: int = Field(0, ge=0, le=1_000_000)
     """rlaif's extension: left-pad each prompt to this many tokens, as the caller's in-process batch pads it, so a
     served result is bit-for-bit the in-process one (other servers ignore it)."""
@@ -75,6 +78,8 @@ def parse_request(body: dict) -> Request:
     temperature = parsed.temperature if parsed.temperature >= MIN_TEMPERATURE else 0.0
     if parsed.logprobs is not None and not (parsed.max_tokens == 1 and temperature == 0):
         raise BadRequest("logprobs are served for next-token scoring only: max_tokens 1 at temperature 0")
+    if parsed.logprob_token_ids and parsed.logprobs is None:
+        raise BadRequest("logprob_token_ids needs logprobs (next-token scoring): send logprobs with it")
     stop = [parsed.stop] if isinstance(parsed.stop, str) else list(parsed.stop or [])
     if len(stop) > MAX_STOP_STRINGS:
         raise BadRequest(f"stop holds {len(stop)} strings, more than the {MAX_STOP_STRINGS} a request may give")
@@ -85,7 +90,7 @@ def parse_request(body: dict) -> Request:
     seed = parsed.seed if parsed.seed is not None else random.randrange(2**63)
     return Request(prompts=list(prompts), max_tokens=parsed.max_tokens, temperature=temperature,
                    top_p=parsed.top_p, top_k=max(parsed.top_k, 0), seed=seed, stop=stop, logprobs=parsed.logprobs,
-                   pad_to=parsed.pad_to_tokens)
+                   logprob_ids=parsed.logprob_token_ids, pad_to=parsed.pad_to_tokens)
 
 
 def _booleans_in(prompt) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import random
 
@@ -142,8 +143,7 @@ class ServiceClient:
             except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:  # ValueError: not JSON, UTF-8
                 error = type(exc).__name__
             if attempt == self.settings.max_retries:
-                raise UserError(f"{url} failed {attempt + 1} times (last: {error}): check that the service is up "
-                                f"and {self.section}.base_url, or raise {self.section}.max_retries")
+                raise self._gave_up(url, attempt + 1, error)
             self.stats["retries"] += 1
             await asyncio.sleep(self._delay(attempt, retry_after))
         raise AssertionError("the loop returns or raises")
@@ -162,10 +162,17 @@ class ServiceClient:
         return UserError(f"{url} answered with something other than JSON ({body[:60]!r}): set {self.section}.base_url "
                          "to the API root of an OpenAI-compatible service, e.g. http://vllm:8000/v1")
 
+    def _gave_up(self, url: str, tries: int, error: str) -> UserError:
+        slow = (f"raise {self.section}.timeout_s (now {self.settings.timeout_s:g} s) for a service that answers "
+                "slowly, or " if error == "TimeoutError" else "")
+        return UserError(f"{url} failed {'once' if tries == 1 else f'{tries} times'} (last: {error}): check that the "
+                         f"service is up and {self.section}.base_url, {slow}raise {self.section}.max_retries")
+
     def _delay(self, attempt: int, retry_after: str | None) -> float:
         try:
-            if retry_after:
-                return min(float(retry_after), 60.0)
-        except ValueError:
-            pass
+            wait = float(retry_after) if retry_after else math.nan
+        except ValueError:  # an HTTP date, or garbage: our own backoff
+            wait = math.nan
+        if math.isfinite(wait) and wait >= 0:  # asyncio.sleep(nan) wakes at no defined time
+            return min(wait, 60.0)
         return min(self.settings.backoff_s * 2**attempt, MAX_BACKOFF_S) * (0.5 + random.random())

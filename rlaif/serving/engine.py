@@ -31,6 +31,7 @@ class Request:
     seed: int = 0
     stop: list[str] = field(default_factory=list)
     logprobs: int | None = None
+    logprob_ids: list[int] = field(default_factory=list)  # next-token log-probs returned whatever their rank
     pad_to: int = 0  # left-pad every prompt to at least this many tokens, as the caller's in-process batch would
 
     @property
@@ -48,6 +49,8 @@ def check_against_model(request: Request, token_ids: list[list[int]], vocab_size
     for number, ids in enumerate(token_ids):
         if any(not 0 <= token < vocab_size for token in ids):
             raise BadRequest(f"prompt {number} holds token ids outside the model's vocabulary (0..{vocab_size - 1})")
+    if any(not 0 <= token < vocab_size for token in request.logprob_ids):
+        raise BadRequest(f"logprob_token_ids holds ids outside the model's vocabulary (0..{vocab_size - 1})")
     if positions is None:
         return
     from rlaif.models.prompt_text import check_fits
@@ -153,9 +156,10 @@ class TransformersEngine:
 
         logprobs = next_token_logprobs(self.model, self._batch(request, ids)).cpu()
         top = torch.topk(logprobs, min(request.logprobs or 1, logprobs.shape[-1]), dim=-1)
+        asked = request.logprob_ids
         return [Choice(self.tokenizer.decode([int(ids[0])]), 1, "length",
-                       [dict(zip(ids.tolist(), values.tolist()))])
-                for ids, values in zip(top.indices, top.values)]
+                       [dict(zip(ids.tolist(), values.tolist())) | dict(zip(asked, row[asked].tolist()))])
+                for ids, values, row in zip(top.indices, top.values, logprobs)]
 
     def _sample(self, request: Request, ids: list[list[int]]) -> list[Choice]:
         from rlaif.models.generation import sample_encoded

@@ -196,6 +196,7 @@ def test_a_replica_that_cannot_start_is_one_line_and_leaves_no_service(config, r
 def test_plain_service_answers_and_scores_like_the_in_process_judge(judge_model_dir):
     from fastapi.testclient import TestClient
 
+    from rlaif.errors import UserError
     from rlaif.judges.hf import HFJudge, answer_logprobs, answer_probability
     from rlaif.serving.api import plain_app
     from rlaif.serving.engine import make_engine
@@ -210,12 +211,23 @@ def test_plain_service_answers_and_scores_like_the_in_process_judge(judge_model_
     texts = ["Request: q1\nResponse 1: a\nResponse 2: b\nPreferred response:", "Request: a longer question 2\n"
              "Response 1: x\nResponse 2: y\nPreferred response:"]
     enc = judge._encode(texts)
-    bodies = [{"prompt": ids[mask.bool()].tolist(), "max_tokens": 1, "temperature": 0, "logprobs": 20,
-               "pad_to_tokens": enc["input_ids"].shape[1]} for ids, mask in zip(enc["input_ids"],
-                                                                               enc["attention_mask"])]
+    # Top-1 only: at most one answer is the likeliest token. The answers' own log-probs come back whatever their rank
+    # (a floor from the top 20 gave 0.5 served where the in-process judge said 0.57, under one cache key).
+    bodies = [{"prompt": ids[mask.bool()].tolist(), "max_tokens": 1, "temperature": 0, "logprobs": 1,
+               "logprob_token_ids": judge.answer_ids, "pad_to_tokens": enc["input_ids"].shape[1]}
+              for ids, mask in zip(enc["input_ids"], enc["attention_mask"])]
     answers = [client.post("/v1/completions", json=b).json()["choices"][0] for b in bodies]
     served = answer_probability(torch.tensor([answer_logprobs(a, judge.answer_ids) for a in answers]))
     assert torch.equal(served, judge._p_first(texts))  # bit for bit
+    assert all(len(a["logprobs"]["top_token_ids"][0]) <= 3 for a in answers)
+    other = next(t for t in range(100) if t not in judge.answer_ids)  # a service that ignores the extension
+    with pytest.raises(UserError, match="did not return the answers' own log-probs"):
+        answer_logprobs({"logprobs": {"top_token_ids": [[[judge.answer_ids[0], -0.1], [other, -2.0]]]}},
+                        judge.answer_ids)
+    for extra, problem in (({"logprobs": None}, "logprob_token_ids needs logprobs"),
+                           ({"logprob_token_ids": [10**9]}, "outside the model's vocabulary")):
+        refused = client.post("/v1/completions", json={**bodies[0], **extra})
+        assert refused.status_code == 400 and problem in refused.json()["error"]["message"]
     refused = client.post("/v1/completions", json={"prompt": "x", "n": 3})
     assert refused.status_code == 400 and "n" in refused.json()["error"]["message"]
     for raw, problem in ((b"{not json", "not JSON"), (b"[1, 2]", "not a JSON object"), (b"\xff", "not JSON"),

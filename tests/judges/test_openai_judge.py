@@ -1,6 +1,7 @@
 """The endpoint judge against a real HTTP server on loopback serving the tiny judge: injected 429s, 500s and
 timeouts are retried without losing, reordering or duplicating a pair; hard errors and a dead endpoint are one
 clear line; the API key travels only in the request header."""
+import math
 import socket
 
 import pytest
@@ -121,6 +122,21 @@ def test_chain_of_thought_asks_for_the_rationale_then_the_answer(clean_server):
     assert len(rationale_asks) == len(answer_asks) == 2 and p.shape == (2,)
     assert all(b["prompt"].endswith("Rationale:") and "logprobs" not in b for b in rationale_asks)
     assert all("\nRationale: " in b["prompt"] and b["prompt"].endswith("Preferred response:") for b in answer_asks)
+
+
+def test_an_answer_listed_alone_in_its_top_logprobs_is_read_as_confident():
+    # A server that lists only the chosen token (fewer alternatives than asked, or one when capped): the other answer's
+    # bound was that very token's log-prob, so every confident answer read as a tie (0.5) and the stage stopped.
+    from rlaif.judges.openai import OpenAIJudge
+
+    judge = OpenAIJudge(settings(judge="openai", openai={"base_url": "http://127.0.0.1:9/v1", "model": "m"}))
+    assert judge._p_first("1", {"1": -0.01}) == pytest.approx(1 / (1 + (1 - math.exp(-0.01)) / math.exp(-0.01)))
+    assert judge._p_first("2", {"2": 0.0}) == pytest.approx(0.0, abs=1e-9)  # all the mass listed, rounded to 1
+    # Several listed: the unlisted answer gets at most the least likely listed one and at most the mass left.
+    assert judge._p_first("1", {"1": -0.1, "x": -2.5}) == pytest.approx(
+        1 / (1 + (1 - math.exp(-0.1) - math.exp(-2.5)) / math.exp(-0.1)))
+    assert judge._p_first("1", {"1": -2.0, "x": -2.1, "y": -2.2}) == pytest.approx(1 / (1 + math.exp(-2.2 + 2.0)))
+    assert judge.stats["answers_from_logprobs"] == 4
 
 
 def test_replies_a_label_cannot_be_computed_from_are_one_clear_error():

@@ -108,6 +108,17 @@ def test_settings_of_how_a_stage_runs_leave_every_key_alone(override):
     assert stage_keys(override) == stage_keys()
 
 
+@pytest.mark.parametrize("override", ["label.openai.concurrency=4", "label.openai.timeout_s=30",
+                                      "label.openai.max_retries=0", "label.openai.backoff_s=0.1",
+                                      "label.openai.api_key_env=OTHER_KEY"])
+def test_how_an_endpoint_judge_is_called_leaves_every_key_alone(override):
+    # concurrency 16 -> 4 re-judged every pair through a (paid) endpoint and re-ran everything downstream, for
+    # byte-identical shards (probe 46); the endpoint and its model stay keyed.
+    judged = ["label.judge=openai", "label.openai.base_url=http://judge:8000/v1", "label.openai.model=m"]
+    assert stage_keys(*judged, override) == stage_keys(*judged)
+    assert stage_keys(*judged, "label.openai.model=other")["label"] != stage_keys(*judged)["label"]
+
+
 @pytest.mark.parametrize("overrides, changed", [
     (["evaluate.batch_size=7"], {"evaluate"}),  # a seed per micro-batch
     (["ppo.nproc=3"], {"ppo"}),  # a seed per rank's slice of the rollout

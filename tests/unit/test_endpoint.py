@@ -114,10 +114,30 @@ def test_a_body_sent_in_pieces_is_read_to_its_end(server):
             client.completions([{"prompt": "a"}, {"prompt": broken}])
 
 
+def test_a_retry_waits_a_finite_time_and_a_timeout_names_timeout_s():
+    # Retry-After: nan was slept as asyncio.sleep(nan), which wakes at no defined time (67 s in a probe, not 1 s)
+    from types import SimpleNamespace
+
+    from rlaif.serving.client import ServiceClient
+
+    settings = SimpleNamespace(base_url="http://127.0.0.1:9/v1", api_key_env=None, timeout_s=3, concurrency=1,
+                               max_retries=2, backoff_s=0.1)
+    client = ServiceClient(settings, "label.openai")
+    assert client._delay(0, "2") == 2.0 and client._delay(0, "600") == 60.0 and client._delay(0, "0") == 0.0
+    for header in ("nan", "inf", "-inf", "-3", "Wed, 21 Oct 2015 07:28:00 GMT", None):
+        assert 0.05 <= client._delay(0, header) <= 0.15, header  # our own backoff instead
+    slow = str(client._gave_up("http://x/v1/completions", 3, "TimeoutError"))
+    assert "failed 3 times (last: TimeoutError)" in slow and "raise label.openai.timeout_s (now 3 s)" in slow
+    assert "timeout_s" not in str(client._gave_up("u", 1, "HTTP 500")) and "failed once" in str(
+        client._gave_up("u", 1, "HTTP 500"))
+
+
 def test_a_served_judges_log_probs_that_are_not_numbers_are_one_line():
     from rlaif.judges.hf import answer_logprobs
 
-    assert answer_logprobs({"logprobs": {"top_token_ids": [[[5, -0.5], [6, -2.0]]]}}, [5, 7]) == [-0.5, -2.0]
+    assert answer_logprobs({"logprobs": {"top_token_ids": [[[5, -0.5], [6, -2.0]]]}}, [5, 6]) == [-0.5, -2.0]
+    with pytest.raises(UserError, match="did not return the answers' own log-probs"):  # never a bound in its place
+        answer_logprobs({"logprobs": {"top_token_ids": [[[5, -0.5], [6, -2.0]]]}}, [5, 7])
     for top in ([[]], [[[5, "x"], [6, "y"]]], [[[5, float("nan")]]], [[[5, 0.5]]], []):
         with pytest.raises(UserError, match="the judge service returned no token-id log-probs"):
             answer_logprobs({"logprobs": {"top_token_ids": top}}, [5, 6])
