@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from rlaif.config.base import PATTERN_WORDS, cache_key_dump
+from rlaif.config.base import PATTERN_WORDS, RUN_ID_PATTERN, cache_key_dump
 from rlaif.config.stages import PipelineConfig
 from rlaif.errors import UserError
 from rlaif.io.strict_yaml import UniqueKeyLoader
@@ -29,12 +29,12 @@ def load_yaml(text: str, source: str) -> Any:
 
 
 def safe_run_id(text: str) -> str:
-    """An orchestrator's run name (e.g. Airflow's `manual__2026-11-22T08:00:00+00:00`) as a storage path segment.
-    A name with letters outside ASCII keeps a short hash of itself: `實驗一` and `實驗二` were both `run`, one
-    directory for two runs."""
+    """An orchestrator's run name (e.g. Airflow's `manual__2026-11-22T08:00:00+00:00`) as a storage path segment. A
+    name that had to change (characters replaced, ends trimmed, cut at 128) keeps a short hash of itself: `exp 1` and
+    `exp:1`, or `實驗一` and `實驗二`, were one directory for two runs, the second replacing the first's outputs."""
+    if re.fullmatch(RUN_ID_PATTERN, text):  # a run id already
+        return text
     safe = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")
-    if text.isascii():
-        return safe[:128].rstrip("-.") or "run"
     digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:8]
     return f"{safe[:119].rstrip('-.') or 'run'}-{digest}"
 
@@ -50,7 +50,12 @@ def parse_value(text: str) -> Any:
 def refuse_repeated_keys(overrides: list[str] | tuple[str, ...]) -> None:
     """A user's own overrides giving one setting two values: the last would win without a word (a config file with a
     key twice is refused too). A mapping counts as the settings it names (`ppo={lr: 1}` sets ppo.lr). Overrides an
-    orchestrator appends (typed KFP parameters) are meant to win: not checked."""
+    orchestrator appends (typed KFP parameters) are meant to win: not checked. Items that are not strings (a KFP or
+    Airflow list parameter holds any JSON) are refused first."""
+    for number, item in enumerate(overrides):
+        if not isinstance(item, str):
+            raise UserError(f"overrides item {number} is {json.dumps(item, default=str)[:60]}, not a KEY=VALUE string: "
+                            'write each override as a string, e.g. "ppo.lr=1e-4"')
     seen: dict[str, tuple[str, str]] = {}
     for item in overrides:
         parts, value = split_override(item)

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from rlaif.config.base import (
+    RUN_ID_PATTERN,
     NonEmptyString,
     Strict,
     Temperature,
@@ -388,7 +389,7 @@ class PipelineConfig(Strict):
     @classmethod
     def _run_id(cls, v: str) -> str:
         """One safe path segment: it names a directory under the storage root."""
-        if not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}", v):
+        if not re.fullmatch(RUN_ID_PATTERN, v):
             raise ValueError("use 1-128 letters, digits, '-', '_' and '.' (not first): one directory name")
         return v
 

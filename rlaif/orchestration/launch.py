@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 from rlaif.config import (
     PipelineConfig,
@@ -38,9 +40,27 @@ def load_config_source(source: str | None, overrides: list[str] = (), run_id: st
     # JSON-quoted: a run id such as 20240101 or true stays a string when the override is read as YAML
     overrides = [*overrides, *[f"run_id={json.dumps(run_id)}"] * bool(run_id),
                  *[f"storage.root={json.dumps(storage_root)}"] * bool(storage_root)]
-    if source and ("\n" in source or source.lstrip().startswith("{")):  # YAML text, or one line of JSON
+    if source is not None and not source.strip():  # a KFP or Airflow field cleared: not the defaults, unasked
+        raise UserError("the config is empty: name a YAML config file (e.g. configs/demo.yaml) or paste its text")
+    if source and inline_config(source):
         return parse_config(source, "inline config", overrides, given=True)
-    return load_config(source or None, overrides)
+    return load_config(source.strip() if source else None, overrides)
+
+
+def inline_config(source: str) -> bool:
+    """Is `source` the YAML itself (it spans lines, or is one line of JSON) rather than a path or URL? A path pasted
+    with a line break after it is still a path."""
+    text = source.strip()
+    if "\n" in text or text.startswith("{"):
+        return True
+    return "\n" in source and not ("://" in text or re.search(r"\.(ya?ml|json)$", text) or _exists(text))
+
+
+def _exists(path: str) -> bool:
+    try:
+        return Path(path).exists()
+    except (OSError, ValueError):  # a name too long, a NUL byte
+        return False
 
 
 def orchestrated_run_id(overrides: list[str], run_id: str, default_run_id: str) -> str:

@@ -416,6 +416,32 @@ def test_a_pipeline_steps_own_settings_win_over_the_runs(monkeypatch, tmp_path):
     assert main([*base, "--pipeline", "--set-json", '["seed=1", "seed=2"]']) == 2
 
 
+def test_orchestrator_parameters_as_a_ui_sends_them_are_one_line(cli, tmp_path, monkeypatch, capsys):
+    """What a KFP or Airflow form can hold: an overrides item that is not a string (a traceback, then KFP retried the
+    step), a cleared config field (the built-in defaults ran, 143 s, unasked), a pasted storage root with a space or
+    line break at its end (a directory named ' ' in the pod's working directory, lost with the pod), a config path
+    pasted with a line break (read as YAML)."""
+    from rlaif.orchestration.launch import load_config_source
+
+    root = f"file://{tmp_path}/root"
+    monkeypatch.setenv("RLAIF_LOCK_OWNER", "kfp:test")
+    for overrides, config, storage_root, needle in (
+            ([1, {"a": 2}], TINY, root, "error: overrides item 0 is 1, not a KEY=VALUE string"),
+            ([], "", root, "error: the config is empty: name a YAML config file"),
+            ([], "  \n", root, "error: the config is empty"),
+            ([], TINY, "  ", "'storage.root': '  ' has a space or line break at its start or end: remove it"),
+            ([], TINY, root + "\n", "has a space or line break at its start or end")):
+        with pytest.raises(SystemExit) as refused:
+            kfp_steps.run_component("generate", config, overrides, "", storage_root, "kfp-run", {}, None, {})
+        err = capsys.readouterr().err
+        assert refused.value.code == 2 and len(err.splitlines()) == 1 and needle in err, err
+    assert not (tmp_path / "root").exists() and not list(tmp_path.glob(" *"))
+    cli("launch", "generate", "--config", TINY, "--storage-root", " ", needle="has a space or line break")
+    cli("run", "--config", TINY, "--set", "storage.root=' file://x'", needle="has a space or line break")
+    assert load_config_source(TINY + "\n", [], "", root).run_id == load_config(TINY).run_id  # a path, not YAML
+    assert load_config_source("seed: 7\n").seed == 7  # YAML text on one line with its line break: still YAML
+
+
 def test_a_setting_given_twice_is_refused_and_a_mapping_sets_only_its_keys(cli, tmp_path, monkeypatch, capsys):
     """`--set ppo.lr=1e-5 --set ppo.lr=2e-5` ran with the last value, and `--set 'ppo={lr: 1e-5}'` reset every other
     ppo setting of the config file to its default (2 iterations became 40): both silently. The same value twice is

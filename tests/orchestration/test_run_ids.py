@@ -43,18 +43,21 @@ def test_an_orchestrators_run_name_is_made_safe_only_as_a_default(tmp_path, monk
     base = ["launch", "generate", "--config", TINY, "--storage-root", f"file://{tmp_path}"]
     assert main([*base, "--default-run-id", "scheduled__2026-11-22T00:00:00+00:00"]) == 0
     assert main([*base, "--run-id", "exp-7", "--default-run-id", "scheduled__2026-11-22T00:00:00+00:00"]) == 0
-    assert launched == ["scheduled__2026-11-22T00-00-00-00-00", "exp-7"]
+    assert launched[1] == "exp-7" and re.fullmatch(r"scheduled__2026-11-22T00-00-00-00-00-[0-9a-f]{8}", launched[0])
 
 
-def test_run_names_outside_ascii_stay_apart():
-    """A KFP or Airflow run named in another script was cut to `run`: two runs shared one directory (the second
-    resumed or cache-hit the first's outputs). ASCII names map as before, so a retry after an upgrade finds its run."""
+def test_run_names_that_had_to_change_stay_apart():
+    """A KFP or Airflow run named in another script was cut to `run`, and names differing only in punctuation (KFP's
+    default names hold spaces and parentheses) or past 128 characters mapped to one id: two runs shared one directory,
+    the second replacing the first's outputs. A name that is already a run id is kept as it is."""
     from rlaif.config import safe_run_id
 
-    names = ["實驗一", "實驗二", "exp-實驗", "exp-實驗2", "é", "ü"]
+    names = ["實驗一", "實驗二", "exp-實驗", "exp-實驗2", "é", "ü", "exp 1", "exp:1", "exp/1", "exp-1.", "....", "//",
+             "x" * 300, "x" * 128 + "y", "實" * 300 + "x" * 300]
     ids = [safe_run_id(name) for name in names]
     assert len(set(ids)) == len(ids) and ids[0].startswith("run-") and ids[2].startswith("exp-")
-    assert all(RUN_ID.fullmatch(i) for i in ids) and safe_run_id("實驗一") == ids[0]
-    assert safe_run_id("manual__2026-11-22T08:00:00+00:00") == "manual__2026-11-22T08-00-00-00-00"
-    assert safe_run_id("x" * 300) == "x" * 128 and len(safe_run_id("實" * 300 + "x" * 300)) <= 128
+    assert all(RUN_ID.fullmatch(i) and len(i) <= 128 for i in ids) and safe_run_id("實驗一") == ids[0]
+    assert "exp-1" not in ids and all(safe_run_id(name) == name for name in ("exp-1", "Exp_1.v2", "x" * 128))
+    assert re.fullmatch(r"manual__2026-11-22T08-00-00-00-00-[0-9a-f]{8}",
+                        safe_run_id("manual__2026-11-22T08:00:00+00:00"))
 
