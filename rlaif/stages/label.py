@@ -113,7 +113,11 @@ def run(ctx: StageContext) -> dict:
     pairs_url = ctx.input_url("generate")
     shards, total, follower = pair_shards(ctx, pairs_url)
 
+    if settings.principles == "all" and len(principles) > 1:  # the work is pairs x principles: say so up front
+        print(f"label: {total if total is not None else 'the'} pairs, each judged under all {len(principles)} "
+              "principles", flush=True)
     tally = Tally()
+    bar = progress(total=total, desc="label", unit="pair")  # pairs judged, not pairs read into a batch
     with ShardWriter(ctx.url, settings.shard_size) as writer:
         batch: list[dict] = []
 
@@ -129,10 +133,10 @@ def run(ctx: StageContext) -> dict:
                 if kept:
                     writer.write({**{f: sample[f] for f in ("__key__", *REQUIRED, "gen.json") if f in sample},
                                   "label.json": label})
+            bar.update(len(batch))
             batch.clear()
 
-        samples = (sample for shard in shards for sample in iter_shard(pairs_url, shard))
-        for sample in progress(samples, total=total, desc="label", unit="pair"):
+        for sample in (sample for shard in shards for sample in iter_shard(pairs_url, shard)):
             missing = [f for f in REQUIRED if f not in sample]
             if missing:
                 raise UserError(f"pair {sample['__key__']} in {pairs_url} lacks {', '.join(missing)}: "
@@ -142,6 +146,7 @@ def run(ctx: StageContext) -> dict:
                 flush()
         if batch:
             flush()
+    bar.close()
     check_informative(tally, judge.name, settings.min_confidence)
     if follower:  # generate has committed: the cache key a sequential run computes
         ctx = resolved(ctx, {"generate": follower.manifest})

@@ -42,6 +42,25 @@ def test_pairwise_labels_and_summary(tmp_path):
     assert isinstance(m["seconds"], float) and 0 <= m["seconds"] < 600 and m["code_digest"] == code_digest()
 
 
+def test_progress_counts_pairs_once_judged(tmp_path, monkeypatch, capsys):
+    # The bar counted pairs as they were read into a batch: it read 32/32 before any judging, then 219 s of silence.
+    import rlaif.stages.label as label_stage
+
+    judge_batch = label_stage.label_batch
+
+    def announced(cfg, judge, principles, batch):
+        print(f"judging {len(batch)}")
+        return judge_batch(cfg, judge, principles, batch)
+
+    monkeypatch.setattr(label_stage, "label_batch", announced)
+    label(tmp_path, "label.batch_size=4")
+    out = capsys.readouterr().out.splitlines()
+    judged = [i for i, line in enumerate(out) if line.startswith("judging")]
+    assert [out[i] for i in judged] == ["judging 4", "judging 2"]
+    assert [line for line in out if line.startswith("label: 6/6 pair")] and (
+        out.index(next(line for line in out if line.startswith("label: 6/6 pair"))) > judged[-1])
+
+
 def test_low_confidence_pairs_are_dropped_and_counted(tmp_path):
     m, labels = label(tmp_path, "label.min_confidence=0.1")
     assert "p004" not in labels and all(abs(lab["p_a"] - 0.5) >= 0.1 for lab in labels.values())
