@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from rlaif.config.base import Phrase, Strict, described, runtime_field, service_url, without
+from rlaif.config.base import Location, Phrase, Strict, described, runtime_field, service_url, without
 from rlaif.config.serving import ServiceEndpoint
 
 DEFAULT_PREAMBLE = ("You compare two responses to a request. A better response follows the principle below more "
@@ -17,7 +17,7 @@ SHORTEST_JUDGE_INPUT = 16  # tokens: hf.max_length's floor, and the least room a
 
 
 class HFJudgeConfig(Strict):
-    model: str = ""
+    model: Location = ""
     """The judge: a Hugging Face causal-LM directory (local path or s3:// URL). Required for judge `hf`."""
     max_length: int = Field(1024, ge=SHORTEST_JUDGE_INPUT, le=1_000_000)
     """Longest judge input in tokens, and never more than the judge model's positions (less the rationale's tokens
@@ -124,7 +124,7 @@ class JudgeSettings(Strict):
     prompt sent to an OpenAI-compatible endpoint. `rules`: deterministic checks (see `rules`). `reference`: not an AI
     judge but a verifiable grader of key-point coverage against references in the prompts file (see `reference`);
     the evaluation adds it by itself wherever the held-out prompts carry references."""
-    constitution: str = "data/constitution.yaml"
+    constitution: Location = "data/constitution.yaml"
     """YAML list of principles {name, text, contrast?} (Constitutional AI); `contrast` describes the response the
     principle argues against. '' for the rules and reference judges, which read no principles."""
     principles: Literal["sample", "all"] = "sample"
@@ -141,7 +141,7 @@ class JudgeSettings(Strict):
     """LLM judges: the judge writes a rationale first (greedy), then the answer is read after it."""
     rationale_tokens: int = Field(64, ge=1, le=32768)
     """LLM judges: longest rationale with chain_of_thought."""
-    few_shot: str | None = None
+    few_shot: Location | None = None
     """LLM judges: JSONL of worked examples {prompt, response_1, response_2, preferred: 1 or 2, rationale?} shown
     before each comparison."""
     hf: HFJudgeConfig = HFJudgeConfig()

