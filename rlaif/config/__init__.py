@@ -22,6 +22,7 @@ from rlaif.config.loading import (
     load_config,
     load_yaml,
     parse_config,
+    possible_switches,
     safe_run_id,
     sha256_json,
     stage_config_hash,
@@ -48,5 +49,5 @@ __all__ = [
     "TrainRMConfig",
     "UniqueKeyLoader", "apply_overrides", "cache_key_dump", "check_switches", "runtime_field",
     "config_fields", "dump_config", "load_config", "load_yaml", "no_credentials",
-    "parse_config", "safe_run_id", "sha256_json", "stage_config_hash",
+    "parse_config", "possible_switches", "safe_run_id", "sha256_json", "stage_config_hash",
 ]

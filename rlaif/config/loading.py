@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -226,10 +227,13 @@ def sha256_json(obj: Any) -> str:
 
 
 def stage_config_hash(cfg: PipelineConfig, sections: tuple[str, ...], input_digests: dict[str, str],
-                      by_content: list[str] = ()) -> str:
+                      by_content: list[str] = (), code: str | None = None,
+                      switches: dict[str, str] | None = None) -> str:
     """Cache key of a stage: its config sections (runtime fields left out), its inputs' digests and the digest of
     the code it runs. `by_content`: dotted fields (`evaluate.judges.0.constitution`) naming files whose content
-    digest is among the inputs, keyed by that content and not by their path's spelling."""
+    digest is among the inputs, keyed by that content and not by their path's spelling. `code`, `switches`: the code
+    digest and computing switches to key with, this process's by default (`rlaif report` recomputes a committed
+    stage's key from config.yaml with the ones that stage ran under)."""
     from rlaif.io.digest import (
         code_digest,  # local import: rlaif.io imports this module
     )
@@ -238,8 +242,8 @@ def stage_config_hash(cfg: PipelineConfig, sections: tuple[str, ...], input_dige
     payload = {name: dumped[name] for name in sections}
     for field in by_content:
         _key_by_content(payload, field.split("."))
-    key = {"config": payload, "inputs": input_digests, "code": code_digest()}
-    if switches := computing_switches(sections):
+    key = {"config": payload, "inputs": input_digests, "code": code or code_digest()}
+    if switches := computing_switches(sections) if switches is None else switches:
         key["switches"] = switches
     return sha256_json(key)
 
@@ -286,3 +290,15 @@ def check_switches() -> None:
 def computing_switches(sections: tuple[str, ...]) -> dict[str, str]:
     return {name: os.environ[name] for name, (default, readers) in COMPUTING_SWITCHES.items()
             if os.environ.get(name, default) != default and readers & set(sections)}
+
+
+def possible_switches(sections: tuple[str, ...]) -> list[dict[str, str]]:
+    """Every computing_switches a stage keyed on `sections` can have run under (its manifest does not record them, so
+    `rlaif report` tries each)."""
+    found: list[dict[str, str]] = []
+    for values in itertools.product(*SWITCH_VALUES.values()):
+        switches = {name: value for name, value in zip(SWITCH_VALUES, values)
+                    if value != COMPUTING_SWITCHES[name][0] and COMPUTING_SWITCHES[name][1] & set(sections)}
+        if switches not in found:
+            found.append(switches)
+    return found

@@ -3,7 +3,8 @@ and the side-by-side comparison of several runs. Built from a run's files only (
 label/metrics.json, ppo/metrics.jsonl, evaluate/metrics.json and examples.jsonl), so `rlaif report RUN_DIR` rebuilds
 them at any time, and a file an older run lacks shows as "n/a".
 
-  run.py       loading a run directory, and the "n/a"-tolerant formatting the blocks share
+  run.py       loading a run directory (metrics.json's shape checked once), and the "n/a"-tolerant formatting
+  lineage.py   which outputs and config.yaml settings now are not the ones the results were made from
   verdicts.py  what the numbers say, in words
   sections.py  the headline table, provenance (models, judges, settings, code and config digests), stage times
   upstream.py  labeling statistics, reward-model quality, PPO diagnostics

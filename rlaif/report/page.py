@@ -10,7 +10,7 @@ from rlaif.io import storage
 from rlaif.report import sections, upstream
 from rlaif.report.examples import Pick, choose
 from rlaif.report.plots import plots
-from rlaif.report.run import NA, Run, dig, evaluated_metrics, load_run, num, stale_notes
+from rlaif.report.run import NA, Run, dig, load_run, num, stale_notes, text
 from rlaif.report.sections import Block
 from rlaif.report.verdicts import verdicts
 
@@ -171,26 +171,58 @@ def _gates(gates) -> str:
     return "passed" if gates.get("passed") else "FAILED: " + "; ".join(map(str, gates.get("failures", [])))
 
 
+def _evaluation(run: Run, notes: list[str]) -> str:
+    if run.manifests.get("evaluate") is not None:
+        return "committed" + (" ⚠ out of date: see the notes below" if notes else "")
+    if "evaluate" in run.problems:
+        return f"unverified: its manifest {run.problems['evaluate'][0]}"
+    return "not committed (no evaluate manifest: unfinished, earlier or gate-failed; unverified)"
+
+
+def _judges_differ(runs: list[Run], name: str) -> bool:
+    """Does judge `name` stand for different judges in different runs (the training judge is each run's labeling
+    judge)? Their win rates are then not comparable."""
+    return len({text(dig(run.metrics, "judges", name, "judge")) for run in runs if name in run.metrics["judges"]}) > 1
+
+
+def _judge_rows(runs: list[Run]) -> list[list[str]]:
+    """Each judge's win rate per run; a judge name that stands for different judges is marked on its row, with each
+    run's judge."""
+    rows = []
+    for name in dict.fromkeys(j for run in runs for j in run.metrics["judges"]):
+        differ = _judges_differ(runs, name)
+        heading = f"win rate, judge '{name}'" + (" ⚠ a different judge per run: not comparable" if differ else "")
+        rows.append([heading, *[_shown(dig(run.metrics, "judges", name, "win_rate"), "{:.3f}")
+                                + (f" ({text(dig(run.metrics, 'judges', name, 'judge'))})" if differ else "")
+                                for run in runs]])
+    return rows
+
+
 def compare(run_urls: list[str]) -> tuple[str, str]:
-    """A side-by-side table of several runs' headline metrics, as Markdown and as HTML."""
-    evaluated = [evaluated_metrics(url) for url in run_urls]
-    runs = [(name, metrics) for name, (metrics, _) in zip(column_names(run_urls), evaluated)]
-    header = ["metric", *[name for name, _ in runs]]
-    body = [["evaluation", *["committed" if committed else "not committed (no evaluate manifest: unfinished, earlier "
-                             "or gate-failed; unverified)" for _, committed in evaluated]],
-            ["quality gates", *[_gates(metrics.get("gates")) for metrics, _ in evaluated]]]
+    """A side-by-side table of several runs' headline metrics and provenance, as Markdown and as HTML, with each
+    run's notes where its results are not its current state (the notes a run's own report opens with)."""
+    runs = [load_run(url) for url in run_urls]
+    notes = [stale_notes(run) for run in runs]
+    header = ["metric", *column_names(run_urls)]
+    body = [["evaluation", *[_evaluation(run, n) for run, n in zip(runs, notes)]],
+            ["quality gates", *[_gates(run.metrics.get("gates")) for run in runs]]]
+    differ = " ⚠ the training judges differ: not comparable" if _judges_differ(runs, "training") else ""
     for key, fmt in COMPARE_KEYS:
-        body.append([key, *[_shown(m.get(key), fmt) for _, m in runs]])
-    for judge in dict.fromkeys(j for _, m in runs for j in m.get("judges", {})):
-        body.append([f"win rate, judge '{judge}'",
-                     *[_shown(dig(m, "judges", judge, "win_rate"), "{:.3f}") for _, m in runs]])
+        mark = differ if key.startswith("win_rate") else ""  # the training judge's rates
+        body.append([key + mark, *[_shown(run.metrics.get(key), fmt) for run in runs]])
+    body += _judge_rows(runs)
+    provenance = [sections.provenance(run).rows for run in runs]
+    body += [[row[0], *[rows[i][1] for rows in provenance]] for i, row in enumerate(provenance[0])]
+    named = [(name, note) for name, run_notes in zip(header[1:], notes) for note in run_notes]
     md = "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-                   + ["| " + " | ".join(r) + " |" for r in body])
+                   + ["| " + " | ".join(_md_cell(c) for c in r) + " |" for r in body]
+                   + (["", "## Notes", ""] + [f"- **{name}**: {note}" for name, note in named] if named else []))
     esc = html.escape
     rows = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in body)
+    listed = "".join(f"<li><b>{esc(name)}</b>: {esc(note)}</li>" for name, note in named)
     page = (f'<!doctype html><html><head><meta charset="utf-8"><title>rlaif: run comparison</title>'
             f"<style>{_STYLE}</style>"
             f"</head><body><h1>rlaif: run comparison</h1>"
             f"<table><tr>{''.join(f'<th>{esc(h)}</th>' for h in header)}</tr>"
-            f"{rows}</table></body></html>")
+            f"{rows}</table>" + (f"<h2>Notes</h2><ul>{listed}</ul>" if named else "") + "</body></html>")
     return md, page

@@ -7,9 +7,11 @@ import hashlib
 import json
 from dataclasses import dataclass
 
-from rlaif.errors import UserError
+from rlaif import __version__
+from rlaif.errors import UserError, one_line
 from rlaif.graph import topological_order
 from rlaif.io import manifest, storage, user_files
+from rlaif.report.lineage import Lineage, trace
 
 NA = "n/a"
 
@@ -54,6 +56,9 @@ class Run:
     label_metrics: dict  # label/metrics.json, else the label manifest's summary, else {}
     config: dict  # config.yaml as plain data ({} when absent): what the run was launched with
     config_digest: str | None  # sha256 of config.yaml
+    problems: dict[str, tuple[str, str]]  # stage -> why its manifest, which is there, cannot be read, and the fix
+    lineage: Lineage  # which outputs and settings now are not the ones the results were made from
+    malformed: list[str]  # metrics.json fields of another shape than the report reads, shown as n/a
 
     @property
     def run_id(self) -> str:
@@ -83,22 +88,89 @@ def read_jsonl(url: str, recorded: dict | None = None) -> list[dict]:
     return read_json(url, lines=True, recorded=recorded) if storage.exists(url) else []
 
 
-def read_metrics(run_url: str, recorded: dict | None = None) -> dict:
+# The shape of each metrics.json field the report reads: a number (not a bool), a class, an interval (two numbers), a
+# list of one class, or a mapping of fields ("*": any key). Fields the report does not read are kept as they are.
+NUMBER, INTERVAL = "number", "interval"
+JUDGE_SHAPE = {"judge": str, "win_rate": NUMBER, "win_rate_ci95": INTERVAL, "win_rate_length_controlled": NUMBER,
+               "wins": int, "ties": int, "losses": int, "position_consistency": NUMBER}
+DIVERSITY_SHAPE = {"top_response_share": NUMBER, "top_response": str, "distinct_2": NUMBER}
+METRICS_SHAPE = {
+    **dict.fromkeys(("win_rate", "win_rate_length_controlled", "reward_policy_mean", "reward_reference_mean",
+                     "kl_to_reference", "kl_to_reference_per_token", "length_policy_mean", "length_reference_mean",
+                     "eos_rate_policy", "eos_rate_reference"), NUMBER),
+    "n_prompts": int, "judges": {"*": JUDGE_SHAPE},
+    "diversity": DIVERSITY_SHAPE, "diversity_reference": DIVERSITY_SHAPE,
+    "upstream": dict.fromkeys(("label_reference_agreement", "rm_held_out_accuracy", "rm_held_out_reference_accuracy"),
+                              NUMBER),
+    "gates": {"checked": bool, "passed": bool, "failures": [str]}}
+
+
+def read_metrics(run_url: str, recorded: dict | None = None) -> tuple[dict, list[str]]:
+    """evaluate/metrics.json, and the dotted names of its fields of another shape than the report reads. One rule
+    for every field: one of another shape (an older rlaif's, or edited by hand; without an evaluate manifest nothing
+    checks it) reads as absent, a mapping as empty, so the report shows "n/a" there, as it does for a field an older
+    run lacks, and says which; only a file that is no evaluation's metrics at all is refused."""
     metrics_url = storage.join(run_url, "evaluate", "metrics.json")
     if not storage.exists(metrics_url):
         raise UserError(f"{metrics_url} not found: is {run_url} a run directory whose evaluate stage has run?")
     metrics = read_json(metrics_url, recorded=recorded)
     if not isinstance(metrics, dict) or not isinstance(metrics.get("judges"), dict):
         raise UserError(f"{metrics_url} is not an evaluation's metrics: {storage.rerun_hint(metrics_url)}")
-    return metrics
+    malformed: list[str] = []
+    return _conform(metrics, METRICS_SHAPE, "", malformed), malformed
 
 
-def _manifest(stage_url: str) -> dict | None:
-    """A stage's manifest for the report: an absent, corrupt or older-schema one reads as absent (n/a)."""
+def _fits(value, shape) -> bool:
+    if shape == NUMBER:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if shape == INTERVAL:
+        return isinstance(value, list) and len(value) == 2 and all(_fits(v, NUMBER) for v in value)
+    if isinstance(shape, list):
+        return isinstance(value, list) and all(_fits(v, shape[0]) for v in value)
+    return isinstance(value, shape) and (shape is bool or not isinstance(value, bool))
+
+
+def _conform(value: dict, shape: dict, path: str, malformed: list[str]) -> dict:
+    """`value` with each field of another shape than `shape`'s left out (a mapping: empty), named in `malformed`.
+    null stands for a number not measured (evaluate writes NaN as null) and is kept where a number or text goes."""
+    out = dict(value)
+    for key, item in value.items():
+        inner, where = shape.get(key, shape.get("*")), f"{path}{key}"
+        if inner is None or item is None and not isinstance(inner, (dict, list)):
+            continue
+        if isinstance(inner, dict):
+            if not isinstance(item, dict):
+                malformed.append(where)
+                item = {}
+            out[key] = _conform(item, inner, f"{where}.", malformed)
+        elif not _fits(item, inner):
+            malformed.append(where)
+            del out[key]
+    return out
+
+
+def _manifest(stage_url: str) -> tuple[dict | None, tuple[str, str] | None]:
+    """A stage's manifest for the report, or None (its rows read n/a) and, where one is there, why it cannot be read:
+    damaged, or written by another version of rlaif (and the fix)."""
     try:
-        return manifest.read(stage_url)
-    except UserError:
-        return None
+        return manifest.read(stage_url), None
+    except UserError as exc:
+        return None, _unreadable(storage.join(stage_url, manifest.MANIFEST), exc)
+
+
+def _unreadable(url: str, exc: UserError) -> tuple[str, str]:
+    rerun = "delete it and re-run the stage (or the pipeline)"
+    try:
+        found = json.loads(storage.read_bytes(url))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return "is damaged (not valid JSON: cut short or overwritten)", rerun
+    version = found.get("schema_version") if isinstance(found, dict) else None
+    if isinstance(found, dict) and version != manifest.SCHEMA_VERSION:
+        return (f"was written by rlaif {text(found.get('code_version'))} (manifest schema {version}), and this rlaif "
+                f"{__version__} reads schema {manifest.SCHEMA_VERSION}",
+                "build this report with that rlaif version, or re-run the stage with this one")
+    detail = str(exc).removeprefix(url).strip().removesuffix(": delete it and re-run the stage")
+    return f"is malformed ({one_line(detail, 160)})", rerun
 
 
 def _optional_json(url: str) -> dict:
@@ -109,8 +181,9 @@ def _optional_json(url: str) -> dict:
     return found if isinstance(found, dict) else {}
 
 
-def _config(run_url: str) -> tuple[dict, str | None]:
-    """config.yaml as plain data (not validated: an older run's config may name settings that are gone)."""
+def _config(run_url: str) -> tuple[dict, bytes | None]:
+    """config.yaml as plain data (not validated: an older run's config may name settings that are gone), and its
+    bytes (None: there is none)."""
     import yaml
 
     url = storage.join(run_url, "config.yaml")
@@ -121,7 +194,7 @@ def _config(run_url: str) -> tuple[dict, str | None]:
         parsed = yaml.safe_load(data)
     except yaml.YAMLError:
         parsed = None
-    return (parsed if isinstance(parsed, dict) else {}), hashlib.sha256(data).hexdigest()
+    return (parsed if isinstance(parsed, dict) else {}), data
 
 
 def load_run(run_url: str, verify: bool = True) -> Run:
@@ -130,14 +203,18 @@ def load_run(run_url: str, verify: bool = True) -> Run:
     # One line for a run that cannot be read: no credentials, an unreachable endpoint, a file where a directory was.
     with user_files.user_read_errors(run_url, "run", "check the run's path (its evaluate/metrics.json and manifests "
                                   "are files), and for s3:// the endpoint and credentials"):
-        manifests = {stage.name: _manifest(storage.join(run_url, stage.name)) for stage in topological_order()}
+        read = {stage.name: _manifest(storage.join(run_url, stage.name)) for stage in topological_order()}
+        manifests = {stage: found for stage, (found, _) in read.items()}
+        problems = {stage: why for stage, (_, why) in read.items() if why}
         recorded = _recorded(manifests["evaluate"]) if verify else None
-        metrics = read_metrics(run_url, recorded)
+        metrics, malformed = read_metrics(run_url, recorded)
         label = (_optional_json(storage.join(run_url, "label", "metrics.json")) or dig(manifests["label"], "summary")
                  or {})
-        config, config_digest = _config(run_url)
+        config, config_text = _config(run_url)
         return Run(run_url, metrics, read_jsonl(storage.join(run_url, "evaluate", "examples.jsonl"), recorded),
-                   read_jsonl(storage.join(run_url, "ppo", "metrics.jsonl")), manifests, label, config, config_digest)
+                   read_jsonl(storage.join(run_url, "ppo", "metrics.jsonl")), manifests, label, config,
+                   None if config_text is None else hashlib.sha256(config_text).hexdigest(), problems,
+                   trace(manifests, problems, config_text), malformed)
 
 
 def _recorded(stage_manifest: dict | None) -> dict:
@@ -146,30 +223,21 @@ def _recorded(stage_manifest: dict | None) -> dict:
             if isinstance(entry, dict)}
 
 
-def evaluated_metrics(run_url: str) -> tuple[dict, bool]:
-    """A run's evaluate/metrics.json, checked against evaluate's manifest where it has one (for comparisons), and
-    whether it has one (without, the metrics are an earlier or unfinished evaluation's, or one whose quality gates
-    failed: not committed, and not checked)."""
-    with user_files.user_read_errors(run_url, "run", "check the run's path, and for s3:// the endpoint and "
-                                                     "credentials"):
-        evaluated = _manifest(storage.join(run_url, "evaluate"))
-        return read_metrics(run_url, _recorded(evaluated)), evaluated is not None
-
-
 def stale_notes(run: Run) -> list[str]:
     """Where the results shown are not the run's current state: evaluate's manifest gone (a re-run that did not
-    finish), or an upstream output it was evaluated on since removed or made again; the settings shown are the
-    run's config.yaml now."""
-    evaluated = run.manifests.get("evaluate")
-    if evaluated is None:
+    finish) or unreadable, an upstream output they were made from since removed or made again, config.yaml edited
+    since, or metrics.json fields of another shape."""
+    notes = _unverified(run) if run.manifests.get("evaluate") is None else run.lineage.notes()
+    if run.malformed:
+        notes.append(f"evaluate/metrics.json has fields of another shape than this rlaif writes, shown as n/a: "
+                     f"{', '.join(run.malformed)} (written by another rlaif version, or edited by hand).")
+    return notes
+
+
+def _unverified(run: Run) -> list[str]:
+    if "evaluate" not in run.problems:
         return ["These results are from an earlier evaluation of this run: evaluate has no manifest (a re-run that "
                 "did not finish?), so they may not match the settings shown. Re-run the pipeline to update them."]
-    notes = []
-    for dep, recorded in (evaluated.get("inputs") or {}).items():
-        current = run.manifests.get(dep, False)
-        if current is False or current is not None and current.get("digest") == recorded:
-            continue  # not a stage (a file's digest), or the output evaluate read
-        now = "removed (a re-run that did not finish?)" if current is None else "made again"
-        notes.append(f"These results evaluated an earlier {dep} output of this run, since {now}: they may not match "
-                     f"the settings or curves shown. Re-run the pipeline to update them.")
-    return notes
+    why, fix = run.problems["evaluate"]
+    return [f"These results are unverified: evaluate's manifest {why}, so they cannot be checked against it or against "
+            f"the outputs they were made from. To fix: {fix.replace('the stage', 'evaluate')}."]

@@ -84,10 +84,24 @@ def _across_stages(run: Run, key: str, shorten: bool = False) -> str:
 
 
 def labeler(run: Run) -> str:
-    label = run.label_metrics
-    name = label.get("judge") or dig(run.metrics, "judges", "training", "judge") or dig(run.config, "label", "judge")
+    """The labeling judge as the label output now records it, else as the evaluation did, else as config.yaml names
+    it (marked where that differs from what the stages ran with)."""
+    label, evaluated = run.label_metrics, dig(run.metrics, "judges", "training", "judge")
     how = ", ".join(f"{k} {label[k]}" for k in ("mode", "principles") if label.get(k))
-    return text(name) + (f" ({how})" if how else "")
+    if label.get("judge") or evaluated:
+        return text(label.get("judge") or evaluated) + (f" ({how})" if how else "")
+    return text(dig(run.config, "label", "judge")) + run.lineage.caveat(sections=("label",))
+
+
+def training_judge(run: Run) -> str:
+    """The labeling (training) judge behind the results: the label output's, where it is the one they were made
+    from; else the judge the evaluation recorded as its training judge, with the label output now named beside it."""
+    if run.lineage.evaluated("label"):
+        return labeler(run)
+    evaluated = f"{text(dig(run.metrics, 'judges', 'training', 'judge'))} (as the evaluation recorded it)"
+    if run.manifests.get("label") is None:
+        return f"{evaluated} ⚠ the label output it was trained on is gone"
+    return f"{evaluated} ⚠ the label output now, {labeler(run)}, may not be the one the policy was trained on"
 
 
 def _kl_coef(run: Run) -> str:
@@ -96,29 +110,59 @@ def _kl_coef(run: Run) -> str:
     if ppo.get("adaptive_kl_target") is not None:
         last = next((r["kl_coef"] for r in reversed(run.ppo_rows) if "kl_coef" in r), None)
         value += f" (adaptive, target KL {num(ppo['adaptive_kl_target'], 'g')}; last {num(last, '.4g')})"
-    return value
+    return value + run.lineage.caveat(("ppo",) if ppo.get("adaptive_kl_target") is not None else (), ("ppo",))
+
+
+def _ppo_settings(run: Run, *keys: str) -> str:
+    """PPO settings as its manifest records them, where that output is the evaluated one; else config.yaml's
+    (marked where that may not be what the evaluated output ran with)."""
+    recorded = run.summary("ppo")
+    if all(recorded.get(key) is not None for key in keys) and run.lineage.evaluated("ppo"):
+        return " / ".join(text(recorded[key]) for key in keys)
+    shown = " / ".join(text(dig(run.config, "ppo", key) or recorded.get(key)) for key in keys)
+    return shown + run.lineage.caveat(("ppo",), ("ppo",))
+
+
+def _from_config(run: Run, *keys: str, spec: str | None = None) -> str:
+    """A setting of config.yaml, marked where its section differs from what the evaluated stages ran with."""
+    value = dig(run.config, *keys)
+    return (num(value, spec) if spec else text(value)) + run.lineage.caveat(sections=keys[:1])
+
+
+def _compared(unread: str | None) -> str:
+    """How config.yaml's settings were checked against the stages', for the provenance note."""
+    if unread is None:  # no evaluate manifest: no stages to compare with
+        return ""
+    if unread:
+        return f" (not compared with the stages' cache keys: {unread})"
+    return (" (compared with each evaluated stage's cache key, recomputed from them with the inputs and rlaif code "
+            "its manifest recorded)")
 
 
 def provenance(run: Run) -> Block:
     """Which models, judges, settings and code made this run (config.yaml and the stage manifests)."""
-    cfg, ppo = run.config, run.summary("ppo")
     judges = "; ".join(f"{name}: {text(j.get('judge'))}" for name, j in run.metrics["judges"].items())
-    rows = [["policy (as named in the config)", text(dig(cfg, "policy", "model"))],
-            ["reward-model backbone", text(dig(cfg, "train_rm", "backbone"))],
-            ["labeling (training) judge", labeler(run)],
+    lineage = run.lineage
+    rows = [["policy (as named in the config)", _from_config(run, "policy", "model")],
+            ["reward-model backbone", _from_config(run, "train_rm", "backbone")],
+            ["labeling (training) judge", training_judge(run)],
             ["evaluation judges", judges or NA],
-            ["PPO algorithm / reward", f"{text(dig(cfg, 'ppo', 'algorithm') or ppo.get('algorithm'))} / "
-                                       f"{text(dig(cfg, 'ppo', 'reward') or ppo.get('reward'))}"],
-            ["PPO learning rate", num(dig(cfg, "ppo", "lr"), "g")],
+            ["PPO algorithm / reward", _ppo_settings(run, "algorithm", "reward")],
+            ["PPO learning rate", _from_config(run, "ppo", "lr", spec="g")],
             ["KL coefficient", _kl_coef(run)],
-            ["PPO iterations", text(dig(cfg, "ppo", "iterations") or ppo.get("iterations"))],
-            ["seed", text(dig(cfg, "seed"))],
-            ["rlaif version", _across_stages(run, "code_version")],
-            ["code digest (rlaif source)", _across_stages(run, "code_digest", shorten=True)],
-            ["config digest (sha256 of config.yaml)", short(run.config_digest)]]
+            ["PPO iterations", _ppo_settings(run, "iterations")],
+            ["seed", _from_config(run, "seed")],
+            ["rlaif version", _across_stages(run, "code_version") + lineage.caveat(tuple(run.manifests))],
+            ["code digest (rlaif source)",
+             _across_stages(run, "code_digest", shorten=True) + lineage.caveat(tuple(run.manifests))],
+            ["config digest (sha256 of config.yaml)", short(run.config_digest)
+             + (" ⚠ not the config the evaluated stages ran with" if lineage.settings_changed else "")]]
+    compared = _compared(lineage.settings_unread)
     return Block("Provenance", ["item", "value"], rows,
-                 note="Settings from the run's config.yaml (as launched last); versions and digests from the stage "
-                      "manifests. Digests are shown by their first 12 hex digits.")
+                 note=f"Settings from the run's config.yaml as launched last{compared}; the labeling judge and "
+                      "PPO's algorithm, reward and iterations as the stage outputs recorded them; versions and digests "
+                      "from the stage manifests. ⚠ marks a value that may not be what the results were made with. "
+                      "Digests are shown by their first 12 hex digits.")
 
 
 def _committed(m: dict | None) -> float | None:

@@ -19,6 +19,13 @@ def _count(value) -> str:
     return str(value) if isinstance(value, int) and not isinstance(value, bool) else NA
 
 
+def _caveat(run: Run, stage: str) -> str:
+    """A block's first words where it reads an output of `stage` other than the one the results were made from."""
+    if run.lineage.evaluated(stage):
+        return ""
+    return f"⚠ The {stage} output now may not be the one these results were made from (the notes at the top say why). "
+
+
 def _reference_agreement(run: Run) -> str:
     label = run.label_metrics
     agreement = label.get("reference_agreement", dig(run.metrics, "upstream", "label_reference_agreement"))
@@ -45,8 +52,8 @@ def labeling(run: Run) -> Block:
     if isinstance(label.get("endpoint"), dict):
         rows.append(["judge endpoint", ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in label["endpoint"].items())])
     return Block("Labeling", ["statistic", "value"], rows,
-                 note="From label/metrics.json. Agreement with the reference judge counts the pairs where the "
-                      "reference judge (key-point coverage, no model) has a clear preference.")
+                 note=_caveat(run, "label") + "From label/metrics.json. Agreement with the reference judge counts the "
+                      "pairs where the reference judge (key-point coverage, no model) has a clear preference.")
 
 
 def reward_model(run: Run) -> Block:
@@ -73,7 +80,8 @@ def reward_model(run: Run) -> Block:
                   f"{num(student.get('pearson'))} / {num(student.get('spearman'))}"],
                  ["student: accuracy against the AI labels", num(student.get("held_out_accuracy"))]]
     return Block("Reward model", ["held-out quality", "value"], rows,
-                 note="From train_rm's manifest, on labelled pairs held out of training by a key-hash split"
+                 note=_caveat(run, "train_rm") + "From train_rm's manifest, on labelled pairs held out of training by "
+                      "a key-hash split"
                       + ("; the student's agreement on prompts held out of its distillation." if student else "."))
 
 
@@ -91,8 +99,8 @@ def ppo_diagnostics(run: Run) -> Block:
         rows.append([label, num(first, ".4g"), num(last, ".4g")])
     ppo = run.summary("ppo")
     per_iteration = ppo.get("seconds_per_iteration")
-    note = (f"From ppo/metrics.jsonl: {len(rows_logged)} iterations logged" if rows_logged
-            else "No ppo/metrics.jsonl in this run")
+    note = _caveat(run, "ppo") + (f"From ppo/metrics.jsonl: {len(rows_logged)} iterations logged" if rows_logged
+                                  else "No ppo/metrics.jsonl in this run")
     note += f", {per_iteration:.2f} s per iteration." if isinstance(per_iteration, (int, float)) else "."
     algorithm = str(ppo.get("algorithm") or dig(run.config, "ppo", "algorithm") or "ppo")
     return Block(f"{algorithm.upper()} training",

@@ -44,16 +44,20 @@ def _judges_say(judges: dict) -> list[str]:
     return out
 
 
+def _three(value) -> str:
+    return f"{value:.3f}" if isinstance(value, (int, float)) else "n/a"
+
+
 def verdicts(metrics: dict) -> list[str]:
     """What the numbers say, in words: reward hacking, mode collapse, judges that cannot tell the policies apart."""
     judges = metrics["judges"]
     out = _judges_say(judges)
-    div, start = metrics.get("diversity"), metrics.get("diversity_reference") or {}
-    if (div and div["top_response_share"] > COLLAPSE_SHARE
-            and div["top_response_share"] * metrics.get("n_prompts", 0) >= 2):
-        out.append(f"Mode collapse: {div['top_response_share']:.0%} of the tuned answers are the same text "
-                   f"({div['top_response'][:80]!r}); distinct-2 {div['distinct_2']:.3f} vs "
-                   f"{start.get('distinct_2', float('nan')):.3f} for the starting policy.")
+    div, start = metrics.get("diversity") or {}, metrics.get("diversity_reference") or {}
+    share = div.get("top_response_share")  # fields an older metrics.json lacks read as absent
+    if isinstance(share, (int, float)) and share > COLLAPSE_SHARE and share * (metrics.get("n_prompts") or 0) >= 2:
+        out.append(f"Mode collapse: {share:.0%} of the tuned answers are the same text "
+                   f"({str(div.get('top_response', ''))[:80]!r}); distinct-2 {_three(div.get('distinct_2'))} vs "
+                   f"{_three(start.get('distinct_2'))} for the starting policy.")
     for name, judge in judges.items():
         if tied_throughout(judge):
             out.append(f"Judge '{name}' tied all {judge['ties']} comparisons: it told no two responses apart, so its "

@@ -138,16 +138,31 @@ def _crafted_examples():
             *ordinary[6:]]
 
 
-def _write_manifests(run, with_times=True):
+def _stage_key(config_yaml: str, stage: str, inputs: dict) -> str:
+    """The cache key a stage run with this config.yaml and these inputs records (as rlaif.stages.common computes it)."""
+    from rlaif.config import parse_config, stage_config_hash
+    from rlaif.graph import STAGE_BY_NAME
+    from rlaif.stages.common import content_keyed_fields
+
+    cfg = parse_config(config_yaml, "test")
+    return stage_config_hash(cfg, STAGE_BY_NAME[stage].config_sections, inputs, content_keyed_fields(cfg, stage))
+
+
+def _write_manifests(run, with_times=True, config_yaml=CONFIG_YAML):
+    """Manifests as a run's stages write them: each records its inputs' digests and its cache key for config_yaml."""
+    from rlaif.graph import STAGE_BY_NAME
     from rlaif.io import manifest
 
     summaries = {"generate": {"pairs": 1024, "seconds": 9.0}, "label": LABEL_METRICS, "train_rm": RM_SUMMARY,
                  "ppo": {"algorithm": "ppo", "reward": "reward_model", "iterations": 10, "seconds_per_iteration": 2.5},
                  "evaluate": {}}
+    digests = {}
     for stage, summary in summaries.items():
+        inputs = {"prompts": "sha-of-the-prompts", **{dep: digests[dep] for dep in STAGE_BY_NAME[stage].inputs}}
         written = manifest.write(storage.normalize(str(run / stage)), stage=stage, run_id=run.name,
-                                 config_hash=f"{stage}-key-0123456789", inputs={}, num_samples=1, summary=summary,
-                                 seconds=STAGE_SECONDS[stage] if with_times else None)
+                                 config_hash=_stage_key(config_yaml, stage, inputs), inputs=inputs, num_samples=1,
+                                 summary=summary, seconds=STAGE_SECONDS[stage] if with_times else None)
+        digests[stage] = written["digest"]
         if not with_times:  # as rlaif wrote manifests before it recorded times and code digests
             old = {k: v for k, v in written.items() if k not in ("seconds", "code_digest")}
             (run / stage / "manifest.json").write_text(json.dumps(old))
@@ -203,7 +218,8 @@ def test_provenance_names_models_settings_code_and_stage_times(tmp_path):
     times = _section(md, "Stage times")
     assert "| generate | 12.0 s |" in times and "| label | 30.5 s |" in times
     assert "| train_rm | 2 min 05 s |" in times and "| ppo | 1 h 01 min |" in times
-    assert "| all stages | 1 h 05 min |" in times and "train_rm-key" in times
+    train_rm_key = json.loads((run / "train_rm" / "manifest.json").read_text())["config_hash"]
+    assert "| all stages | 1 h 05 min |" in times and f"| {train_rm_key[:12]} |" in times
     assert "<h2>Provenance</h2>" in page and "Qwen/Qwen2.5-0.5B-Instruct" in page and "<h2>Stage times</h2>" in page
 
     # The evaluate stage writes its report before its manifest, and passes its time so far.
@@ -301,12 +317,17 @@ def test_old_run_without_the_new_fields_shows_na(tmp_path, capsys):
     assert cli.main(["report", str(run)]) == 0
     assert "report.html" in capsys.readouterr().out
     md = (run / "evaluate" / "report.md").read_text()
-    assert "| policy (as named in the config) | n/a |" in md and "| code digest (rlaif source) | n/a |" in md
-    assert "| config digest (sha256 of config.yaml) | n/a |" in md and "| rlaif version | 0.1.0 |" in md
+    assert "| policy (as named in the config) | n/a |" in md
+    # train_rm's output is gone: the outputs above it cannot be matched with the ones the results were made from
+    assert "> These results were made from an earlier train_rm output of this run, since removed" in md
+    assert "whether the generate and label outputs above it are the ones behind them cannot be told" in md
+    assert "| code digest (rlaif source) | n/a ⚠ may not be the evaluated generate, label and train_rm outputs' |" in md
+    assert "| config digest (sha256 of config.yaml) | n/a |" in md and "| rlaif version | 0.1.0 ⚠" in md
     assert "| accuracy against the AI labels | n/a |" in md and "| held-out pairs (training pairs) | n/a (n/a) |" in md
     assert "| reward (normalised), tuned vs start | n/a vs n/a |" in md
     assert "| policy entropy (per token) | n/a | n/a |" in md  # ppo rows logged reward and KL only
-    assert "| labeling (training) judge | hf:judge-7b (mode pairwise, principles sample) |" in md  # from the manifest
+    assert ("| labeling (training) judge | embedding (as the evaluation recorded it) ⚠ the label output now, "
+            "hf:judge-7b (mode pairwise, principles sample), may not be the one the policy was trained on |") in md
     times = _section(md, "Stage times")
     assert "| generate | 9.0 s (the stage's work only) |" in times
     assert "| ppo | 25.0 s (the stage's work only) |" in times
@@ -376,3 +397,159 @@ def test_numbers_that_do_not_hold_together_are_drawn_or_shown_as_missing(tmp_pat
     md, _ = report.compare([storage.normalize(str(run)), storage.normalize(str(_fake_run(tmp_path / "b")))])
     assert md.splitlines()[0] == "| metric | a/r1 | b/r1 |"
     assert any(line.startswith("| win_rate | - | 0.650 |") for line in md.splitlines())
+
+
+def _relaunch(run, stage, summary, config_yaml=CONFIG_YAML):
+    """`rlaif launch <stage>` on a finished run: a new output of `stage` (made from the outputs above it now, keyed
+    by config_yaml), which nothing below it has read."""
+    from rlaif.graph import STAGE_BY_NAME
+
+    inputs = {"prompts": "sha-of-the-prompts", **{dep: json.loads((run / dep / "manifest.json").read_text())["digest"]
+                                                  for dep in STAGE_BY_NAME[stage].inputs}}
+    manifest.write(storage.normalize(str(run / stage)), stage=stage, run_id=run.name, num_samples=2,
+                   config_hash=_stage_key(config_yaml, stage, inputs), inputs=inputs, summary=summary)
+
+
+def test_a_relabelled_run_does_not_show_the_new_judge_as_the_one_behind_its_results(tmp_path):
+    """`rlaif launch label` with another judge on a finished run: the win rates are still those of the policy trained
+    on the old labels. The report said nothing and showed the new judge and its statistics as the run's."""
+    run = _full_run(tmp_path)
+    relabelled = CONFIG_YAML + "label: {judge: reference}\n"
+    (run / "config.yaml").write_text(relabelled)
+    new_labels = {**LABEL_METRICS, "judge": "reference", "reference_agreement": 1.0}
+    (run / "label" / "metrics.json").write_text(json.dumps(new_labels))
+    _relaunch(run, "label", new_labels, relabelled)
+    md, page = _build(run)
+    assert ("> These results were made from an earlier label output of this run, since made again: what this report "
+            "shows of it (statistics, curves, settings) may not be what they were made from; whether the generate "
+            "output above it is the one behind them cannot be told.") in md
+    assert "> config.yaml no longer holds the settings ppo, evaluate ran with" in md  # label is keyed by both
+    assert ("| labeling (training) judge | embedding (as the evaluation recorded it) ⚠ the label output now, "
+            "reference (mode pairwise, principles sample), may not be the one the policy was trained on |") in md
+    assert _section(md, "Labeling").split("\n_")[-1].startswith("⚠ The label output now may not be the one")
+    assert "| KL coefficient | 0.03 ⚠ config.yaml now, not what the evaluated stages ran with |" in md
+    assert "| seed | 7 |" in md and "| reward-model backbone | /models/deberta-v3-base |" in md  # train_rm matches
+    assert "earlier label output of this run, since made again" in page
+
+
+def test_a_hand_edited_config_is_not_shown_as_the_settings_of_the_results(tmp_path):
+    run = _full_run(tmp_path)
+    md, _ = _build(run)
+    assert "⚠" not in _section(md, "Provenance").split("\n_")[0] and "config.yaml no longer" not in md  # as run
+    (run / "config.yaml").write_text(CONFIG_YAML.replace("lr: 2.0e-05, kl_coef: 0.03", "lr: 0.5, kl_coef: 0.9"))
+    md, _ = _build(run)
+    assert "> config.yaml no longer holds the settings ppo ran with (edited by hand, or a stage launched" in md
+    assert "| PPO learning rate | 0.5 ⚠ config.yaml now, not what the evaluated stages ran with |" in md
+    assert "| KL coefficient | 0.9 ⚠ config.yaml now, not what the evaluated stages ran with |" in md
+    assert "| PPO iterations | 10 |" in md  # as ppo's manifest recorded it
+    assert "| seed | 7 |" in md and "| policy (as named in the config) | Qwen/Qwen2.5-0.5B-Instruct |" in md
+    assert "⚠ not the config the evaluated stages ran with |" in md and "earlier" not in md
+
+
+def test_an_upstream_output_made_again_or_removed_is_flagged_through_the_stage_graph(tmp_path):
+    """The stale check looked at evaluate's own inputs only: a generate made again under label, or a label output
+    removed, went unnoticed (only a removed ppo output was flagged)."""
+    run = _full_run(tmp_path)
+    _relaunch(run, "generate", {"pairs": 2048})
+    md, _ = _build(run)
+    assert "> These results were made from an earlier generate output of this run, since made again" in md
+    assert "earlier label output" not in md and "| labeling (training) judge | hf:judge-7b" in md
+    (run / "label" / "manifest.json").unlink()  # a label re-run that did not finish
+    md, _ = _build(run)
+    assert "> These results were made from an earlier label output of this run, since removed" in md
+    assert ("| labeling (training) judge | embedding (as the evaluation recorded it) ⚠ the label output it was "
+            "trained on is gone |") in md
+    (run / "label" / "manifest.json").write_text('{"schema_version": 1, "sta')  # cut short
+    md, _ = _build(run)
+    assert "earlier label output of this run, since unreadable (its manifest is damaged (not valid JSON" in md
+    assert "⚠" not in _section(md, "Reward model") and "⚠" not in _section(md, "PPO training")
+
+
+def test_a_comparison_shows_settings_stale_notes_and_judges_that_differ(tmp_path):
+    storage.configure(None)
+    runs = [_full_run(tmp_path, name) for name in ("a", "b", "c")]
+    metrics = json.loads((runs[1] / "evaluate" / "metrics.json").read_text())
+    metrics["judges"]["training"]["judge"] = "hf:judge-7b"  # b's policy was trained against another judge
+    (runs[1] / "evaluate" / "metrics.json").write_text(json.dumps(metrics))
+    (runs[2] / "ppo" / "manifest.json").unlink()  # c's ppo re-run did not finish
+    md, page = report.compare([storage.normalize(str(run)) for run in runs])
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in md.splitlines() if line.startswith("| ")}
+    assert rows["evaluation"] == "| evaluation | committed | committed | committed ⚠ out of date: see the notes below |"
+    assert rows["win rate, judge 'training' ⚠ a different judge per run: not comparable"] == (
+        "| win rate, judge 'training' ⚠ a different judge per run: not comparable | 0.650 (embedding) | "
+        "0.650 (hf:judge-7b) | 0.650 (embedding) |")
+    assert "win_rate ⚠ the training judges differ: not comparable" in rows
+    assert rows["win rate, judge 'heldout'"].endswith("| 0.580 | 0.580 | 0.580 |")  # the same judge in every run
+    label = "hf:judge-7b (mode pairwise, principles sample)"
+    assert rows["labeling (training) judge"] == f"| labeling (training) judge | {label} | {label} | {label} |"
+    assert rows["policy (as named in the config)"].count("Qwen/Qwen2.5-0.5B-Instruct") == 3
+    assert rows["PPO algorithm / reward"] == ("| PPO algorithm / reward | ppo / reward_model | ppo / reward_model | "
+                                              "ppo / reward_model ⚠ may not be the evaluated ppo output's |")
+    assert rows["config digest (sha256 of config.yaml)"].count(report_digest := _config_digest()) == 3, report_digest
+    assert md.split("## Notes\n\n", 1)[1].startswith(
+        "- **c**: These results were made from an earlier ppo output of this run, since removed")
+    assert "<h2>Notes</h2><ul><li><b>c</b>: These results were made from an earlier ppo output" in page
+
+
+def _config_digest() -> str:
+    import hashlib
+
+    return hashlib.sha256(CONFIG_YAML.encode()).hexdigest()[:12]
+
+
+def test_metrics_of_another_shape_show_as_na_and_are_named(tmp_path, capsys):
+    """Without an evaluate manifest nothing checks metrics.json's shape: fields of another shape gave IndexError
+    and AttributeError tracebacks (exit 1) in the plots, the headline table and the judge rows."""
+    from rlaif import cli
+
+    run = _fake_run(tmp_path)
+    metrics = json.loads((run / "evaluate" / "metrics.json").read_text())
+    metrics["judges"]["training"]["win_rate_ci95"] = [0.2]
+    metrics["judges"]["heldout"] = [0.5]
+    metrics.update(diversity=3, upstream=[1, 2], gates="passed", n_prompts=True, kl_to_reference=None)
+    (run / "evaluate" / "metrics.json").write_text(json.dumps(metrics))
+    assert cli.main(["report", str(run)]) == 0, capsys.readouterr().err
+    md = (run / "evaluate" / "report.md").read_text()
+    assert ("> evaluate/metrics.json has fields of another shape than this rlaif writes, shown as n/a: "
+            "n_prompts, judges.training.win_rate_ci95, judges.heldout, gates, diversity, upstream (written by another "
+            "rlaif version, or edited by hand).") in md
+    assert "| win rate, judge 'training' | 0.650; length-controlled 0.630; 60/10/30 W/T/L |" in md
+    assert "| win rate, judge 'heldout' | n/a; length-controlled n/a; n/a/n/a/n/a W/T/L |" in md
+    assert "| most common answer's share / distinct-2, tuned vs start | n/a / n/a vs n/a / n/a |" in md
+    assert "| prompts (held out) | n/a |" in md and "quality gates" not in md
+    assert "KL to reference (per sequence / per token) | n/a / 0.0500 |" in md  # null: not measured, not named
+    md, _ = report.compare([storage.normalize(str(run)), storage.normalize(str(_fake_run(tmp_path, "r2")))])
+    assert "- **r1**: evaluate/metrics.json has fields of another shape" in md
+
+
+def test_an_unreadable_evaluate_manifest_says_what_it_is(tmp_path):
+    """An evaluate manifest of another schema, or cut short, read as 'evaluate has no manifest'."""
+    from rlaif import __version__
+
+    run = _full_run(tmp_path)
+    path = run / "evaluate" / "manifest.json"
+    written = json.loads(path.read_text())
+    path.write_text(json.dumps({**written, "schema_version": 99, "code_version": "9.9.9"}))
+    md, _ = _build(run)
+    assert (f"> These results are unverified: evaluate's manifest was written by rlaif 9.9.9 (manifest schema 99), "
+            f"and this rlaif {__version__} reads schema {manifest.SCHEMA_VERSION}, so they cannot be checked against "
+            "it or against the outputs they were made from. To fix: build this report with that rlaif version, or "
+            "re-run evaluate with this one.") in md
+    assert "has no manifest" not in md
+    path.write_text(path.read_text()[:40])
+    md, _ = _build(run)
+    assert ("> These results are unverified: evaluate's manifest is damaged (not valid JSON: cut short or "
+            "overwritten)") in md and "To fix: delete it and re-run evaluate (or the pipeline)." in md
+    compared, _ = report.compare([storage.normalize(str(run)), storage.normalize(str(_full_run(tmp_path, "ok")))])
+    assert compared.splitlines()[2] == ("| evaluation | unverified: its manifest is damaged (not valid JSON: cut short "
+                                        "or overwritten) | committed |")
+
+
+def test_stages_run_under_a_computing_switch_are_not_taken_for_an_edited_config(tmp_path, monkeypatch):
+    """Manifests do not record RLAIF_PACKING or RLAIF_DECODER, which key the stages that read them: the report tries
+    each value, rather than take another switch for settings that changed."""
+    monkeypatch.setenv("RLAIF_PACKING", "off")
+    run = _full_run(tmp_path)
+    monkeypatch.delenv("RLAIF_PACKING")
+    md, _ = _build(run)
+    assert "config.yaml no longer" not in md and "⚠" not in _section(md, "Provenance").split("\n_")[0]
