@@ -156,13 +156,17 @@ def run(ctx: StageContext) -> dict:
     # metrics.json is part of the output's digest: the service's request and retry counts say how a run went, not
     # what it computed, so they stay in the manifest's summary
     files = [ctx.write_json("metrics.json", {k: v for k, v in summary.items() if k != "endpoint"})]
-    consistency = (f"position consistency {summary['position_consistency']:.3f}, " if settings.mode == "pairwise"
-                   else "")
+    log_summary(tally, summary)
+    return ctx.commit(shards=writer.shards, files=files, summary=summary)
+
+
+def log_summary(tally: Tally, summary: dict) -> None:
+    consistency = ("" if summary["position_consistency"] is None
+                   else f"position consistency {summary['position_consistency']:.3f}, ")
     agreement = ("" if summary["reference_agreement"] is None else
                  f"agreement with the reference judge {summary['reference_agreement']:.3f} "
                  f"({tally.reference_clear} clear pairs), ")
     unreadable = summary.get("endpoint", {}).get("answers_unreadable")
     unread = f"{unreadable} answers neither 1 nor 2 (labelled 0.5), " if unreadable else ""
-    print(f"label: {tally.seen} pairs judged by {judge.name}, {consistency}{agreement}{unread}"
+    print(f"label: {tally.seen} pairs judged by {summary['judge']}, {consistency}{agreement}{unread}"
           f"{tally.seen - tally.kept} dropped as low-confidence, p(a) histogram {tally.histogram}")
-    return ctx.commit(shards=writer.shards, files=files, summary=summary)
