@@ -227,13 +227,12 @@ def sha256_json(obj: Any) -> str:
 
 
 def stage_config_hash(cfg: PipelineConfig, sections: tuple[str, ...], input_digests: dict[str, str],
-                      by_content: list[str] = (), code: str | None = None,
-                      switches: dict[str, str] | None = None) -> str:
+                      by_content: list[str] = (), switches: dict[str, str] | None = None) -> str:
     """Cache key of a stage: its config sections (runtime fields left out), its inputs' digests and the digest of
     the code it runs. `by_content`: dotted fields (`evaluate.judges.0.constitution`) naming files whose content
-    digest is among the inputs, keyed by that content and not by their path's spelling. `code`, `switches`: the code
-    digest and computing switches to key with, this process's by default (`rlaif report` recomputes a committed
-    stage's key from config.yaml with the ones that stage ran under)."""
+    digest is among the inputs, keyed by that content and not by their path's spelling. `switches`: the computing
+    switches to key with, this process's by default (`rlaif report` recomputes a committed stage's key from
+    config.yaml with each it may have run under)."""
     from rlaif.io.digest import (
         code_digest,  # local import: rlaif.io imports this module
     )
@@ -242,8 +241,9 @@ def stage_config_hash(cfg: PipelineConfig, sections: tuple[str, ...], input_dige
     payload = {name: dumped[name] for name in sections}
     for field in by_content:
         _key_by_content(payload, field.split("."))
-    key = {"config": payload, "inputs": input_digests, "code": code or code_digest()}
-    if switches := computing_switches(sections) if switches is None else switches:
+    key = {"config": payload, "inputs": input_digests, "code": code_digest()}
+    switches = computing_switches(sections) if switches is None else switches
+    if switches:
         key["switches"] = switches
     return sha256_json(key)
 

@@ -53,7 +53,8 @@ def inline_config(source: str) -> bool:
     text = source.strip()
     if "\n" in text or text.startswith("{"):
         return True
-    return "\n" in source and not ("://" in text or re.search(r"\.(ya?ml|json)$", text) or _exists(text))
+    path_like = re.match(r"[a-z][a-z0-9+.-]*://", text, re.I) or re.search(r"\.(ya?ml|json)$", text, re.I)
+    return "\n" in source and not (path_like or _exists(text))
 
 
 def _exists(path: str) -> bool:

@@ -5,12 +5,14 @@ inputs' digests. Followed up the stage graph from evaluate, every output there n
 named (made again, removed, unreadable); the outputs above it cannot be checked, as the records that named them went
 with it.
 
-Settings: each evaluated stage's cache key is recomputed from config.yaml's settings now, with the inputs and rlaif
-code digest its manifest recorded and each value the computing switches can take, by the function the stages key
-with (rlaif.config.stage_config_hash). Where none gives the config_hash it recorded, config.yaml holds other settings
-for that stage than it ran with (edited by hand, or a stage launched since with other settings). Files the config
-names are keyed by their content, which the manifest recorded: a path changed to a file of the same content is the
-same setting. A config section counts as changed where a stage keyed on it differs and no stage keyed on it matches.
+Settings: each evaluated stage this rlaif build made has its cache key recomputed from config.yaml's settings now,
+with the inputs its manifest recorded and each value the computing switches can take, by the function the stages
+key with (rlaif.config.stage_config_hash); another build's keys are not recomputed (its schema may key other
+fields). Where none gives the config_hash it recorded, config.yaml holds other settings for that stage than it ran
+with (edited by hand, or a stage launched since with other settings). Files the config names are keyed by their
+content, which the manifest recorded: a path changed to a file of the same content is the same setting, and a path
+changed to another file is not seen here. A config section counts as changed where a stage keyed on it differs and
+no stage keyed on it matches.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 from rlaif.config import parse_config, possible_switches, stage_config_hash
 from rlaif.errors import UserError, one_line
 from rlaif.graph import STAGE_BY_NAME, STAGES, topological_order
+from rlaif.io.digest import code_digest
 from rlaif.stages.common import content_keyed_fields
 
 ROOT = "evaluate"  # the stage whose results a report shows
@@ -134,10 +137,14 @@ def _compare_settings(lineage: Lineage, committed: dict[str, dict], config_text:
     except (UserError, UnicodeDecodeError) as exc:
         lineage.settings_unread = f"config.yaml does not load with this rlaif ({one_line(exc, 160)})"
         return
-    compared = {name: _keyed_alike(cfg, name, m) for name, m in committed.items() if m.get("code_digest")}
-    if len(compared) < len(committed):  # manifests from before rlaif recorded its code digest
-        older = [name for name in committed if name not in compared]
-        lineage.settings_unread = f"the manifests of {', '.join(older)} record no code digest (an older rlaif)"
+    # A key recomputed by another build's schema (its fields, defaults, runtime fields) would differ for the same
+    # config.yaml: only the stages this rlaif's code made are compared.
+    ours = code_digest()
+    compared = {name: _keyed_alike(cfg, name, m) for name, m in committed.items() if m.get("code_digest") == ours}
+    if len(compared) < len(committed):
+        other = [name for name in committed if name not in compared]
+        lineage.settings_unread = (f"{', '.join(other)} {'was' if len(other) == 1 else 'were'} made by another "
+                                   "rlaif build, whose cache keys this one cannot recompute")
     lineage.settings_changed = [name for name, same in compared.items() if not same]
     keyed = {name: set(STAGE_BY_NAME[name].config_sections) for name in compared}
     lineage.sections_changed = (set().union(*(keyed[name] for name in lineage.settings_changed))
@@ -145,9 +152,9 @@ def _compare_settings(lineage: Lineage, committed: dict[str, dict], config_text:
 
 
 def _keyed_alike(cfg, name: str, committed: dict) -> bool:
-    """Does config.yaml's config give the stage's recorded cache key, with its recorded inputs and code digest?"""
+    """Does config.yaml's config give the stage's recorded cache key, with its recorded inputs?"""
     sections = STAGE_BY_NAME[name].config_sections
     by_content = content_keyed_fields(cfg, name)
     return any(stage_config_hash(cfg, sections, committed.get("inputs") or {}, by_content,
-                                 code=committed["code_digest"], switches=switches) == committed.get("config_hash")
+                                 switches=switches) == committed.get("config_hash")
                for switches in possible_switches(sections))

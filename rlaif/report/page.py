@@ -10,8 +10,8 @@ from rlaif.io import storage
 from rlaif.report import sections, upstream
 from rlaif.report.examples import Pick, choose
 from rlaif.report.plots import plots
-from rlaif.report.run import NA, Run, dig, load_run, num, stale_notes, text
-from rlaif.report.sections import Block
+from rlaif.report.run import NA, Run, dig, load_run, num, stale_notes
+from rlaif.report.sections import Block, short
 from rlaif.report.verdicts import verdicts
 
 DEFAULT_EXAMPLES = 8
@@ -171,29 +171,50 @@ def _gates(gates) -> str:
     return "passed" if gates.get("passed") else "FAILED: " + "; ".join(map(str, gates.get("failures", [])))
 
 
-def _evaluation(run: Run, notes: list[str]) -> str:
+def _evaluation(run: Run) -> str:
     if run.manifests.get("evaluate") is not None:
-        return "committed" + (" ⚠ out of date: see the notes below" if notes else "")
+        return "committed" + (" ⚠ out of date: see the notes below" if run.lineage.notes() else "")
     if "evaluate" in run.problems:
         return f"unverified: its manifest {run.problems['evaluate'][0]}"
     return "not committed (no evaluate manifest: unfinished, earlier or gate-failed; unverified)"
 
 
+def _judge_identity(run: Run, name: str) -> tuple | None:
+    """Judge `name` of a run as its evaluation recorded it: its name (`hf:<directory>`, which two models can share)
+    and the digests of its model and constitution files; None where the run has no such judge or names none."""
+    recorded = dig(run.metrics, "judges", name, "judge")
+    if recorded is None:
+        return None
+    inputs = dig(run.manifests.get("evaluate"), "inputs") or {}
+    files = f"file:{'label' if name == 'training' else f'evaluate.{name}'}"  # the training judge is label's
+    return recorded, inputs.get(f"{files}.model"), inputs.get(f"{files}.constitution")
+
+
 def _judges_differ(runs: list[Run], name: str) -> bool:
     """Does judge `name` stand for different judges in different runs (the training judge is each run's labeling
     judge)? Their win rates are then not comparable."""
-    return len({text(dig(run.metrics, "judges", name, "judge")) for run in runs if name in run.metrics["judges"]}) > 1
+    return len({identity for run in runs if (identity := _judge_identity(run, name)) is not None}) > 1
+
+
+def _judge_shown(run: Run, name: str) -> str:
+    identity = _judge_identity(run, name)
+    if identity is None:
+        return NA
+    recorded, model, constitution = identity
+    files = [f"{what} {short(digest)}" for what, digest in (("model", model), ("constitution", constitution))
+             if digest]
+    return f"{recorded}{'; ' + ', '.join(files) if files else ''}"
 
 
 def _judge_rows(runs: list[Run]) -> list[list[str]]:
     """Each judge's win rate per run; a judge name that stands for different judges is marked on its row, with each
-    run's judge."""
+    run's judge and the digests of its files."""
     rows = []
     for name in dict.fromkeys(j for run in runs for j in run.metrics["judges"]):
         differ = _judges_differ(runs, name)
         heading = f"win rate, judge '{name}'" + (" ⚠ a different judge per run: not comparable" if differ else "")
         rows.append([heading, *[_shown(dig(run.metrics, "judges", name, "win_rate"), "{:.3f}")
-                                + (f" ({text(dig(run.metrics, 'judges', name, 'judge'))})" if differ else "")
+                                + (f" ({_judge_shown(run, name)})" if differ else "")
                                 for run in runs]])
     return rows
 
@@ -201,10 +222,10 @@ def _judge_rows(runs: list[Run]) -> list[list[str]]:
 def compare(run_urls: list[str]) -> tuple[str, str]:
     """A side-by-side table of several runs' headline metrics and provenance, as Markdown and as HTML, with each
     run's notes where its results are not its current state (the notes a run's own report opens with)."""
-    runs = [load_run(url) for url in run_urls]
+    runs = [load_run(url, details=False) for url in run_urls]
     notes = [stale_notes(run) for run in runs]
     header = ["metric", *column_names(run_urls)]
-    body = [["evaluation", *[_evaluation(run, n) for run, n in zip(runs, notes)]],
+    body = [["evaluation", *[_evaluation(run) for run in runs]],
             ["quality gates", *[_gates(run.metrics.get("gates")) for run in runs]]]
     differ = " ⚠ the training judges differ: not comparable" if _judges_differ(runs, "training") else ""
     for key, fmt in COMPARE_KEYS:

@@ -165,7 +165,8 @@ def _unreadable(url: str, exc: UserError) -> tuple[str, str]:
     except (json.JSONDecodeError, UnicodeDecodeError):
         return "is damaged (not valid JSON: cut short or overwritten)", rerun
     version = found.get("schema_version") if isinstance(found, dict) else None
-    if isinstance(found, dict) and version != manifest.SCHEMA_VERSION:
+    # another version writes its own schema number; a missing or non-integer one is a malformed file
+    if isinstance(found, dict) and isinstance(version, int) and version != manifest.SCHEMA_VERSION:
         return (f"was written by rlaif {text(found.get('code_version'))} (manifest schema {version}), and this rlaif "
                 f"{__version__} reads schema {manifest.SCHEMA_VERSION}",
                 "build this report with that rlaif version, or re-run the stage with this one")
@@ -197,9 +198,11 @@ def _config(run_url: str) -> tuple[dict, bytes | None]:
     return (parsed if isinstance(parsed, dict) else {}), data
 
 
-def load_run(run_url: str, verify: bool = True) -> Run:
+def load_run(run_url: str, verify: bool = True, details: bool = True) -> Run:
     """The run's files for its report. `verify`: evaluate's files must be the ones its manifest recorded (not while
-    the evaluate stage itself builds the report, before its manifest is written)."""
+    the evaluate stage itself builds the report, before its manifest is written). `details`: its examples, and its
+    PPO rows required (a comparison shows no examples and reads only the last KL coefficient from the PPO rows: a
+    run whose ppo/metrics.jsonl is cut short still compares)."""
     # One line for a run that cannot be read: no credentials, an unreachable endpoint, a file where a directory was.
     with user_files.user_read_errors(run_url, "run", "check the run's path (its evaluate/metrics.json and manifests "
                                   "are files), and for s3:// the endpoint and credentials"):
@@ -211,10 +214,20 @@ def load_run(run_url: str, verify: bool = True) -> Run:
         label = (_optional_json(storage.join(run_url, "label", "metrics.json")) or dig(manifests["label"], "summary")
                  or {})
         config, config_text = _config(run_url)
-        return Run(run_url, metrics, read_jsonl(storage.join(run_url, "evaluate", "examples.jsonl"), recorded),
-                   read_jsonl(storage.join(run_url, "ppo", "metrics.jsonl")), manifests, label, config,
+        examples = read_jsonl(storage.join(run_url, "evaluate", "examples.jsonl"), recorded) if details else []
+        ppo_rows = _ppo_rows(run_url, required=details)
+        return Run(run_url, metrics, examples, ppo_rows, manifests, label, config,
                    None if config_text is None else hashlib.sha256(config_text).hexdigest(), problems,
                    trace(manifests, problems, config_text), malformed)
+
+
+def _ppo_rows(run_url: str, required: bool) -> list[dict]:
+    try:
+        return read_jsonl(storage.join(run_url, "ppo", "metrics.jsonl"))
+    except UserError:
+        if required:
+            raise
+        return []
 
 
 def _recorded(stage_manifest: dict | None) -> dict:

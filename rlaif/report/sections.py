@@ -135,8 +135,8 @@ def _compared(unread: str | None) -> str:
         return ""
     if unread:
         return f" (not compared with the stages' cache keys: {unread})"
-    return (" (compared with each evaluated stage's cache key, recomputed from them with the inputs and rlaif code "
-            "its manifest recorded)")
+    return (" (compared with each evaluated stage's cache key, recomputed from them with the inputs its manifest "
+            "recorded: a file setting is compared by the content the stage read, not by its path)")
 
 
 def provenance(run: Run) -> Block:

@@ -443,6 +443,7 @@ def test_orchestrator_parameters_as_a_ui_sends_them_are_one_line(cli, tmp_path, 
             load_config(TINY, [f"{location}='x '"])
     assert load_config_source(TINY + "\n", [], "", root).run_id == load_config(TINY).run_id  # a path, not YAML
     assert load_config_source("seed: 7\n").seed == 7  # YAML text on one line with its line break: still YAML
+    assert load_config_source("storage: {root: 's3://b/x'}\n").storage.root == "s3://b/x"  # a URL inside: still YAML
 
 
 def test_a_setting_given_twice_is_refused_and_a_mapping_sets_only_its_keys(cli, tmp_path, monkeypatch, capsys):
