@@ -75,7 +75,10 @@ def served_judge(hf, setting: str = "label.hf"):
     from rlaif.serving.identity import check_service, judge_digest
 
     client = ServiceClient(hf.endpoint, f"{setting}.endpoint")
-    check_service(client, "judge", judge_digest(hf), "transformers")
+    info = check_service(client, "judge", judge_digest(hf), "transformers")
+    if "logprob_token_ids" not in info.get("extensions", ()):  # before any work, not at the first batch
+        raise UserError(f"{client.base_url} does not return a judge's exact answer log-probs (an `rlaif serve` older "
+                        "than this rlaif): redeploy the judge service with this rlaif version")
     return client
 
 

@@ -160,7 +160,8 @@ async def complete(engine, name: str, body: dict) -> dict:
 def models(engine, name: str) -> dict:
     return {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "rlaif",
                                         "rlaif": {"engine": engine.name, "model_digest": engine.model_digest,
-                                                  "role": engine.role}}]}
+                                                  "role": engine.role,
+                                                  "extensions": list(engine.extensions)}}]}
 
 
 def replica_headers() -> dict:

@@ -111,6 +111,7 @@ def pick_engine(requested: str) -> str:
 
 class TransformersEngine:
     name = "transformers"
+    extensions = ("pad_to_tokens", "logprob_token_ids")  # rlaif's request fields it honours (/v1/models lists them)
 
     def __init__(self, cfg: PipelineConfig, model: str):
         from rlaif.distributed import local_device
@@ -174,6 +175,7 @@ class VLLMEngine:
     answers; not the transformers engine's tokens: different kernels)."""
 
     name = "vllm"
+    extensions = ()
 
     def __init__(self, cfg: PipelineConfig, model: str):
         try:
@@ -188,6 +190,8 @@ class VLLMEngine:
         self.tokenizer = self.llm.get_tokenizer()
 
     def complete(self, request: Request) -> list[Choice]:
+        if request.logprob_ids:  # vLLM returns the top-k only: a bound where exact log-probs were asked for
+            raise BadRequest("logprob_token_ids is not served by the vllm engine: serve with serve.engine=transformers")
         from vllm import SamplingParams, TokensPrompt
 
         params = SamplingParams(n=1, seed=request.seed, temperature=request.temperature, top_p=request.top_p,

@@ -123,6 +123,29 @@ def test_a_service_of_another_model_or_engine_is_refused():
         check_service(FakeService({"data": [{"id": "gpt"}]}), "policy", digest, None)
 
 
+def test_a_judge_service_without_exact_answer_log_probs_is_refused_before_any_work(monkeypatch):
+    # An rlaif serve from before logprob_token_ids answered with the top 20 only: label cleared its output, then
+    # stopped at its first batch.
+    from rlaif.judges import hf
+    from rlaif.serving import client, identity
+
+    settings = load_config("configs/tiny.yaml", ["label.hf.endpoint.base_url=http://j/v1"]).label.hf
+    monkeypatch.setattr(identity, "judge_digest", lambda _: "d" * 64)
+    for extensions, refused in (([], True), (["pad_to_tokens", "logprob_token_ids"], False)):
+        info = {"model_digest": "d" * 64, "engine": "transformers", "extensions": extensions}
+        monkeypatch.setattr(client.ServiceClient, "get", lambda self, path, info=info: {"data": [{"rlaif": info}]})
+        if refused:
+            with pytest.raises(UserError, match="does not return a judge's exact answer log-probs .* redeploy"):
+                hf.served_judge(settings)
+        else:
+            assert hf.served_judge(settings).base_url == "http://j/v1"
+    from rlaif.serving.engine import BadRequest, Request, VLLMEngine
+
+    with pytest.raises(BadRequest, match="logprob_token_ids is not served by the vllm engine"):  # not a silent top-k
+        object.__new__(VLLMEngine).complete(Request(prompts=["x"], max_tokens=1, temperature=0, logprobs=1,
+                                                    logprob_ids=[5]))
+
+
 CLUSTER = from_dict({"namespace": "ml", "image": "reg/rlaif:cpu", "gpu_image": "reg/rlaif:gpu",
                      "node_selector": {"pool": "inference"}, "service_account": "rlaif",
                      "secrets": [{"name": "rlaif-hf", "optional": True, "env": {"HF_TOKEN": "token"}}]})
