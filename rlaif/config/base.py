@@ -22,7 +22,7 @@ def _non_blank(text: str) -> str:
     return text
 
 
-def trimmed(location: str | None) -> str | None:
+def refuse_edge_space(location: str | None) -> str | None:
     """A path, URL or model name as pasted: a space or line break at either end names another file or directory (a
     storage root of " " was a directory named " ")."""
     if location and location != location.strip():
@@ -33,7 +33,7 @@ def trimmed(location: str | None) -> str | None:
 # A string that is searched for in text: empty (a stop string), or blank (a keyword), it would match any text.
 NonEmptyString = Annotated[str, AfterValidator(_non_empty)]
 Phrase = Annotated[str, AfterValidator(_non_blank)]
-Location = Annotated[str, AfterValidator(trimmed)]  # a file, directory, URL or hub model
+Location = Annotated[str, AfterValidator(refuse_edge_space)]  # a file, directory, URL or hub model
 
 PATTERN_WORDS: dict[str, str] = {}  # a field's regular expression -> what it asks for, in words, for its error
 RUN_ID_PATTERN = r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}"  # one directory name under the storage root
@@ -180,8 +180,8 @@ def no_credentials(url: str | None, paths: bool = False) -> str | None:
     """URLs never carry a user or password, nor (http and https ones) a query or fragment, where tokens and
     signatures go: they would be echoed in logs, saved configs and compiled pipelines, and a query would swallow the
     paths joined after it. `paths`: a file or storage location, whose names and S3 keys may hold '?' and '#'.
-    (A database tracking URI's query, ?sslmode=require, holds no credentials.) Nor spaces at either end (trimmed)."""
-    trimmed(url)
+    (A database tracking URI's query, ?sslmode=require, holds no credentials.) Nor spaces at either end."""
+    refuse_edge_space(url)
     if url and "://" in url and (urlsplit(url).username or urlsplit(url).password):
         raise ValueError("must not contain a user name or password: give credentials through the environment")
     if url and url.startswith(("http://", "https://")) and not paths and ("?" in url or "#" in url):

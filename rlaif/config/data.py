@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from rlaif.config.base import Strict, no_credentials
+from rlaif.config.base import Strict, no_credentials, refuse_edge_space
 
 
 class StorageConfig(Strict):
@@ -76,6 +76,13 @@ class DataConfig(Strict):
     @classmethod
     def _no_credentials(cls, v: str) -> str:
         return no_credentials(v, paths=True)  # a glob's '?', a file name's '#'
+
+    @field_validator("data_files")
+    @classmethod
+    def _files(cls, v: str | list[str] | None) -> str | list[str] | None:
+        for name in [v] if isinstance(v, str) else v or []:
+            refuse_edge_space(name)
+        return v
 
     @field_validator("eval_fraction")
     @classmethod

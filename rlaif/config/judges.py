@@ -38,7 +38,7 @@ class OpenAIJudgeConfig(Strict):
     @classmethod
     def _url(cls, v: str) -> str:
         return service_url(v, "http://vllm:8000/v1")
-    model: str = ""
+    model: Location = ""
     """Model name sent with each request."""
     api: Literal["completions", "chat"] = "completions"
     """`completions` (/completions with a prompt; log-probs of the answer token) or `chat` (/chat/completions)."""

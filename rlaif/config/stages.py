@@ -44,7 +44,7 @@ class TinyPolicyConfig(Strict):
     """MLP width."""
     max_positions: int = Field(256, ge=16, le=1_000_000)
     """Longest sequence the model supports (prompt + response)."""
-    demonstrations: str = Field("data/demonstrations.jsonl", min_length=1)
+    demonstrations: Location = Field("data/demonstrations.jsonl", min_length=1)
     """JSONL of {prompt, response} used for the supervised warm start (mixed quality on purpose)."""
     sft_steps: int = Field(400, ge=1, le=10_000_000)
     """Supervised warm-start steps."""
@@ -160,7 +160,8 @@ class LabelConfig(JudgeSettings):
     min_confidence: float = Field(0.0, ge=0.0, lt=0.5)
     """Drop pairs whose label is within this of 0.5 (|p - 0.5| < min_confidence); counted in the summary."""
     batch_size: int = Field(64, ge=1, le=65536)
-    """Pairs per judge batch (part of the cache key: padding moves a model judge's logits in their last bits)."""
+    """Pairs per judge batch (part of the cache key of the hf and embedding judges: padding moves a model judge's
+    logits in their last bits)."""
     shard_size: int = runtime_field(512, ge=1, le=10_000_000)
     """Samples per output shard (not part of the cache key)."""
     streaming: bool = runtime_field(False)
@@ -175,6 +176,13 @@ class LabelConfig(JudgeSettings):
     def reads_temperature(self) -> bool:
         """Score mode turns any judge's two scores into a label through the temperature."""
         return self.mode == "score" or super().reads_temperature
+
+    def cache_key_view(self, keyed: dict) -> dict:
+        """As the judge settings', and batch_size only where the judge runs a model on padded batches (hf,
+        embedding): rules and the reference judge read text, and the openai judge sends each comparison alone (a
+        changed batch size re-judged every pair through a paid endpoint)."""
+        keyed = super().cache_key_view(keyed)
+        return keyed if self.judge in ("hf", "embedding") else without(keyed, {"batch_size"})
 
 
 class TrainRMConfig(Strict):

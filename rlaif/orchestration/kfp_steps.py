@@ -16,8 +16,8 @@ from rlaif.stages import common
 
 def typed_overrides(policy_model: str = "", judge: str = "", ppo_lr: float = 0.0, kl_coef: float = -1.0,
                     iterations: int = 0, seed: int = -1) -> list[str]:
-    """The pipeline's typed parameters (what runs are compared by in the KFP UI) as overrides. Their unset values
-    (empty, 0, or negative) keep the config's."""
+    """The pipeline's typed parameters (what runs are compared by in the KFP UI) as overrides. Left at their defaults
+    they keep the config's: empty names, ppo_lr and iterations 0 or less, kl_coef and seed below 0 (0 is a value)."""
     chosen = {"policy.model": policy_model or None, "label.judge": judge or None,
               "ppo.lr": ppo_lr if ppo_lr > 0 else None, "ppo.kl_coef": kl_coef if kl_coef >= 0 else None,
               "ppo.iterations": iterations if iterations > 0 else None, "seed": seed if seed >= 0 else None}

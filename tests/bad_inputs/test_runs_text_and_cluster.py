@@ -438,7 +438,8 @@ def test_orchestrator_parameters_as_a_ui_sends_them_are_one_line(cli, tmp_path, 
     assert not (tmp_path / "root").exists() and not list(tmp_path.glob(" *"))
     cli("launch", "generate", "--config", TINY, "--storage-root", " ", needle="has a space or line break")
     cli("run", "--config", TINY, "--set", "storage.root=' file://x'", needle="has a space or line break")
-    for location in ("policy.model", "label.hf.model", "train_rm.backbone", "label.constitution", "label.few_shot"):
+    for location in ("policy.model", "label.hf.model", "train_rm.backbone", "label.constitution", "label.few_shot",
+                     "policy.tiny.demonstrations", "data.data_files", "label.openai.model"):
         with pytest.raises(UserError, match=f"'{location}': 'x ' has a space or line break at its start or end"):
             load_config(TINY, [f"{location}='x '"])
     assert load_config_source(TINY + "\n", [], "", root).run_id == load_config(TINY).run_id  # a path, not YAML

@@ -145,6 +145,11 @@ def test_file_storage_run_then_cache_hits(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert "[ppo] starting afresh: removing the previous output (" in again.stdout
     assert "resumed from checkpoint" not in again.stdout and "[evaluate] cache hit" in again.stdout
+    # The rebuilt report of a run made this way has no notes: the report's recomputed cache keys are the stages' own
+    current = rlaif("report", f"{tmp_path}/runs/tiny", timeout=120)
+    md = (tmp_path / "runs/tiny/evaluate/report.md").read_text()
+    assert current.returncode == 0 and "compared with each evaluated stage's cache key" in md, md
+    assert "These results" not in md and "config.yaml no longer" not in md and md.count("⚠") == 1, md  # the legend
 
     # A quality gate that fails: exit 2 with the reason, the report shows it, and no evaluate manifest is written.
     gated = rlaif("run", "--config", "configs/tiny.yaml", "--storage-root", root, "--set", "ppo.lr=2e-3",

@@ -117,6 +117,8 @@ def test_how_an_endpoint_judge_is_called_leaves_every_key_alone(override):
     judged = ["label.judge=openai", "label.openai.base_url=http://judge:8000/v1", "label.openai.model=m"]
     assert stage_keys(*judged, override) == stage_keys(*judged)
     assert stage_keys(*judged, "label.openai.model=other")["label"] != stage_keys(*judged)["label"]
+    assert stage_keys(*judged, "label.batch_size=7") == stage_keys(*judged)  # each comparison sent alone
+    assert stage_keys("label.batch_size=7")["label"] != stage_keys()["label"]  # the embedding judge pads batches
 
 
 @pytest.mark.parametrize("overrides, changed", [
