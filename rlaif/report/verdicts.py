@@ -1,6 +1,8 @@
 """What the numbers say, in words: reward hacking, mode collapse, judges that cannot tell the policies apart."""
 from __future__ import annotations
 
+from rlaif.report.run import num
+
 HACKING_GAP = 0.15  # training-judge win rate this far above the reference judge's reads as reward hacking
 COLLAPSE_SHARE = 0.05  # the most common tuned answer above this share of all answers reads as mode collapse
 
@@ -44,10 +46,6 @@ def _judges_say(judges: dict) -> list[str]:
     return out
 
 
-def _three(value) -> str:
-    return f"{value:.3f}" if isinstance(value, (int, float)) else "n/a"
-
-
 def verdicts(metrics: dict) -> list[str]:
     """What the numbers say, in words: reward hacking, mode collapse, judges that cannot tell the policies apart."""
     judges = metrics["judges"]
@@ -56,8 +54,8 @@ def verdicts(metrics: dict) -> list[str]:
     share = div.get("top_response_share")  # fields an older metrics.json lacks read as absent
     if isinstance(share, (int, float)) and share > COLLAPSE_SHARE and share * (metrics.get("n_prompts") or 0) >= 2:
         out.append(f"Mode collapse: {share:.0%} of the tuned answers are the same text "
-                   f"({str(div.get('top_response', ''))[:80]!r}); distinct-2 {_three(div.get('distinct_2'))} vs "
-                   f"{_three(start.get('distinct_2'))} for the starting policy.")
+                   f"({str(div.get('top_response', ''))[:80]!r}); distinct-2 {num(div.get('distinct_2'))} vs "
+                   f"{num(start.get('distinct_2'))} for the starting policy.")
     for name, judge in judges.items():
         if tied_throughout(judge):
             out.append(f"Judge '{name}' tied all {judge['ties']} comparisons: it told no two responses apart, so its "

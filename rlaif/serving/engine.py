@@ -46,11 +46,10 @@ class BadRequest(ValueError):
 def check_against_model(request: Request, token_ids: list[list[int]], vocab_size: int, positions: int | None) -> None:
     """Token ids the model has, and prompt (padded) plus new tokens within its positions: past either the model
     indexes out of range (a 500 with a traceback) or, with rotary positions, returns text it was never trained on."""
-    for number, ids in enumerate(token_ids):
+    for what, ids in [*((f"prompt {number}", ids) for number, ids in enumerate(token_ids)),
+                      ("logprob_token_ids", request.logprob_ids)]:
         if any(not 0 <= token < vocab_size for token in ids):
-            raise BadRequest(f"prompt {number} holds token ids outside the model's vocabulary (0..{vocab_size - 1})")
-    if any(not 0 <= token < vocab_size for token in request.logprob_ids):
-        raise BadRequest(f"logprob_token_ids holds ids outside the model's vocabulary (0..{vocab_size - 1})")
+            raise BadRequest(f"{what} holds token ids outside the model's vocabulary (0..{vocab_size - 1})")
     if positions is None:
         return
     from rlaif.models.prompt_text import check_fits
