@@ -388,8 +388,7 @@ class Checkpoints:
         decided before any rank loads (a DeepSpeed load runs collectives, which a rank that failed alone would leave
         waiting); a failure past that check (storage, memory) is raised, not taken for damage."""
         remote = storage.join(self.url, name)
-        files = [{"path": url[len(remote) + 1:], "sha256": None} for url in storage.glob(remote + "/**")
-                 if url != remote and not storage.filesystem(url).isdir(url.split("://", 1)[1])]
+        files = [{"path": name, "sha256": None} for name in storage.list_files(remote)]
         local = storage.download_dir(remote, files)
         problem = checkpoint_damage(local, engine.strategy)
         whole = dist.all_reduce_min(torch.tensor([0.0 if problem else 1.0])).item() == 1.0  # one answer for all ranks

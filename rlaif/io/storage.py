@@ -415,12 +415,16 @@ def download_dir(url: str, files: list[dict]) -> Path:
         return target
     cache_dir().mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=cache_dir()))
-    copy_to_local(url, [entry["path"] for entry in files], tmp)
-    for entry in files:
-        if entry["sha256"] and sha256_file(tmp / entry["path"]) != entry["sha256"]:
-            raise UserError(f"{join(url, entry['path'])} does not match its manifest checksum: "
-                            + rerun_hint(join(url, entry["path"])))
-    (tmp / ".complete").write_text("ok")
+    try:
+        copy_to_local(url, [entry["path"] for entry in files], tmp)
+        for entry in files:
+            if entry["sha256"] and sha256_file(tmp / entry["path"]) != entry["sha256"]:
+                raise UserError(f"{join(url, entry['path'])} does not match its manifest checksum: "
+                                + rerun_hint(join(url, entry["path"])))
+        (tmp / ".complete").write_text("ok")
+    except BaseException:  # a damaged or interrupted copy: each retry would leave another whole model behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     target.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.replace(tmp, target)

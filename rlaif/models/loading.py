@@ -159,9 +159,8 @@ def resolve(spec: str, what: str) -> Path:
     if spec.startswith("s3://"):
         from rlaif.io import storage
 
-        prefix = spec.rstrip("/") + "/"
-        files = [{"path": url[len(prefix):], "sha256": None} for url in storage.glob(prefix + "**")
-                 if url != prefix.rstrip("/")]
+        # Listed, not globbed: a '[' or '*' in the directory's name is part of it
+        files = [{"path": name, "sha256": None} for name in storage.list_files(spec)]
         return check_model_dir(storage.download_dir(spec, files), what)
     return check_model_dir(Path(spec[len("file://"):] if spec.startswith("file://") else spec).expanduser(), what)
 

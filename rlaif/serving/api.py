@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
 import time
 import uuid
 
@@ -14,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from rlaif.config.base import MIN_TEMPERATURE, encodable, yes_no_for_a_number
 from rlaif.io import user_files
-from rlaif.serving.engine import BadRequest, Choice, Request
+from rlaif.serving.engine import BadRequest, Choice, Request, UnknownModel
 
 # Above any request the stages send: a prompt of data.max_prompt_chars (at most 1,000,000) characters, each escaped
 # to at most 12 bytes in JSON, and judge prompts of token ids.
@@ -45,6 +44,8 @@ class CompletionBody(BaseModel):
     served result is bit-for-bit the in-process one (other servers ignore it)."""
     echo: bool = False
     stream: bool = False
+    model: str | None = None
+    """Checked against the served name where given (an openai judge pointed at a policy service got its samples)."""
 
     @field_validator("*", mode="before")
     @classmethod
@@ -87,10 +88,9 @@ def parse_request(body: dict) -> Request:
         raise BadRequest("stop holds an empty string, which would end every completion at once: remove it")
     if not all(map(encodable, stop)):
         raise BadRequest("stop holds a lone surrogate (an unpaired \\ud800-\\udfff escape)")
-    seed = parsed.seed if parsed.seed is not None else random.randrange(2**63)
     return Request(prompts=list(prompts), max_tokens=parsed.max_tokens, temperature=temperature,
-                   top_p=parsed.top_p, top_k=max(parsed.top_k, 0), seed=seed, stop=stop, logprobs=parsed.logprobs,
-                   logprob_ids=parsed.logprob_token_ids, pad_to=parsed.pad_to_tokens)
+                   top_p=parsed.top_p, top_k=max(parsed.top_k, 0), seed=parsed.seed, stop=stop,
+                   logprobs=parsed.logprobs, logprob_ids=parsed.logprob_token_ids, pad_to=parsed.pad_to_tokens)
 
 
 def _booleans_in(prompt) -> bool:
@@ -125,7 +125,8 @@ async def completion_response(engine, name: str, request):
             raise BadRequest("the body is not a JSON object of completion parameters")
         return JSONResponse(await complete(engine, name, body), headers=replica_headers())
     except BadRequest as exc:
-        return JSONResponse({"error": {"message": str(exc), "type": "invalid_request_error"}}, status_code=400)
+        return JSONResponse({"error": {"message": str(exc), "type": "invalid_request_error", "code": exc.code}},
+                            status_code=exc.status)
 
 
 async def body_within_limit(request) -> bytes:
@@ -149,12 +150,17 @@ async def body_within_limit(request) -> bytes:
 async def complete(engine, name: str, body: dict) -> dict:
     """The completions response for `body` (raises BadRequest); the engine runs in a worker thread."""
     request = parse_request(body)
+    if body.get("model") not in (None, name):
+        raise UnknownModel(f"the model {str(body['model'])[:100]!r} is not served here: this service serves {name!r} "
+                           "(send that name, or none)")
     choices = await asyncio.to_thread(engine.complete, request)
+    prompt_tokens, completion_tokens = sum(c.prompt_tokens for c in choices), sum(c.tokens for c in choices)
     return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
             "model": name,
             "choices": [{"index": i, "text": c.text, "finish_reason": c.finish_reason, "logprobs": _logprobs(engine, c)}
                         for i, c in enumerate(choices)],
-            "usage": {"completion_tokens": sum(c.tokens for c in choices)}}
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens}}
 
 
 def models(engine, name: str) -> dict:

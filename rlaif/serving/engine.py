@@ -9,8 +9,9 @@
 from __future__ import annotations
 
 import errno
+import random
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -28,7 +29,7 @@ class Request:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
-    seed: int = 0
+    seed: int | None = None  # None: each prompt sampled with its own random seed (as OpenAI and vLLM do)
     stop: list[str] = field(default_factory=list)
     logprobs: int | None = None
     logprob_ids: list[int] = field(default_factory=list)  # next-token log-probs returned whatever their rank
@@ -38,9 +39,24 @@ class Request:
     def max_new_tokens(self) -> int:  # the name sample_texts reads
         return self.max_tokens
 
+    def row_seeds(self) -> list[int]:
+        """Each prompt's seed: the request's for all (the same prompt twice samples the same tokens, as a seeded
+        vLLM request does), or without one a random seed per prompt (copies of a prompt are independent samples)."""
+        if self.seed is not None:
+            return [self.seed] * len(self.prompts)
+        return [random.randrange(2**63) for _ in self.prompts]
+
 
 class BadRequest(ValueError):
     """A request the service refuses with HTTP 400 (the message says why)."""
+
+    status, code = 400, None
+
+
+class UnknownModel(BadRequest):
+    """A request for a model this service does not serve: HTTP 404, OpenAI's model_not_found."""
+
+    status, code = 404, "model_not_found"
 
 
 def check_against_model(request: Request, token_ids: list[list[int]], vocab_size: int, positions: int | None) -> None:
@@ -96,6 +112,7 @@ class Choice:
     tokens: int
     finish_reason: str
     top_logprobs: list[dict[int, float]] | None = None  # per generated token: token id -> log-prob
+    prompt_tokens: int = 0
 
 
 def pick_engine(requested: str) -> str:
@@ -138,8 +155,10 @@ class TransformersEngine:
         check_cache_size(request, token_ids, self.bytes_per_token, self.cache_budget_gib)
         with self.lock, torch.no_grad():
             if request.logprobs is not None and request.max_tokens == 1 and request.temperature == 0:
-                return self._next_token(request, token_ids)
-            return self._sample(request, token_ids)
+                choices = self._next_token(request, token_ids)
+            else:
+                choices = self._sample(request, token_ids)
+        return [replace(choice, prompt_tokens=len(ids)) for choice, ids in zip(choices, token_ids)]
 
     def _token_ids(self, request: Request) -> list[list[int]]:
         return token_ids(self.tokenizer, request.prompts)
@@ -164,8 +183,7 @@ class TransformersEngine:
     def _sample(self, request: Request, ids: list[list[int]]) -> list[Choice]:
         from rlaif.models.generation import sample_encoded
 
-        seeds = [request.seed] * len(request.prompts)
-        results = sample_encoded(self.model, self.tokenizer, self._batch(request, ids), seeds, request)
+        results = sample_encoded(self.model, self.tokenizer, self._batch(request, ids), request.row_seeds(), request)
         return [Choice(text, n, "length" if n >= request.max_tokens else "stop") for text, n in results]
 
 
@@ -193,16 +211,18 @@ class VLLMEngine:
             raise BadRequest("logprob_token_ids is not served by the vllm engine: serve with serve.engine=transformers")
         from vllm import SamplingParams, TokensPrompt
 
-        params = SamplingParams(n=1, seed=request.seed, temperature=request.temperature, top_p=request.top_p,
-                                top_k=request.top_k or -1, max_tokens=request.max_tokens, stop=request.stop or None,
-                                logprobs=request.logprobs)
-        prompts = [TokensPrompt(prompt_token_ids=ids) for ids in token_ids(self.tokenizer, request.prompts)]
+        params = [SamplingParams(n=1, seed=seed, temperature=request.temperature, top_p=request.top_p,
+                                 top_k=request.top_k or -1, max_tokens=request.max_tokens, stop=request.stop or None,
+                                 logprobs=request.logprobs) for seed in request.row_seeds()]
+        ids = token_ids(self.tokenizer, request.prompts)
+        prompts = [TokensPrompt(prompt_token_ids=row) for row in ids]
         choices = []
-        for out in self.llm.generate(prompts, params, use_tqdm=False):
+        for out, row in zip(self.llm.generate(prompts, params, use_tqdm=False), ids):
             sample = out.outputs[0]
             top = ([{tid: lp.logprob for tid, lp in step.items()} for step in sample.logprobs]
                    if request.logprobs is not None else None)
-            choices.append(Choice(sample.text.strip(), len(sample.token_ids), sample.finish_reason or "stop", top))
+            choices.append(Choice(sample.text.strip(), len(sample.token_ids), sample.finish_reason or "stop", top,
+                                  len(row)))
         return choices
 
 

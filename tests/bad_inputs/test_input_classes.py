@@ -73,7 +73,11 @@ def test_s3_roots_that_would_be_created_or_taken_literally(cli, s3_endpoint, mon
     for root, needle in ((f"s3://{bucket}/x?versionId=1", "holds '?', which object storage tools do not keep"),
                          (f"s3://{bucket}/x#part", "holds '#'"),
                          ("s3://127.0.0.1:9000/runs", "'127.0.0.1:9000' is not a bucket name (the endpoint goes in"),
-                         ("s3://b/runs", "'b' is not a bucket name")):
+                         ("s3://b/runs", "'b' is not a bucket name"),
+                         # fsspec expands these where a stage's outputs are removed or listed: `--rerun` under
+                         # s3://b/run* deleted s3://b/runA's outputs, and a '[' left every lock behind
+                         (f"s3://{bucket}/run*", "holds '*', which storage tools read as a wildcard"),
+                         (f"s3://{bucket}/br[1]", "holds '[', ']', which storage tools read as a wildcard")):
         cli("launch", "generate", "--config", TINY, "--storage-root", root, needle=needle)
         cli("run", "--config", TINY, "--set", f"storage.root={root}", needle=needle)
     assert "Contents" not in s3.list_objects_v2(Bucket=bucket, Prefix="x")
@@ -238,6 +242,9 @@ def test_an_mlflow_server_that_is_down_or_silent_is_refused_before_any_work(cli,
     ("label.reference.rude_terms=[rude, '']", "'label.reference.rude_terms.1'"),
     ("storage.root=s3:/bucket/x", "looks like a URL without its '//'"),
     ("storage.root=s3:bucket/x", "looks like a URL without its '//'"),
+    # a local root's wildcards as well: removing a stage's outputs under runs* removed those under runsA
+    ("storage.root=runs*", "holds '*', which storage tools read as a wildcard"),
+    ("storage.root=file://runs?", "holds '?', which storage tools read as a wildcard"),
 ])
 def test_strings_that_would_match_everywhere_and_malformed_urls(cli, tmp_path, override, needle, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a malformed root that got through would be a local directory here

@@ -249,6 +249,20 @@ def test_plain_service_answers_and_scores_like_the_in_process_judge(judge_model_
     texts = [client.post("/v1/completions", json={"prompt": "q1", "max_tokens": 4, "temperature": t, "seed": s}
                          ).json()["choices"][0]["text"] for t, s in ((1e-45, 1), (0, 2))]
     assert texts[0] == texts[1]
+    # copies of a prompt in one request without a seed are independent samples (they all shared one random seed);
+    # with a seed, each copy is that seed's sample, as a seeded vLLM request is
+    for seed, distinct in ((None, lambda n: n > 1), (7, lambda n: n == 1)):
+        body = {"prompt": ["q1"] * 8, "max_tokens": 6, "temperature": 1.0} | ({"seed": seed} if seed else {})
+        choices = client.post("/v1/completions", json=body).json()["choices"]
+        assert distinct(len({c["text"] for c in choices})), (seed, choices)
+    answer = client.post("/v1/completions", json={"prompt": [[5, 6, 7], [8]], "max_tokens": 3, "model": "rlaif-judge"})
+    usage = answer.json()["usage"]  # what OpenAI clients read (completion_tokens alone before)
+    assert usage["prompt_tokens"] == 4 and usage["total_tokens"] == 4 + usage["completion_tokens"], usage
+    # another model's name is refused as OpenAI and vLLM refuse it (an openai judge aimed at a policy service by
+    # mistake got the policy's samples)
+    refused = client.post("/v1/completions", json={"prompt": "x", "model": "gpt-4"})
+    assert refused.status_code == 404 and refused.json()["error"]["code"] == "model_not_found", refused.text
+    assert "serves 'rlaif-judge'" in refused.json()["error"]["message"]
     # one request is one batch: a cache past serve.max_request_cache_gib is refused (it took the replica out of memory)
     small = make_engine(load_config("configs/tiny.yaml", ["label.judge=hf", f"label.hf.model={judge_model_dir}",
                                                          "serve.model=judge", "serve.max_request_cache_gib=0.0001"]),

@@ -1,3 +1,4 @@
+import hashlib
 import json
 import os
 
@@ -183,6 +184,22 @@ def test_s3_roundtrip_through_moto(s3_endpoint):
 
     keys = [s["__key__"] for s in wds.WebDataset(storage.join(url, "shard-000000.tar"), shardshuffle=False)]
     assert keys == ["k0000", "k0001"]
+
+
+def test_a_model_directory_that_fails_its_checksum_leaves_no_copy_in_the_cache(s3_endpoint, tmp_path, monkeypatch):
+    """A damaged download is refused, and its copy goes: every retry of a pod left another whole model behind."""
+    endpoint, bucket = s3_endpoint
+    storage.configure(endpoint)
+    monkeypatch.setenv("RLAIF_CACHE", str(tmp_path / "cache"))
+    url = f"s3://{bucket}/unit/damaged-model[1]"  # listed, not globbed: '[' is part of the name
+    storage.write_bytes_atomic(storage.join(url, "weights.bin"), b"damaged")
+    storage.write_bytes_atomic(storage.join(url, "sub", "config.json"), b"{}")
+    assert storage.list_files(url) == ["sub/config.json", "weights.bin"]
+    with pytest.raises(UserError, match="weights.bin does not match its manifest checksum"):
+        storage.download_dir(url, [{"path": "weights.bin", "sha256": "0" * 64}])
+    assert list((tmp_path / "cache").iterdir()) == []
+    copy = storage.download_dir(url, [{"path": "weights.bin", "sha256": hashlib.sha256(b"damaged").hexdigest()}])
+    assert (copy / "weights.bin").read_bytes() == b"damaged"
 
 
 def test_shuffle_buffer_is_a_seeded_permutation():
