@@ -208,7 +208,7 @@ def _run_stage_module(ctx, first_rank: bool) -> None:
     common.check_inputs_whole(ctx)
     if hasattr(module, "invalidate"):  # a stage split into parts removes only its own part's output
         module.invalidate(ctx)
-    elif first_rank:
+    elif first_rank and not ctx.streamed:  # a streaming stage clears once its stream starts (label.pair_shards)
         common.clear_output(ctx)
     module.run(ctx)
 

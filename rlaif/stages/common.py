@@ -5,13 +5,14 @@ import dataclasses
 import hashlib
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlaif.config import PipelineConfig, cache_key_dump, sha256_json, stage_config_hash
 from rlaif.errors import UserError
 from rlaif.graph import STAGE_BY_NAME, Stage
-from rlaif.io import manifest, storage
+from rlaif.io import manifest, storage, stream
 from rlaif.io.digest import spec_digest
 from rlaif.io.prompt_sources import reading
 from rlaif.io.prompts import source_digest
@@ -191,9 +192,40 @@ def start_context(cfg: PipelineConfig, name: str, part_index: int = 0, num_parts
         upstream = context(cfg, stage.streams_from)
         if not cached(upstream):
             others = {dep: manifest.require(stage_url(cfg, dep), dep) for dep in stage.waits_for(streaming=True)}
-            return StageContext(cfg, stage, stage_url(cfg, name), others, {}, "", part_index, num_parts,
-                                streamed={upstream.stage.name: upstream.config_hash})
+            if not _may_still_hold(cfg, stage, others):
+                return StageContext(cfg, stage, stage_url(cfg, name), others, {}, "", part_index, num_parts,
+                                    streamed={upstream.stage.name: upstream.config_hash})
+            # Streaming would replace an output that is still this config's if the upstream comes out as before (a
+            # re-run of generate samples the same pairs): wait for the upstream, then the cache decides.
+            print(f"[{name}] its output for these settings exists: waiting for {upstream.stage.name}'s output to see "
+                  "whether it still holds, instead of streaming it", flush=True)
+            follower = stream.Follower(upstream.url, upstream.config_hash, getattr(cfg, name).stream_timeout_s, name,
+                                       f"{name}.stream_timeout_s")
+            for _ in follower.shards():
+                pass
     return context(cfg, name, part_index, num_parts)
+
+
+def _may_still_hold(cfg: PipelineConfig, stage: Stage, others: dict[str, dict]) -> bool:
+    """Is the stage's committed output the one this config makes, should its streamed upstream's output come out
+    with the digest that output recorded? (Its settings, files and other inputs all as they were.)"""
+    existing = manifest.read(stage_url(cfg, stage.name))
+    if not existing or stage.streams_from not in (existing.get("inputs") or {}):
+        return False
+    digests = {**{dep: m["digest"] for dep, m in others.items()},
+               stage.streams_from: existing["inputs"][stage.streams_from], **file_digests(cfg, stage.name)}
+    return existing["inputs"] == digests and existing["config_hash"] == stage_config_hash(
+        cfg, stage.config_sections, digests, content_keyed_fields(cfg, stage.name))
+
+
+def cleared_when_streaming_starts(ctx: StageContext, shards: Iterator[dict]) -> Iterator[dict]:
+    """A streamed upstream's shards, the stage's previous output removed once the first one has landed, not before:
+    a stream that never comes (a launch whose settings are not the running upstream's) leaves it as it was."""
+    first = next(shards, None)
+    clear_output(ctx)
+    if first is not None:
+        yield first
+        yield from shards
 
 
 def resolved(ctx: StageContext, committed: dict[str, dict]) -> StageContext:

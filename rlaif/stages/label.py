@@ -27,7 +27,7 @@ from rlaif.judges.constitution import compare, judge_principles, score_each
 from rlaif.judges.reference import CLEAR_MARGIN, reference_points
 from rlaif.judges.reference import grader as reference_grader
 from rlaif.progress import progress
-from rlaif.stages.common import StageContext, resolved
+from rlaif.stages.common import StageContext, cleared_when_streaming_starts, resolved
 
 REQUIRED = ("prompt.txt", "response_a.txt", "response_b.txt")
 HISTOGRAM_BINS = 10
@@ -90,7 +90,7 @@ def pair_shards(ctx: StageContext, pairs_url: str) -> tuple[Iterable[dict], int 
     follower = stream.Follower(pairs_url, ctx.streamed["generate"], ctx.cfg.label.stream_timeout_s, "label",
                                "label.stream_timeout_s")
     print(f"label: streaming generate's shards from {pairs_url} as they land", flush=True)
-    return follower.shards(), None, follower
+    return cleared_when_streaming_starts(ctx, follower.shards()), None, follower
 
 
 def check_informative(tally: Tally, judge: str, min_confidence: float) -> None:

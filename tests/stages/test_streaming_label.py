@@ -164,15 +164,51 @@ def test_a_damaged_generate_runs_again_before_label_streams_it(tmp_path, capfd, 
     cfg = tiny(tmp_path, "label.streaming=true", *ONE_PROCESS)
     config_url = launch.prepare(cfg)
     runner.run_group(cfg, ["generate", "label"], config_url)
+    labelled = stage_manifest(cfg, "label")
     shard = tmp_path / "tiny/generate/shard-000000.tar"
     size = shard.stat().st_size
     shard.write_bytes(shard.read_bytes()[: size // 2])
     capfd.readouterr()
     runner.run_group(cfg, ["generate", "label"], config_url)
     out = capfd.readouterr().out
-    assert out.count("its output for this config is damaged") == 1 and "[label] streaming: reads" in out
+    assert out.count("its output for this config is damaged") == 1 and "[label] streaming: reads" not in out
     assert shard.stat().st_size == size
-    assert stage_manifest(cfg, "label")["digest"] == sequential["single"][1]["digest"]
+    # label's output for these settings was there: it waited for the new generate output, which came out as before
+    assert "[label] its output for these settings exists: waiting for generate's output" in out, out
+    assert "[label] cache hit" in out and stage_manifest(cfg, "label") == labelled
+
+
+def test_a_rerun_generate_that_comes_out_the_same_leaves_the_streamed_label_cached(tmp_path, capfd, sequential):
+    """`--rerun generate` with streaming: label waits for generate instead of replacing its output while it cannot
+    know whether generate comes out the same (it re-labelled every pair before); with another label setting it
+    streams again."""
+    cfg = tiny(tmp_path, "label.streaming=true", *ONE_PROCESS)
+    runner.run_group(cfg, ["generate", "label"], launch.prepare(cfg))
+    labelled = stage_manifest(cfg, "label")
+    capfd.readouterr()
+    runner.run_group(cfg, ["generate", "label"], launch.prepare(cfg), rerun={"generate"})
+    out = capfd.readouterr().out
+    assert "[label] cache hit" in out and stage_manifest(cfg, "label") == labelled, out
+    other = tiny(tmp_path, "label.streaming=true", "label.min_confidence=0.01", *ONE_PROCESS)
+    runner.run_group(other, ["generate", "label"], launch.prepare(other), rerun={"generate"})
+    assert "[label] streaming: reads" in capfd.readouterr().out
+    assert stage_manifest(other, "label")["config_hash"] != labelled["config_hash"]
+
+
+def test_a_stream_that_never_comes_leaves_the_previous_output(tmp_path, sequential):
+    """A streaming label launched with other settings than generate's output was made with (and no generate running)
+    times out without having removed the label output there (it emptied label's directory, then waited)."""
+    cfg = tiny(tmp_path, *ONE_PROCESS)
+    run_stage(cfg, "generate")
+    run_stage(cfg, "label")
+    labelled = stage_manifest(cfg, "label")
+    files = sorted(p.name for p in (tmp_path / "tiny/label").iterdir())
+    for changed in (["generate.max_new_tokens=9", "label.min_confidence=0.01"], ["generate.max_new_tokens=9"]):
+        other = tiny(tmp_path, *ONE_PROCESS, *changed, "label.streaming=true", "label.stream_timeout_s=0.5")
+        with pytest.raises(UserError, match="wrote no new shard for 0.5s"):
+            run_stage(other, "label")
+        assert stage_manifest(cfg, "label") == labelled
+        assert sorted(p.name for p in (tmp_path / "tiny/label").iterdir()) == files
 
 
 def test_the_runner_stops_label_when_generate_dies_without_a_trace(tmp_path, monkeypatch, capfd):
