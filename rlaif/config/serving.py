@@ -76,8 +76,9 @@ class ServeConfig(Strict):
     """Path of this service (`/`, or `/policy` to host several services on one Ray cluster and port; `--no-ray`
     serves under it too); the API root is then http://HOST:PORT<route_prefix>/v1. The Kubernetes manifests serve at
     `/` (each service has its own name)."""
-    name: str = Field("", max_length=40, pattern=described(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)?$", "a Kubernetes "
-                      "name: lowercase letters, digits and '-', starting and ending with a letter or digit"))
+    name: str = Field("", max_length=40, pattern=described(r"^([a-z]([-a-z0-9]*[a-z0-9])?)?$", "a Kubernetes "
+                      "Service name: lowercase letters, digits and '-', starting with a letter, ending with a "
+                      "letter or digit"))
     """Kubernetes name of the service; empty: rlaif-<model>."""
 
     @model_validator(mode="after")

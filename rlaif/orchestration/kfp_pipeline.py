@@ -41,7 +41,7 @@ def configure_task(task: dsl.PipelineTask, plan: PodPlan) -> None:
     """The KFP translation of a stage's pod plan: image, resources, scheduling, secrets, /dev/shm and retries."""
     task.set_display_name(plan.stage).set_container_image(plan.image)
     memory = f"{plan.memory_gib}Gi"
-    task.set_cpu_request(str(plan.cpu)).set_memory_request(memory).set_memory_limit(memory)
+    task.set_cpu_request(plan.cpu_quantity).set_memory_request(memory).set_memory_limit(memory)
     # KFP's cache key would be the parameter strings, blind to the config file's and prompts' content; each stage's own
     # content-addressed cache (config sections + input digests + code version) decides instead, in seconds.
     task.set_caching_options(False)
@@ -122,8 +122,11 @@ def compile_pipeline(output: str, cluster: "str | None" = None, components_dir: 
                                             (".yaml", ".yml"))
     if components_dir:
         _check_components_dir(Path(components_dir))
-    label = load_config(config).label if config else None
-    pipeline = build_pipeline(load(cluster), label and label.pod_judge, bool(label and label.streaming),
+    cfg, spec = load_config(config) if config else None, load(cluster)
+    if cfg:
+        check_gpu_settings(cfg, spec)
+    label = cfg.label if cfg else None
+    pipeline = build_pipeline(spec, label and label.pod_judge, bool(label and label.streaming),
                               _config_on_one_line(config) if config else "configs/demo.yaml")
     try:
         if components_dir:
@@ -270,6 +273,7 @@ def check_runs_on_cluster(cfg, spec: ClusterSpec) -> list[str]:
     from rlaif.io import storage
 
     root = storage.normalize(cfg.storage.root)  # a malformed root (s3:/bucket) is refused as `rlaif run` refuses it
+    check_gpu_settings(cfg, spec)
     for stage in STAGES:
         settings = getattr(cfg, stage.name)
         if hasattr(settings, "check_processes"):
@@ -286,6 +290,17 @@ def check_runs_on_cluster(cfg, spec: ClusterSpec) -> list[str]:
         warnings.append(f"warning: input files only this machine has: {'; '.join(local)}: upload them and give their "
                         "s3:// URLs, or build them into the image")
     return warnings
+
+
+def check_gpu_settings(cfg, spec: ClusterSpec) -> None:
+    """Settings that run on a GPU in a stage's pod, refused where that pod gets none (the run's first pod failed)."""
+    from rlaif.errors import UserError
+    from rlaif.graph import STAGE_BY_NAME
+
+    if cfg.generate.backend == "vllm" and not pod_plan(STAGE_BY_NAME["generate"], spec).gpus:
+        raise UserError("generate.backend=vllm runs vLLM in generate's pod, which gets no GPU on this cluster "
+                        "(use_gpus false, or stages.generate.gpus 0 in the cluster settings): set "
+                        "generate.backend=transformers, or give generate's pod a GPU")
 
 
 class BoundedClient(kfp.Client):

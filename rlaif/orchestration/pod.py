@@ -55,7 +55,7 @@ class SecretRef:
 class PodPlan:
     stage: str
     image: str
-    cpu: int
+    cpu: float  # whole CPUs for a stage; a model service's replica may take a fraction
     memory_gib: int
     gpus: int
     gpu_resource: str
@@ -73,10 +73,15 @@ class PodPlan:
     def pod_name(self) -> str:
         return f"rlaif-{self.stage.replace('_', '-')}"
 
+    @property
+    def cpu_quantity(self) -> str:
+        """The CPU request as Kubernetes writes it: whole CPUs ("2"), else millicores ("250m")."""
+        return str(int(self.cpu)) if float(self.cpu).is_integer() else f"{max(1, round(self.cpu * 1000))}m"
+
     def resources(self) -> dict:
         """Kubernetes ResourceRequirements: CPU and memory requested, memory and GPUs limited."""
         limits = {"memory": f"{self.memory_gib}Gi", **({self.gpu_resource: str(self.gpus)} if self.gpus else {})}
-        return {"requests": {"cpu": str(self.cpu), "memory": f"{self.memory_gib}Gi"}, "limits": limits}
+        return {"requests": {"cpu": self.cpu_quantity, "memory": f"{self.memory_gib}Gi"}, "limits": limits}
 
     def env_list(self) -> list[dict]:
         """Kubernetes EnvVar list: plain values first, then secret references."""
@@ -116,13 +121,13 @@ def secret_refs(cluster: ClusterSpec) -> tuple[SecretRef, ...]:
 def service_pod_plan(name: str, cpus: float, memory_gib: int, gpus: float, cluster: ClusterSpec) -> PodPlan:
     """The pod of one replica of a model service (`rlaif serve`): the stages' images, selectors, secrets and
     security context, sized by the config's serve section (a fractional GPU is rounded up: Kubernetes counts
-    whole GPUs)."""
+    whole GPUs; CPUs are requested as given, in millicores where fractional)."""
     whole_gpus = -int(-gpus // 1) if cluster.use_gpus else 0
     return PodPlan(
-        stage=name, image=cluster.gpu_image if whole_gpus else cluster.image, cpu=max(1, -int(-cpus // 1)),
+        stage=name, image=cluster.gpu_image if whole_gpus else cluster.image, cpu=cpus,
         memory_gib=memory_gib, gpus=whole_gpus, gpu_resource=cluster.gpu_resource,
         node_selector={**cluster.node_selector, **(cluster.gpu_node_selector if whole_gpus else {})},
-        tolerations=cluster.gpu_tolerations if whole_gpus else (), shm_gib=cluster.shm_gib,
+        tolerations=cluster.gpu_tolerations if whole_gpus else (), shm_gib=min(cluster.shm_gib, memory_gib),
         run_as_user=cluster.run_as_user, env=dict(cluster.env), secret_env=secret_refs(cluster),
         service_account=cluster.service_account, namespace=cluster.namespace, retries=cluster.retries)
 
@@ -148,16 +153,17 @@ def pod_plan(stage: Stage, cluster: ClusterSpec, judge: str | None = None) -> Po
     gpus = stage_gpus(stage, cluster, judge)
     # None where the stage has its GPUs, or would have none whatever the judge (a CPU cluster, an explicit 0).
     sized_for = {SIZED_FOR_JUDGE_ENV: judge} if gpus == 0 and stage_gpus(stage, cluster) else {}
+    memory_gib = (override and override.memory_gib) or stage.resources.memory_gib
     return PodPlan(
         stage=stage.name,
         image=cluster.gpu_image if gpus else cluster.image,
         cpu=(override and override.cpu) or stage.resources.cpu,
-        memory_gib=(override and override.memory_gib) or stage.resources.memory_gib,
+        memory_gib=memory_gib,
         gpus=gpus,
         gpu_resource=cluster.gpu_resource,
         node_selector={**cluster.node_selector, **(cluster.gpu_node_selector if gpus else {})},
         tolerations=cluster.gpu_tolerations if gpus else (),
-        shm_gib=cluster.shm_gib,
+        shm_gib=min(cluster.shm_gib, memory_gib),  # memory-backed: it counts against the pod's memory limit
         run_as_user=cluster.run_as_user,
         # RLAIF_CLUSTER_JSON: a stage with nodes > 1 builds its TrainJob from the same settings.
         env={"RLAIF_CLUSTER_JSON": cluster.to_json(), **sized_for, **cluster.env},

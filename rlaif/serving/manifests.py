@@ -8,6 +8,9 @@ images, selectors, tolerations, secrets and security context as the stages' pods
 """
 from __future__ import annotations
 
+import sys
+from dataclasses import replace
+
 import yaml
 
 from rlaif.config import PipelineConfig, dump_config
@@ -17,6 +20,7 @@ from rlaif.orchestration.pod import service_pod_plan
 
 RAY_VERSION = "2.60.0"
 CONFIG_DIR = "/etc/rlaif"
+HEAD_MEMORY_GIB = 4  # the Ray head: GCS, dashboard and Serve's controller and proxy
 HPA_CPU_TARGET = 70  # percent: a CPU replica is saturated by one request at a time, so scale before it queues
 
 
@@ -31,6 +35,12 @@ def _plan(cfg: PipelineConfig, cluster: ClusterSpec):
     if s.gpus_per_replica and not cluster.use_gpus:  # a replica would ask Ray for a GPU no node has: never placed
         raise UserError(f"serve.gpus_per_replica={s.gpus_per_replica:g} on a cluster without GPUs (use_gpus false in "
                         "the cluster settings): set serve.gpus_per_replica=0, or give a GPU cluster's settings")
+    if s.engine == "vllm" and not s.gpus_per_replica:  # its pods would be CPU pods of the CPU image
+        raise UserError("serve.engine=vllm needs a GPU per replica: set serve.gpus_per_replica=1 (or a fraction), or "
+                        "serve.engine=transformers (auto picks vllm where a replica has a GPU)")
+    if 0 < s.gpus_per_replica % 1:
+        print(f"note: serve.gpus_per_replica={s.gpus_per_replica:g}: each pod holds one replica and Kubernetes counts "
+              f"whole GPUs, so each gets {-int(-s.gpus_per_replica // 1)}", file=sys.stderr)
     return service_pod_plan(s.service_name, s.cpus_per_replica, s.memory_gib, s.gpus_per_replica, cluster)
 
 
@@ -48,12 +58,13 @@ def rayservice(cfg: PipelineConfig, cluster: ClusterSpec) -> list[dict]:
     if s.port in RAY_PORTS:  # two container ports of one number: the RayService is refused, or Serve never binds
         raise UserError(f"serve.port={s.port} is {RAY_PORTS[s.port]}'s port in the Ray pods: choose another (8000 is "
                         "Ray Serve's)")
-    head = plan.pod_spec("ray-head", None)  # KubeRay supplies `ray start` to both groups
-    head["containers"][0].update(image=cluster.image, ports=[{"containerPort": 6379, "name": "gcs"},
-                                        {"containerPort": 8265, "name": "dashboard"},
-                                        {"containerPort": s.port, "name": "serve"}],
-                                 resources={"requests": {"cpu": "1", "memory": "4Gi"}, "limits": {"memory": "4Gi"}})
-    head.update(nodeSelector=dict(cluster.node_selector), tolerations=[])  # the head holds no replica: no GPU
+    # The head holds no replica: no GPU, one CPU (KubeRay supplies `ray start` to both groups)
+    head = replace(plan, image=cluster.image, cpu=1, memory_gib=HEAD_MEMORY_GIB, gpus=0,
+                   shm_gib=min(cluster.shm_gib, HEAD_MEMORY_GIB), node_selector=dict(cluster.node_selector),
+                   tolerations=()).pod_spec("ray-head", None)
+    head["containers"][0]["ports"] = [{"containerPort": 6379, "name": "gcs"},
+                                      {"containerPort": 8265, "name": "dashboard"},
+                                      {"containerPort": s.port, "name": "serve"}]
     worker = plan.pod_spec("ray-worker", None)
     workers = {"groupName": "replicas", "replicas": s.replicas,
                "minReplicas": s.min_replicas if s.autoscale else s.replicas,

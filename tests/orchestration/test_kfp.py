@@ -212,6 +212,19 @@ def test_submit_refuses_a_run_only_the_cluster_would_fail(tmp_path, capsys):
     cpu_cluster.write_text("use_gpus: false\n")
     with pytest.raises(UserError, match="must be divisible by 3 processes"):
         submit(["ppo.nproc=3", "ppo.rollout_batch_size=8"], cluster=str(cpu_cluster))
+    # vLLM in a generate pod without a GPU: the run's first pod failed; compiled for that config, refused too
+    no_gpu_for_generate = tmp_path / "no-gpu-generate.yaml"
+    no_gpu_for_generate.write_text("stages: {generate: {gpus: 0}}\n")
+    vllm = tmp_path / "vllm.yaml"
+    settings = yaml.safe_load(Path("configs/tiny.yaml").read_text())
+    vllm.write_text(yaml.safe_dump({**settings, "generate": {**settings["generate"], "backend": "vllm"}}))
+    for cluster in (cpu_cluster, no_gpu_for_generate):
+        with pytest.raises(UserError, match="^generate.backend=vllm runs vLLM in generate's pod, which gets no GPU"):
+            submit(["generate.backend=vllm"], cluster=str(cluster))
+        with pytest.raises(UserError, match="^generate.backend=vllm runs vLLM in generate's pod, which gets no GPU"):
+            kfp_pipeline.compile_pipeline(str(tmp_path / "p.yaml"), str(cluster), None, str(vllm))
+    assert not (tmp_path / "p.yaml").exists()
+    assert kfp_pipeline.compile_pipeline(str(tmp_path / "p.yaml"), None, None, str(vllm))  # a GPU per generate pod
 
 
 def test_input_files_only_this_machine_has(tmp_path, monkeypatch):

@@ -354,6 +354,30 @@ def test_manifests_refuse_a_service_the_cluster_could_not_run():
         with pytest.raises(UserError, match=f"^serve.port={port} is {owner}'s port in the Ray pods"):
             manifests.rayservice(served_config(f"serve.port={port}"), CLUSTER)
     assert manifests.deployment(served_config("serve.port=8265"), CLUSTER)  # no Ray head there
+    # vLLM in a pod without a GPU (the CPU image, no device): rendered, and its replicas could never start
+    for render in (manifests.rayservice, manifests.deployment):
+        with pytest.raises(UserError, match=r"^serve.engine=vllm needs a GPU per replica: set serve.gpus_per_replica"):
+            render(served_config("serve.engine=vllm"), CLUSTER)
+        assert render(served_config("serve.engine=vllm", "serve.gpus_per_replica=1"), CLUSTER)
+    # a Service name starts with a letter (DNS-1035): kubectl refused rlaif's '1policy'
+    with pytest.raises(UserError, match="serve.name"):
+        served_config("serve.name=1policy")
+
+
+def test_service_pods_request_what_a_replica_takes():
+    """A quarter of a CPU is 250m (it was rounded up to a whole CPU, four times what Ray reserves), and /dev/shm, which
+    counts against the pod's memory limit, is never larger than it (an 8Gi shm in a 1Gi pod)."""
+    rayservice = manifests.rayservice(served_config("serve.cpus_per_replica=0.25", "serve.memory_gib=1"), CLUSTER)[0]
+    cluster = rayservice["spec"]["rayClusterConfig"]
+    worker = cluster["workerGroupSpecs"][0]["template"]["spec"]
+    head = cluster["headGroupSpec"]["template"]["spec"]
+    assert worker["containers"][0]["resources"]["requests"] == {"cpu": "250m", "memory": "1Gi"}
+    assert worker["volumes"][0]["emptyDir"]["sizeLimit"] == "1Gi"
+    assert head["containers"][0]["resources"] == {"requests": {"cpu": "1", "memory": "4Gi"},
+                                                  "limits": {"memory": "4Gi"}}
+    assert head["volumes"][0]["emptyDir"]["sizeLimit"] == "4Gi" and "nvidia.com/gpu" not in str(head)
+    deployment = manifests.deployment(served_config("serve.cpus_per_replica=2.5"), CLUSTER)[1]
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "2500m"
 
 
 def test_serve_manifest_cli(capsys):
