@@ -22,6 +22,7 @@ def _report(runs: list[str], output: str | None) -> int:
     from rlaif import report
     from rlaif.io import output_files, storage
 
+    storage.configure(None)  # AWS_ENDPOINT_URL's endpoint, and S3 calls bounded as in the stages
     urls = [storage.normalize(r) for r in runs]
     if len(set(urls)) < len(urls):
         twice = next(url for url in urls if urls.count(url) > 1)
@@ -301,9 +302,8 @@ def report_failure(exc: BaseException) -> int | None:
     whose traceback stays. Also what a KFP step reports (its executor would print a traceback for each)."""
     if isinstance(exc, UserError):
         return _user_error(str(exc))
-    if isinstance(exc, StageFailed):
-        print(f"error: {redact(str(exc))}", file=sys.stderr)
-        return 2 if exc.code == 2 else 1
+    if isinstance(exc, StageFailed):  # one line, where a runner of several launchers takes it from (no echo)
+        return _user_error(str(exc), code=2 if exc.code == 2 else 1)
     from rlaif.io import storage
 
     if _a_peer_rank_reported_first():
@@ -326,20 +326,20 @@ def _a_peer_rank_reported_first() -> bool:
         return False
 
 
-def _user_error(message: str) -> int:
+def _user_error(message: str, code: int = 2) -> int:
     """One line on stderr (a stage under launch: in its error file, which launch prints once), exit code 2."""
     if error_file := os.environ.get("RLAIF_ERROR_FILE"):
         try:
             with open(error_file, "a", encoding="utf-8") as f:
                 f.write(f"{redact(message)}\n")
-            return 2
+            return code
         except OSError:  # not a launcher's file (a variable left set): the message goes where a user sees it
             pass
     try:
         print(f"error: {redact(message)}", file=sys.stderr)
     except BrokenPipeError:  # stderr went to the same closed pipe (`2>&1 | head`)
         pass
-    return 2
+    return code
 
 
 # Commands that print only after all they write (or print all they do): a reader may stop early.

@@ -9,8 +9,8 @@ class UserError(Exception):
 class StageFailed(Exception):
     """A stage's process (or multi-node job) ended with a non-zero exit code; its own output names the cause."""
 
-    def __init__(self, stage: str, code: int):
-        super().__init__(f"stage '{stage}' {_ending(code)}")
+    def __init__(self, stage: str, code: int, message: str | None = None):
+        super().__init__(message or f"stage '{stage}' {_ending(code)}")  # message: its launcher's line, if it said
         self.code = code
 
 
@@ -22,8 +22,10 @@ def _ending(code: int) -> str:
         name = signal.Signals(-code).name
     except ValueError:
         name = f"signal {-code}"
-    oom = "the kernel's out-of-memory killer sends this; " if name == "SIGKILL" else ""
-    return f"was killed by {name} ({oom}its output is above)"
+    # SIGKILL: `kill -9`, a node pre-empted or drained, or the kernel's out-of-memory killer (`dmesg`, or the pod's
+    # status: OOMKilled, says which)
+    cause = "a kill -9, a pre-empted node or the out-of-memory killer; " if name == "SIGKILL" else ""
+    return f"was killed by {name} ({cause}its output is above)"
 
 
 class Terminated(BaseException):

@@ -131,7 +131,7 @@ def launch_together(names: list[str], config_url: str, rerun: set[str] = frozens
             lines = [line.strip() for line in errors.read_text().splitlines()] if errors.exists() else []
             if lines and procs[failed].returncode == 2:
                 raise UserError(lines[0])
-            raise StageFailed(failed, procs[failed].returncode)
+            raise StageFailed(failed, procs[failed].returncode, lines[0] if lines else None)
 
 
 def _first_failure(procs: dict[str, subprocess.Popen], poll_s: float) -> str | None:

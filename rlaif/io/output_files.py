@@ -15,6 +15,7 @@ from pathlib import Path
 from rlaif.errors import UserError
 from rlaif.io.storage import (
     botocore_errors,
+    endpoint_url,
     first_line,
     is_local,
     join,
@@ -34,7 +35,7 @@ def check_writable(root: str) -> None:
     if (why := s3_write_problem(root)) is None:
         return
     if bucket := missing_bucket(root, why):
-        raise UserError(f"storage root {root}: bucket {bucket!r} does not exist: create it, or fix the name")
+        raise UserError(f"storage root {root}: {no_such_bucket(bucket)}")
     raise UserError(f"storage root {root} is not writable ({why}): check the path's permissions, or for s3:// the "
                     "bucket, endpoint and AWS_* credentials")
 
@@ -55,6 +56,19 @@ def missing_bucket(url: str, why: str) -> str | None:
     if "NoSuchBucket" in why or "bucket does not exist" in why:
         return url.split("://", 1)[1].split("/", 1)[0]
     return None
+
+
+def no_such_bucket(bucket: str) -> str:
+    """What to say of a bucket the endpoint says is not there, with the likelier mistakes where they show: an
+    uppercase name (S3 names are lowercase), an endpoint URL with a path (taken for part of the bucket's address)."""
+    from urllib.parse import urlsplit
+
+    endpoint = endpoint_url()
+    hints = ([f"S3 bucket names are lowercase ({bucket.lower()!r}?)"] if bucket != bucket.lower() else []) + (
+        [f"the endpoint {endpoint} has a path ({urlsplit(endpoint).path}): give scheme://host:port"]
+        if urlsplit(endpoint).path.strip("/") else [])
+    return (f"bucket {bucket!r} does not exist" + (f" ({'; '.join(hints)})" if hints else "")
+            + ": create it, or fix the name")
 
 
 def _check_local_writable(root: Path) -> None:
@@ -127,7 +141,7 @@ def check_output_file(value: str, flag: str, what: str, example: str, suffixes: 
         raise UserError(f"{flag} {value}: name a local file, e.g. {example}")
     elif (why := s3_write_problem(url.rsplit("/", 1)[0])) is not None:
         bucket = missing_bucket(url, why)
-        raise UserError(f"{flag} {value}: bucket {bucket!r} does not exist: create it, or fix the name" if bucket
+        raise UserError(f"{flag} {value}: {no_such_bucket(bucket)}" if bucket
                         else f"{flag} {value} cannot be written ({why[:200]}): {S3_ACCESS_FIX}")
     return url
 

@@ -37,6 +37,11 @@ def configure(endpoint_url: str | None) -> None:
         register_webdataset_s3()
 
 
+def endpoint_url() -> str:
+    """The S3 endpoint this process was configured with; "" for AWS's own."""
+    return (_s3_options.get("client_kwargs") or {}).get("endpoint_url", "")
+
+
 def s3_call_limits() -> dict:
     """botocore's retries for every S3 call. s3fs tries each call 5 times itself (5 s connects, 15 s reads), around
     botocore's legacy 5 attempts: an endpoint that accepts connections and never answers held a run silent for over
@@ -179,6 +184,13 @@ def local_path(url: str) -> Path:
 
 def exists(url: str) -> bool:
     return filesystem(url).exists(_path(url))
+
+
+def bucket_exists(url: str) -> bool:
+    """Is an s3:// URL's bucket there (True for local paths)?"""
+    if is_local(url):
+        return True
+    return filesystem(url).exists(url.split("://", 1)[1].split("/", 1)[0])
 
 
 def open_url(url: str, mode: str = "rb"):

@@ -65,6 +65,15 @@ def test_s3_roots_that_would_be_created_or_taken_literally(cli, s3_endpoint, mon
         needle="bucket 'no-such-bucket' does not exist: create it")
     buckets = boto3.client("s3", endpoint_url=endpoint).list_buckets()["Buckets"]
     assert "no-such-bucket" not in [b["Name"] for b in buckets]
+    # the likelier mistakes behind a missing bucket, said where they show
+    cli("launch", "generate", "--config", TINY, "--storage-root", f"s3://{bucket.upper()}/runs",
+        needle=f"bucket '{bucket.upper()}' does not exist (S3 bucket names are lowercase ('{bucket}'?))")
+    cli("report", "s3://no-such-bucket/runs/r1", needle="s3://no-such-bucket/runs/r1: bucket 'no-such-bucket' does "
+                                                        "not exist at this endpoint")
+    cli("report", f"s3://{bucket}/runs/r1", needle="evaluate/metrics.json not found: is s3://")
+    cli("launch", "generate", "--config", TINY, "--storage-root", f"s3://{bucket}/runs", "--set",
+        f"storage.endpoint_url={endpoint}/somepath", needle="has a path (/somepath): give scheme://host:port")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)  # this process's, which configuring the path's endpoint set
     for root in (f"s3://{bucket}/a/../b", f"s3://{bucket}//b"):
         cli("launch", "generate", "--config", TINY, "--storage-root", root, needle="has an empty, '.' or '..' part")
     # s3fs reads 's3://b/x?versionId=1/run/...' as the object x: every file of the run replaced the one before, and
