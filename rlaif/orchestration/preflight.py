@@ -26,6 +26,7 @@ def check(cfg: PipelineConfig, pipeline: bool = False, launched: str | None = No
     check_switches()
     storage.configure(cfg.storage.endpoint_url)
     root = storage.normalize(cfg.storage.root)
+    check_key_length(root, cfg.run_id)
     output_files.check_writable(root)
     prompts = load_prompts(cfg.data)
     check_judges(cfg, prompts)
@@ -57,6 +58,22 @@ def check(cfg: PipelineConfig, pipeline: bool = False, launched: str | None = No
     if launched is not None:
         common.start_context(cfg, launched)
 
+
+
+S3_KEY_BYTES = 1024  # the longest key S3 stores (KeyTooLongError past it)
+RUN_KEY_BYTES = 256  # room for the longest key a run writes under its directory (checkpoints, TensorBoard files)
+
+
+def check_key_length(root: str, run_id: str) -> None:
+    """An s3:// run directory whose keys would pass S3's limit: moto and MinIO take them, AWS refuses the first
+    long one mid-stage (config.yaml was written, the stage failed at its first shard)."""
+    if not root.startswith("s3://"):
+        return
+    prefix = storage.join(root, run_id).split("/", 3)[3]
+    if len(prefix.encode()) + RUN_KEY_BYTES > S3_KEY_BYTES:
+        raise UserError(f"storage root and run id make S3 keys of {len(prefix.encode()) + RUN_KEY_BYTES} bytes and "
+                        f"more, past S3's {S3_KEY_BYTES}: use a shorter prefix (under "
+                        f"{S3_KEY_BYTES - RUN_KEY_BYTES - len(run_id.encode()) - 1} bytes) or run id")
 
 
 def check_enough_pairs(cfg: PipelineConfig, prompts: list[dict]) -> None:
