@@ -22,8 +22,9 @@ def _report(runs: list[str], output: str | None) -> int:
     from rlaif import report
     from rlaif.io import output_files, storage
 
-    storage.configure(None)  # AWS_ENDPOINT_URL's endpoint, and S3 calls bounded as in the stages
     urls = [storage.normalize(r) for r in runs]
+    if any(url.startswith("s3://") for url in urls):
+        storage.configure(None)  # AWS_ENDPOINT_URL's endpoint, and S3 calls bounded as in the stages
     if len(set(urls)) < len(urls):
         twice = next(url for url in urls if urls.count(url) > 1)
         raise UserError(f"run {twice} is given twice: name each run to compare once")
@@ -327,7 +328,7 @@ def _a_peer_rank_reported_first() -> bool:
 
 
 def _user_error(message: str, code: int = 2) -> int:
-    """One line on stderr (a stage under launch: in its error file, which launch prints once), exit code 2."""
+    """One line on stderr (a stage under launch: in its error file, which launch prints once); the exit code."""
     if error_file := os.environ.get("RLAIF_ERROR_FILE"):
         try:
             with open(error_file, "a", encoding="utf-8") as f:

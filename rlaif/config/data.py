@@ -8,8 +8,6 @@ from pydantic import Field, field_validator, model_validator
 
 from rlaif.config.base import Strict, no_credentials, refuse_edge_space
 
-WILDCARDS = "*?[]"  # glob characters fsspec expands in paths (has_magic), and ']' that closes '['
-
 
 class StorageConfig(Strict):
     root: str = Field("file://./runs", min_length=1)
@@ -24,13 +22,6 @@ class StorageConfig(Strict):
         no_credentials(v, paths=info.field_name == "root")
         if v and v.startswith("s3://") and not v[len("s3://"):].split("/")[0]:
             raise ValueError("an s3:// URL needs a bucket: s3://BUCKET/prefix")
-        # (An s3:// root's '?' is refused where it is normalized, for what s3fs makes of it: a version query.)
-        wildcards = set(WILDCARDS) - ({"?"} if v and v.lower().startswith("s3://") else set())
-        if v and info.field_name == "root" and (wild := sorted(set(v) & wildcards)):
-            # Removing and listing a stage's outputs go through fsspec, which expands these: s3://b/run* would
-            # delete s3://b/runA's outputs, and a '[' made the locks unremovable.
-            raise ValueError(f"holds {', '.join(map(repr, wild))}, which storage tools read as a wildcard (matching "
-                             "other directories than this one): use letters, digits, '-', '_', '.' and '/'")
         return v
 
 

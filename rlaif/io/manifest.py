@@ -106,7 +106,7 @@ def require(stage_url: str, stage: str) -> dict:
 def invalidate(stage_url: str) -> None:
     """Start of a stage run: the old output stops existing before anything new is written."""
     storage.remove(storage.join(stage_url, MANIFEST))
-    for shard in storage.glob(storage.join(stage_url, "shard-*.tar")):
+    for shard in storage.glob_under(stage_url, "shard-*.tar"):
         storage.remove(shard)
 
 
@@ -122,6 +122,7 @@ def write(
     num_samples: int | None = None,
     summary: dict | None = None,
     seconds: float | None = None,
+    input_config_hashes: dict[str, str] | None = None,
 ) -> dict:
     shards = shards or []
     manifest = {
@@ -138,6 +139,9 @@ def write(
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "seconds": seconds,  # the stage process's start to this commit (None: not timed)
         "summary": summary or {},
+        # the cache keys of the upstream outputs it read (their digests, in `inputs`, are what the key covers): a
+        # streaming reader tells from them whether the upstream running now makes the output it read before
+        "input_config_hashes": input_config_hashes or {},
     }
     manifest = finite(manifest)
     manifest["digest"] = digest(manifest)

@@ -5,10 +5,10 @@ The S3 endpoint comes from config (`storage.endpoint_url`) or AWS_ENDPOINT_URL; 
 from __future__ import annotations
 
 import contextlib
+import glob as stdlib_glob
 import hashlib
 import importlib
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -18,10 +18,15 @@ from pathlib import Path
 import fsspec
 
 from rlaif.errors import UserError
+from rlaif.io.urls import (  # noqa: F401 (storage's API: callers join and normalize through it)
+    MALFORMED_SCHEME,
+    browsable,
+    check_no_variables,
+    join,
+    normalize,
+)
 
 _s3_options: dict = {}
-# "s3:/bucket", "s3:bucket": a known scheme without its "//", which would otherwise become a local directory.
-MALFORMED_SCHEME = re.compile(r"(?i)(s3|s3a|s3n|file|gs|gcs|az|abfs|hf|https?):(?!//)")
 
 
 def configure(endpoint_url: str | None) -> None:
@@ -65,9 +70,6 @@ def _no_expect_continue() -> None:
     handlers.BUILTIN_HANDLERS[:] = [h for h in handlers.BUILTIN_HANDLERS if h[1] is not handlers.add_expect_header]
 
 
-VARIABLE = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}|\$([A-Za-z_][A-Za-z0-9_]*)")
-
-
 def failure_message(exc: BaseException) -> str | None:
     """An object-storage failure behind an exception (botocore's: endpoint unreachable or timing out, credentials,
     a refusal, a server error; not a missing object, which callers report themselves) as one line; None for
@@ -81,68 +83,6 @@ def failure_message(exc: BaseException) -> str | None:
                     "AWS_ENDPOINT_URL), the credentials and the service, then run again (finished stages are kept)")
         seen = seen.__cause__ or seen.__context__
     return None
-
-
-def check_no_variables(url: str) -> None:
-    """A ${NAME}, or a $NAME of a variable that is set, in a path the user wrote (in a config, or quoted on a command
-    line) is not expanded here: taken literally it would make a directory named `${HOME}`. ($ alone, as in an S3 key
-    `team$ml`, is a character.)"""
-    if match := next((m for m in VARIABLE.finditer(url) if m.group().startswith("${") or m.group(1) in os.environ),
-                     None):
-        raise UserError(f"path {url!r} holds {match.group()}, an environment variable, which is not expanded here: "
-                        "write the path out")
-
-
-def normalize(url: str) -> str:
-    """Absolute URL: bare paths and relative file:// paths resolve against the working directory (~ expanded);
-    file://localhost/path is /path."""
-    check_no_variables(url)
-    if "://" not in url:
-        if MALFORMED_SCHEME.match(url):
-            raise UserError(f"storage URL {url!r} looks like a URL without its '//': write s3://bucket/prefix, "
-                            "file:///absolute/path, or a plain local path")
-        return "file://" + str(Path(url).expanduser().resolve())
-    scheme, rest = url.split("://", 1)
-    scheme = scheme.lower()  # RFC 3986: S3:// is s3://
-    if scheme == "file":
-        if not rest:
-            raise UserError(f"storage URL {url!r} has no path: write file:///absolute/path, file://relative/path or "
-                            "a plain local path")
-        if rest.startswith("localhost/"):  # RFC 8089's explicit local host (some tools write it): an absolute path
-            rest = rest[len("localhost"):]
-        return "file://" + str(Path(rest).expanduser().resolve())
-    if scheme != "s3":
-        raise UserError(f"storage URL {url!r}: only file:// and s3:// are supported")
-    if any(part in ("", ".", "..") for part in rest.rstrip("/").split("/")[1:]):
-        raise UserError(f"storage URL {url!r} has an empty, '.' or '..' part: S3 keeps keys literally (no "
-                        "directories to resolve them against); write s3://bucket/prefix/...")
-    _check_s3_url(url, rest)
-    return "s3://" + rest.rstrip("/")
-
-
-def _check_s3_url(url: str, rest: str) -> None:
-    """What s3fs would read as something else: '?versionId=' made every path under a root one object (the first
-    write replaced by the next, a stray object at the bucket's root); a host:port where the bucket goes."""
-    if bad := sorted({ch for ch in rest if ch in "?#" or not ch.isprintable()}):
-        raise UserError(f"storage URL {url!r} holds {', '.join(map(repr, bad))}, which object storage tools do not "
-                        "keep as part of a key ('?' starts a query, '#' a fragment): use a prefix of letters, digits, "
-                        "'-', '_', '.' and '/'")
-    bucket = rest.split("/", 1)[0]
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{1,254}", bucket):
-        hint = " (the endpoint goes in storage.endpoint_url)" if ":" in bucket else ""
-        raise UserError(f"storage URL {url!r}: {bucket!r} is not a bucket name{hint}: write s3://bucket/prefix, "
-                        "a bucket of 3-63 lowercase letters, digits, '-' and '.'")
-
-
-def browsable(url: str) -> str:
-    """A URL to paste into a browser: a file:// one percent-encoded (a space, '#' or '?' in the path cut it short)."""
-    return Path(url[len("file://"):]).as_uri() if url.startswith("file://") else url
-
-
-def join(url: str, *parts: str) -> str:
-    scheme, separator, path = url.partition("://") if "://" in url else ("", "", url)
-    # Only the path's trailing slashes go: file:/// (the filesystem root) joins to file:///part, not file:/part.
-    return "/".join([scheme + separator + path.rstrip("/"), *[p.strip("/") for p in parts]])
 
 
 # An http(s) server that accepts a connection and never answers fails a request after 30 s without a byte (fsspec
@@ -186,11 +126,19 @@ def exists(url: str) -> bool:
     return filesystem(url).exists(_path(url))
 
 
-def bucket_exists(url: str) -> bool:
-    """Is an s3:// URL's bucket there (True for local paths)?"""
+def bucket_missing(url: str) -> bool:
+    """Does the endpoint say an s3:// URL's bucket is not there (404)? False for local paths, and where it cannot
+    tell (a policy that grants a prefix only answers 403 for the bucket itself)."""
     if is_local(url):
+        return False
+    fs = filesystem(url)
+    try:
+        fs.call_s3("head_bucket", Bucket=url.split("://", 1)[1].split("/", 1)[0])
+    except FileNotFoundError:  # s3fs's reading of 404 and NoSuchBucket
         return True
-    return filesystem(url).exists(url.split("://", 1)[1].split("/", 1)[0])
+    except Exception:  # noqa: BLE001 (denied, throttled, unreachable: the caller's own line stands)
+        return False
+    return False
 
 
 def open_url(url: str, mode: str = "rb"):
@@ -364,9 +312,16 @@ def remove(url: str, recursive: bool = False) -> None:
 
 
 def glob(url_pattern: str) -> list[str]:
+    """The URLs a pattern the user wrote matches (data.prompts may be one)."""
     fs = filesystem(url_pattern)
     scheme = "s3://" if url_pattern.startswith("s3://") else "file://"
     return sorted(scheme + p for p in fs.glob(_path(url_pattern)))
+
+
+def glob_under(base_url: str, pattern: str) -> list[str]:
+    """The URLs `pattern` matches under `base_url`, whose own name is taken literally: a root directory named
+    `run*` or `exp[1]` matched `runA`'s or `exp1`'s files, which a stage then removed as its own."""
+    return glob(join(base_url.split("://", 1)[0] + "://" + stdlib_glob.escape(base_url.split("://", 1)[1]), pattern))
 
 
 def sha256_file(path: Path) -> str:
@@ -434,10 +389,10 @@ def download_dir(url: str, files: list[dict]) -> Path:
                 raise UserError(f"{join(url, entry['path'])} does not match its manifest checksum: "
                                 + rerun_hint(join(url, entry["path"])))
         (tmp / ".complete").write_text("ok")
+        target.parent.mkdir(parents=True, exist_ok=True)
     except BaseException:  # a damaged or interrupted copy: each retry would leave another whole model behind
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    target.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.replace(tmp, target)
     except OSError:  # another process finished the same download first

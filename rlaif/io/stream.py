@@ -24,10 +24,18 @@ from rlaif.io import manifest, storage
 FIRST_POLL_S, MAX_POLL_S = 0.2, 5.0  # idle polls back off to at most one round of reads per MAX_POLL_S
 
 
-def record_url(stage_url: str, part: int | str, name: str) -> str:
-    """`part` is an index, or a glob pattern such as "*"."""
-    prefix = f"{part:05d}" if isinstance(part, int) else part
-    return storage.join(stage_url, "parts", "stream", f"{prefix}-{name}.json")
+def _record_name(part: int | str, name: str) -> str:
+    """`part` is an index, or a glob pattern such as "*" (for records_matching)."""
+    return f"{part:05d}-{name}.json" if isinstance(part, int) else f"{part}-{name}.json"
+
+
+def record_url(stage_url: str, part: int, name: str) -> str:
+    return storage.join(stage_url, "parts", "stream", _record_name(part, name))
+
+
+def records_matching(stage_url: str, part: int | str, name: str) -> list[str]:
+    """The records a pattern names (the stage's own URL taken literally)."""
+    return storage.glob_under(storage.join(stage_url, "parts", "stream"), _record_name(part, name))
 
 
 class PartRecorder:
@@ -55,7 +63,7 @@ class PartRecorder:
 
 def forget(stage_url: str, part: int | str) -> None:
     """A part starting over removes its records first, before any of its old shards go ("*": every part's)."""
-    for url in storage.glob(record_url(stage_url, part, "*")):
+    for url in records_matching(stage_url, part, "*"):
         storage.remove(url)
 
 
@@ -83,7 +91,7 @@ class Follower:
         return committed if committed and committed["config_hash"] == self.config_hash else None
 
     def _check_failures(self) -> None:
-        for url in storage.glob(record_url(self.stage_url, "*", "failed")):
+        for url in records_matching(self.stage_url, "*", "failed"):
             part = int(url.rsplit("/", 1)[1][:5])
             record = self._read(part, "failed")
             if record and record["time"] >= self.since:
@@ -103,17 +111,32 @@ class Follower:
         return committed["shards"][len(consumed):]
 
     def shards(self) -> Iterator[dict]:
-        part, within, consumed = 0, 0, []
+        """Each shard as it lands, then the manifest's rest once it is committed (`manifest` set then)."""
+        consumed = []
+        for shard in self._landing():
+            consumed.append(shard)
+            yield shard
+        yield from self._rest(self.manifest, consumed)
+
+    def wait(self) -> dict:
+        """The committed manifest, waited for as long as shards keep landing (the shards themselves unread: a part
+        that starts over meanwhile is no concern of a reader that read none)."""
+        for _ in self._landing():
+            pass
+        return self.manifest
+
+    def _landing(self) -> Iterator[dict]:
+        """The shard entries of this config's records, in manifest order, as they land; it ends once the output is
+        committed, with `manifest` set."""
+        part, within, landed = 0, 0, 0
         idle_since, wait = time.time(), FIRST_POLL_S
         while True:
             storage.filesystem(self.stage_url).invalidate_cache()  # an s3:// listing cache would hide new records
             if committed := self._committed():
-                yield from self._rest(committed, consumed)
                 self.manifest = committed
                 return
             if record := self._read(part, f"{within:05d}"):
-                consumed.append(record["shard"])
-                within += 1
+                within, landed = within + 1, landed + 1
                 yield record["shard"]
                 idle_since, wait = time.time(), FIRST_POLL_S  # the wait for the next one starts now
                 continue
@@ -124,7 +147,7 @@ class Follower:
             self._check_failures()
             if time.time() - idle_since > self.timeout_s:
                 raise UserError(f"{self.reader} streams stage '{self.stage}', which wrote no new shard for "
-                                f"{self.timeout_s:g}s ({len(consumed)} read so far): check that '{self.stage}' is "
+                                f"{self.timeout_s:g}s ({landed} read so far): check that '{self.stage}' is "
                                 f"running (or run it), or raise {self.timeout_setting}")
             time.sleep(wait)
             wait = min(wait * 2, MAX_POLL_S)

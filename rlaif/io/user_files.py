@@ -11,14 +11,13 @@ import unicodedata
 
 from rlaif.errors import UserError, one_line
 from rlaif.io.storage import (
-    MALFORMED_SCHEME,
     botocore_errors,
-    check_no_variables,
     first_line,
     is_local,
     local_path,
     read_bytes,
 )
+from rlaif.io.urls import MALFORMED_SCHEME, check_no_variables
 
 
 @contextlib.contextmanager

@@ -46,22 +46,21 @@ class OpenAIJudge:
         texts = [prompting.pairwise_prompt(s.preamble, pr, self.examples, p, a, b, s.chain_of_thought)
                  for p, a, b, pr in zip(prompts, first, second, principles)]
         labels = torch.tensor(self.client.map(self._judge_one, texts), dtype=torch.float32)
-        self._check_readable()  # the share, over the whole batch
+        answered, unreadable = self._answers()
+        if answered >= SHARE_CHECKED_AFTER and unreadable > s.openai.max_unreadable_fraction * answered:
+            self._refuse_unreadable()  # the share, over whole batches
         return labels
 
-    def _check_readable(self, share: bool = True) -> None:
-        """A judge whose answers are not 1 or 2 is not judging: refused once UNREADABLE_CHECKED_AFTER answers are all
-        unreadable (checked as each answer comes: the requests still in flight are dropped), or past
-        max_unreadable_fraction of SHARE_CHECKED_AFTER or more."""
-        s = self.settings
-        answered = sum(self.stats[k] for k in ("answers_from_logprobs", "answers_parsed", "answers_unreadable"))
-        unreadable = self.stats["answers_unreadable"]
-        if (answered >= UNREADABLE_CHECKED_AFTER and unreadable == answered) or (
-                share and answered >= SHARE_CHECKED_AFTER
-                and unreadable > s.openai.max_unreadable_fraction * answered):
-            raise UserError(f"judge endpoint {self.url} answered {unreadable} of its first {answered} comparisons with "
-                            f"neither 1 nor 2 (each a 0.5 label, a tie): check {s.setting}.openai.model and .api (chat "
-                            f"models need `chat`), or raise {s.setting}.openai.max_unreadable_fraction")
+    def _answers(self) -> tuple[int, int]:
+        """(answers read so far, those neither 1 nor 2)"""
+        counted = ("answers_from_logprobs", "answers_parsed", "answers_unreadable")
+        return sum(self.stats[k] for k in counted), self.stats["answers_unreadable"]
+
+    def _refuse_unreadable(self) -> None:
+        s, (answered, unreadable) = self.settings, self._answers()
+        raise UserError(f"judge endpoint {self.url} answered {unreadable} of its first {answered} comparisons with "
+                        f"neither 1 nor 2 (each a 0.5 label, a tie): check {s.setting}.openai.model and .api (chat "
+                        f"models need `chat`), or raise {s.setting}.openai.max_unreadable_fraction")
 
     async def _judge_one(self, session, text: str) -> float:
         if self.settings.chain_of_thought:
@@ -69,7 +68,9 @@ class OpenAIJudge:
             text = prompting.after_rationale(text, rationale)
         answer, top = await self._request(session, text, 1, want_logprobs=True)
         p_first = self._p_first(answer, top)
-        self._check_readable(share=False)
+        answered, unreadable = self._answers()
+        if answered >= UNREADABLE_CHECKED_AFTER and unreadable == answered:  # not judging: stop as the answer comes
+            self._refuse_unreadable()
         return p_first
 
     def _p_first(self, answer: str, top: dict[str, float] | None) -> float:

@@ -41,7 +41,7 @@ def configure_task(task: dsl.PipelineTask, plan: PodPlan) -> None:
     """The KFP translation of a stage's pod plan: image, resources, scheduling, secrets, /dev/shm and retries."""
     task.set_display_name(plan.stage).set_container_image(plan.image)
     memory = f"{plan.memory_gib}Gi"
-    task.set_cpu_request(plan.cpu_quantity).set_memory_request(memory).set_memory_limit(memory)
+    task.set_cpu_request(str(plan.cpu)).set_memory_request(memory).set_memory_limit(memory)
     # KFP's cache key would be the parameter strings, blind to the config file's and prompts' content; each stage's own
     # content-addressed cache (config sections + input digests + code version) decides instead, in seconds.
     task.set_caching_options(False)
@@ -122,7 +122,8 @@ def compile_pipeline(output: str, cluster: "str | None" = None, components_dir: 
                                             (".yaml", ".yml"))
     if components_dir:
         _check_components_dir(Path(components_dir))
-    cfg, spec = load_config(config) if config else None, load(cluster)
+    spec = load(cluster)
+    cfg = load_config(config) if config else None
     if cfg:
         check_gpu_settings(cfg, spec)
     label = cfg.label if cfg else None

@@ -181,14 +181,18 @@ def launch(cfg: PipelineConfig, name: str, config_url: str, rerun: bool = False)
     # Requires the upstream manifests (a clear error when one is missing), except a streamed one not committed yet:
     # then there is no cache key and no hit, and the stage follows that upstream's shards as they land.
     ctx = common.start_context(cfg, name)
-    if ctx.streamed:
-        print(f"[{name}] streaming: reads {', '.join(ctx.streamed)}'s output as it is written", flush=True)
     if not rerun and (hit := cache_hit(ctx)) is not None:  # checked before the lock too: a hit needs no lock
         return hit
     if name in ("label", "evaluate"):
         from rlaif.judges import check_services
 
         check_services(cfg, name)
+    if ctx.wait_first and not rerun:
+        ctx = common.wait_for_upstream(ctx)
+        if (hit := cache_hit(ctx)) is not None:
+            return hit
+    if ctx.streamed:
+        print(f"[{name}] streaming: reads {', '.join(ctx.streamed)}'s output as it is written", flush=True)
     with StageLock(ctx.url, f"stage '{name}' of run '{cfg.run_id}'"):
         if not rerun and (hit := cache_hit(ctx, report=False)) is not None:  # another launcher finished it meanwhile
             return hit

@@ -55,7 +55,7 @@ class SecretRef:
 class PodPlan:
     stage: str
     image: str
-    cpu: float  # whole CPUs for a stage; a model service's replica may take a fraction
+    cpu: int
     memory_gib: int
     gpus: int
     gpu_resource: str
@@ -73,15 +73,10 @@ class PodPlan:
     def pod_name(self) -> str:
         return f"rlaif-{self.stage.replace('_', '-')}"
 
-    @property
-    def cpu_quantity(self) -> str:
-        """The CPU request as Kubernetes writes it: whole CPUs ("2"), else millicores ("250m")."""
-        return str(int(self.cpu)) if float(self.cpu).is_integer() else f"{max(1, round(self.cpu * 1000))}m"
-
     def resources(self) -> dict:
         """Kubernetes ResourceRequirements: CPU and memory requested, memory and GPUs limited."""
         limits = {"memory": f"{self.memory_gib}Gi", **({self.gpu_resource: str(self.gpus)} if self.gpus else {})}
-        return {"requests": {"cpu": self.cpu_quantity, "memory": f"{self.memory_gib}Gi"}, "limits": limits}
+        return {"requests": {"cpu": str(self.cpu), "memory": f"{self.memory_gib}Gi"}, "limits": limits}
 
     def env_list(self) -> list[dict]:
         """Kubernetes EnvVar list: plain values first, then secret references."""
@@ -121,10 +116,10 @@ def secret_refs(cluster: ClusterSpec) -> tuple[SecretRef, ...]:
 def service_pod_plan(name: str, cpus: float, memory_gib: int, gpus: float, cluster: ClusterSpec) -> PodPlan:
     """The pod of one replica of a model service (`rlaif serve`): the stages' images, selectors, secrets and
     security context, sized by the config's serve section (a fractional GPU is rounded up: Kubernetes counts
-    whole GPUs; CPUs are requested as given, in millicores where fractional)."""
+    whole GPUs and CPUs: an HPA's CPU target is a share of the request, and torch uses every core it sees)."""
     whole_gpus = -int(-gpus // 1) if cluster.use_gpus else 0
     return PodPlan(
-        stage=name, image=cluster.gpu_image if whole_gpus else cluster.image, cpu=cpus,
+        stage=name, image=cluster.gpu_image if whole_gpus else cluster.image, cpu=max(1, -int(-cpus // 1)),
         memory_gib=memory_gib, gpus=whole_gpus, gpu_resource=cluster.gpu_resource,
         node_selector={**cluster.node_selector, **(cluster.gpu_node_selector if whole_gpus else {})},
         tolerations=cluster.gpu_tolerations if whole_gpus else (), shm_gib=min(cluster.shm_gib, memory_gib),

@@ -17,6 +17,8 @@ from rlaif.io.prompts import check_splits, load_prompts, read_demonstrations
 from rlaif.stages import common
 
 TRACKED = ("train_rm", "ppo")  # the stages that open the trackers
+S3_KEY_BYTES = 1024  # the longest key S3 stores (KeyTooLongError past it)
+RUN_KEY_BYTES = 256  # room for the longest key a run writes under its directory (checkpoints, TensorBoard files)
 
 
 def check(cfg: PipelineConfig, pipeline: bool = False, launched: str | None = None) -> None:
@@ -59,11 +61,6 @@ def check(cfg: PipelineConfig, pipeline: bool = False, launched: str | None = No
         common.start_context(cfg, launched)
 
 
-
-S3_KEY_BYTES = 1024  # the longest key S3 stores (KeyTooLongError past it)
-RUN_KEY_BYTES = 256  # room for the longest key a run writes under its directory (checkpoints, TensorBoard files)
-
-
 def check_key_length(root: str, run_id: str) -> None:
     """An s3:// run directory whose keys would pass S3's limit: moto and MinIO take them, AWS refuses the first
     long one mid-stage (config.yaml was written, the stage failed at its first shard)."""
@@ -71,9 +68,9 @@ def check_key_length(root: str, run_id: str) -> None:
         return
     prefix = storage.join(root, run_id).split("/", 3)[3]
     if len(prefix.encode()) + RUN_KEY_BYTES > S3_KEY_BYTES:
-        raise UserError(f"storage root and run id make S3 keys of {len(prefix.encode()) + RUN_KEY_BYTES} bytes and "
-                        f"more, past S3's {S3_KEY_BYTES}: use a shorter prefix (under "
-                        f"{S3_KEY_BYTES - RUN_KEY_BYTES - len(run_id.encode()) - 1} bytes) or run id")
+        raise UserError(f"storage root and run id take {len(prefix.encode())} of S3's {S3_KEY_BYTES} bytes per key, "
+                        f"leaving less than the {RUN_KEY_BYTES} a run's own keys need under them: use a prefix and run "
+                        f"id of at most {S3_KEY_BYTES - RUN_KEY_BYTES} bytes together")
 
 
 def check_enough_pairs(cfg: PipelineConfig, prompts: list[dict]) -> None:

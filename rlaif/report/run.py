@@ -112,7 +112,7 @@ def read_metrics(run_url: str, recorded: dict | None = None) -> tuple[dict, list
     run lacks, and says which; only a file that is no evaluation's metrics at all is refused."""
     metrics_url = storage.join(run_url, "evaluate", "metrics.json")
     if not storage.exists(metrics_url):
-        if not storage.bucket_exists(run_url):
+        if storage.bucket_missing(run_url):
             raise UserError(f"{run_url}: bucket {run_url.split('/')[2]!r} does not exist at this endpoint: check the "
                             "URL, and AWS_ENDPOINT_URL for an S3-compatible store")
         raise UserError(f"{metrics_url} not found: is {run_url} a run directory whose evaluate stage has run?")

@@ -108,7 +108,14 @@ class ServiceClient:
             async def one(item):
                 async with limit:
                     return await work(session, item)
-            return list(await asyncio.gather(*(one(item) for item in items)))
+            tasks = [asyncio.ensure_future(one(item)) for item in items]
+            try:
+                return list(await asyncio.gather(*tasks))
+            except BaseException:  # the first failure cancels the rest: no request once one has stopped the stage
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                raise
 
     def completions(self, bodies: list[dict]) -> list[dict]:
         """POST /completions once per body; each answer checked to hold a first choice with its text (an answer

@@ -38,9 +38,11 @@ def _plan(cfg: PipelineConfig, cluster: ClusterSpec):
     if s.engine == "vllm" and not s.gpus_per_replica:  # its pods would be CPU pods of the CPU image
         raise UserError("serve.engine=vllm needs a GPU per replica: set serve.gpus_per_replica=1 (or a fraction), or "
                         "serve.engine=transformers (auto picks vllm where a replica has a GPU)")
-    if 0 < s.gpus_per_replica % 1:
-        print(f"note: serve.gpus_per_replica={s.gpus_per_replica:g}: each pod holds one replica and Kubernetes counts "
-              f"whole GPUs, so each gets {-int(-s.gpus_per_replica // 1)}", file=sys.stderr)
+    if fractions := [f"serve.{name}={value:g}" for name, value in (("cpus_per_replica", s.cpus_per_replica),
+                                                                  ("gpus_per_replica", s.gpus_per_replica))
+                     if value % 1]:
+        print(f"note: {' and '.join(fractions)}: each replica's pod requests whole CPUs and GPUs (rounded up); Ray "
+              "Serve's replicas take the fractions of them", file=sys.stderr)
     return service_pod_plan(s.service_name, s.cpus_per_replica, s.memory_gib, s.gpus_per_replica, cluster)
 
 

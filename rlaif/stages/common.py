@@ -40,6 +40,9 @@ class StageContext:
     # An upstream read while it is still being written -> the config hash its output will carry. Such a context has
     # no manifest of that upstream and no cache key yet: `resolved` gives them once the upstream has committed.
     streamed: dict[str, str] = field(default_factory=dict)
+    # Streamed, but the stage's output there may still hold once the upstream commits: a launcher waits for that
+    # (wait_for_upstream) instead of streaming, unless it runs the stage again anyway.
+    wait_first: bool = False
 
     def input_url(self, name: str) -> str:
         return stage_url(self.cfg, name)
@@ -53,7 +56,8 @@ class StageContext:
             raise RuntimeError("a streaming stage commits through resolved(ctx): its cache key needs the upstream")
         return manifest.write(
             self.url, stage=self.stage.name, run_id=self.cfg.run_id, config_hash=self.config_hash,
-            inputs=self.input_digests, seconds=round(self.elapsed(), 3), **fields,
+            inputs=self.input_digests, seconds=round(self.elapsed(), 3),
+            input_config_hashes={dep: m.get("config_hash") for dep, m in self.inputs.items()}, **fields,
         )
 
     def write_json(self, name: str, obj) -> dict:
@@ -192,25 +196,18 @@ def start_context(cfg: PipelineConfig, name: str, part_index: int = 0, num_parts
         upstream = context(cfg, stage.streams_from)
         if not cached(upstream):
             others = {dep: manifest.require(stage_url(cfg, dep), dep) for dep in stage.waits_for(streaming=True)}
-            if not _may_still_hold(cfg, stage, others):
-                return StageContext(cfg, stage, stage_url(cfg, name), others, {}, "", part_index, num_parts,
-                                    streamed={upstream.stage.name: upstream.config_hash})
-            # Streaming would replace an output that is still this config's if the upstream comes out as before (a
-            # re-run of generate samples the same pairs): wait for the upstream, then the cache decides.
-            print(f"[{name}] its output for these settings exists: waiting for {upstream.stage.name}'s output to see "
-                  "whether it still holds, instead of streaming it", flush=True)
-            follower = stream.Follower(upstream.url, upstream.config_hash, getattr(cfg, name).stream_timeout_s, name,
-                                       f"{name}.stream_timeout_s")
-            for _ in follower.shards():
-                pass
+            return StageContext(cfg, stage, stage_url(cfg, name), others, {}, "", part_index, num_parts,
+                                streamed={upstream.stage.name: upstream.config_hash},
+                                wait_first=_may_still_hold(cfg, stage, others, upstream.config_hash))
     return context(cfg, name, part_index, num_parts)
 
 
-def _may_still_hold(cfg: PipelineConfig, stage: Stage, others: dict[str, dict]) -> bool:
-    """Is the stage's committed output the one this config makes, should its streamed upstream's output come out
-    with the digest that output recorded? (Its settings, files and other inputs all as they were.)"""
+def _may_still_hold(cfg: PipelineConfig, stage: Stage, others: dict[str, dict], upstream_hash: str) -> bool:
+    """Is the stage's committed output the one this config makes, should its streamed upstream, made again with the
+    settings it was made with (`upstream_hash`, a --rerun), come out as before? (Its own settings, files and other
+    inputs all as they were.) Where the upstream's settings changed, it cannot."""
     existing = manifest.read(stage_url(cfg, stage.name))
-    if not existing or stage.streams_from not in (existing.get("inputs") or {}):
+    if not existing or (existing.get("input_config_hashes") or {}).get(stage.streams_from) != upstream_hash:
         return False
     digests = {**{dep: m["digest"] for dep, m in others.items()},
                stage.streams_from: existing["inputs"][stage.streams_from], **file_digests(cfg, stage.name)}
@@ -218,9 +215,23 @@ def _may_still_hold(cfg: PipelineConfig, stage: Stage, others: dict[str, dict]) 
         cfg, stage.config_sections, digests, content_keyed_fields(cfg, stage.name))
 
 
+def wait_for_upstream(ctx: StageContext) -> StageContext:
+    """A stage whose output may still hold (`wait_first`) waits for its streamed upstream's commit instead of
+    streaming it, and gets the context a sequential run computes: the cache then decides (streaming would replace
+    an output that still holds when a re-run of generate samples the same pairs)."""
+    (name, upstream_hash), = ctx.streamed.items()
+    print(f"[{ctx.stage.name}] its output for these settings exists: waiting for {name}'s output to see whether it "
+          "still holds, instead of streaming it", flush=True)
+    settings = getattr(ctx.cfg, ctx.stage.name)
+    stream.Follower(stage_url(ctx.cfg, name), upstream_hash, settings.stream_timeout_s, ctx.stage.name,
+                    f"{ctx.stage.name}.stream_timeout_s").wait()
+    return context(ctx.cfg, ctx.stage.name, ctx.part_index, ctx.num_parts)
+
+
 def cleared_when_streaming_starts(ctx: StageContext, shards: Iterator[dict]) -> Iterator[dict]:
     """A streamed upstream's shards, the stage's previous output removed once the first one has landed, not before:
-    a stream that never comes (a launch whose settings are not the running upstream's) leaves it as it was."""
+    a stream that never comes (a launch whose settings are not the running upstream's) leaves it as it was. The
+    removal happens at the first next(): the stage must write nothing of its output before it reads its input."""
     first = next(shards, None)
     clear_output(ctx)
     if first is not None:

@@ -71,9 +71,9 @@ def invalidate(ctx: StageContext) -> None:
         return
     # This index's shard names are the same for every part count: records of other counts would list shards that
     # are about to be replaced
-    for record in storage.glob(storage.join(ctx.url, "parts", f"part-{index:05d}-of-*.json")):
+    for record in storage.glob_under(storage.join(ctx.url, "parts"), f"part-{index:05d}-of-*.json"):
         storage.remove(record)
-    for url in storage.glob(storage.join(ctx.url, "shard-*.tar")):
+    for url in storage.glob_under(ctx.url, "shard-*.tar"):
         # the whole number: part 10 and up number their shards past six digits (shard-1000000.tar)
         if int(url.rsplit("shard-", 1)[1].split(".", 1)[0]) // PART_SHARD_STRIDE == index:
             storage.remove(url)

@@ -260,7 +260,7 @@ def export(ctx: StageContext, engine, model, tokenizer, export_dir: Path, rank: 
         engine.optimizer.state.clear()  # the Adam moments are done with: free them before evaluating
         return plain
     files = [{"path": url.rsplit("/model/", 1)[1], "sha256": None}
-             for url in storage.glob(storage.join(ctx.url, "model", "*"))]
+             for url in storage.glob_under(storage.join(ctx.url, "model"), "*")]
     return load_reward_model(storage.download_dir(storage.join(ctx.url, "model"), files))[1].to(device)
 
 

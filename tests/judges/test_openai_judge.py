@@ -178,13 +178,14 @@ def test_a_judge_that_answers_neither_1_nor_2_is_refused(judge_model_dir, answer
         tolerant = make_judge(endpoint_settings(server, api="chat", max_unreadable_fraction=1.0), 8)
         with pytest.raises(UserError, match="answered 8 of its first 8"):  # none read: a stop whatever the share
             tolerant.prefer_first(PROMPTS[:8], FIRST[:8], SECOND[:8], PRINCIPLES[:8])
-        # the stop comes with the 8th answer, not after a batch of them (4 in flight at once: 11 at most sent)
+        # the stop comes with the 8th answer, not after a batch of them: 8 answered, the other 3 in flight cancelled
+        # (the 8th's slot can let one more start before the cancel reaches it)
         server.requests.clear()
         batch = 40
         with pytest.raises(UserError, match="answered 8 of its first 8"):
             make_judge(endpoint_settings(server, api="chat"), batch).prefer_first(
                 *((column * batch)[:batch] for column in (PROMPTS, FIRST, SECOND, PRINCIPLES)))
-        assert len(server.requests) <= 11, len(server.requests)
+        assert len(server.requests) <= 12, len(server.requests)
     finally:
         server.close()
 

@@ -186,6 +186,27 @@ def test_s3_roundtrip_through_moto(s3_endpoint):
     assert keys == ["k0000", "k0001"]
 
 
+@pytest.mark.parametrize("name, sibling", [("runs*", "runsA"), ("exp[1]", "exp1"), ("q?", "qx")])
+def test_a_local_root_named_like_a_pattern_is_taken_literally(tmp_path, name, sibling):
+    """Wildcards in a local root's name ('runs*', a checkout in 'exp[1]'): removing a stage's outputs there globbed
+    them, and took the sibling run's shards and stream records for its own."""
+    from rlaif.io import stream
+
+    stages = {}
+    for root in (name, sibling):
+        url = storage.normalize(str(tmp_path / root / "r" / "generate"))
+        _write(url, 5, 2)
+        stream.PartRecorder(url, 0, 1, "hash").shard({"url": "shard-000000.tar"})
+        stages[root] = url
+    before = sorted(p.relative_to(tmp_path) for p in (tmp_path / sibling).rglob("*"))
+    manifest.invalidate(stages[name])
+    stream.forget(stages[name], "*")
+    assert sorted(p.relative_to(tmp_path) for p in (tmp_path / sibling).rglob("*")) == before
+    assert storage.glob_under(stages[name], "shard-*.tar") == []
+    assert storage.glob_under(stages[sibling], "shard-*.tar") == [f"{stages[sibling]}/shard-00000{i}.tar"
+                                                                   for i in range(3)]
+
+
 def test_a_model_directory_that_fails_its_checksum_leaves_no_copy_in_the_cache(s3_endpoint, tmp_path, monkeypatch):
     """A damaged download is refused, and its copy goes: every retry of a pod left another whole model behind."""
     endpoint, bucket = s3_endpoint

@@ -364,20 +364,21 @@ def test_manifests_refuse_a_service_the_cluster_could_not_run():
         served_config("serve.name=1policy")
 
 
-def test_service_pods_request_what_a_replica_takes():
-    """A quarter of a CPU is 250m (it was rounded up to a whole CPU, four times what Ray reserves), and /dev/shm, which
+def test_service_pods_request_what_a_replica_takes(capsys):
+    """Fractions of CPUs and GPUs are rounded up to whole ones per pod, and said (silently before); /dev/shm, which
     counts against the pod's memory limit, is never larger than it (an 8Gi shm in a 1Gi pod)."""
     rayservice = manifests.rayservice(served_config("serve.cpus_per_replica=0.25", "serve.memory_gib=1"), CLUSTER)[0]
+    assert "note: serve.cpus_per_replica=0.25: each replica's pod requests whole CPUs" in capsys.readouterr().err
     cluster = rayservice["spec"]["rayClusterConfig"]
     worker = cluster["workerGroupSpecs"][0]["template"]["spec"]
     head = cluster["headGroupSpec"]["template"]["spec"]
-    assert worker["containers"][0]["resources"]["requests"] == {"cpu": "250m", "memory": "1Gi"}
+    assert worker["containers"][0]["resources"]["requests"] == {"cpu": "1", "memory": "1Gi"}
     assert worker["volumes"][0]["emptyDir"]["sizeLimit"] == "1Gi"
     assert head["containers"][0]["resources"] == {"requests": {"cpu": "1", "memory": "4Gi"},
                                                   "limits": {"memory": "4Gi"}}
     assert head["volumes"][0]["emptyDir"]["sizeLimit"] == "4Gi" and "nvidia.com/gpu" not in str(head)
     deployment = manifests.deployment(served_config("serve.cpus_per_replica=2.5"), CLUSTER)[1]
-    assert deployment["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "2500m"
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "3"
 
 
 def test_serve_manifest_cli(capsys):
