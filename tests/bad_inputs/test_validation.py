@@ -57,7 +57,7 @@ def nothing_written(root) -> bool:
     ("evaluate.judges=[{name: copy, constitution: data/constitution.yaml}]",  # the tiny config's label judge again
      "error: evaluate.judges[copy] has the training judge's settings"),
     ("evaluate.judges=[{name: 'bad name'}]", "'evaluate.judges.0.name': 'bad name' is not letters, digits"),
-    ("serve.name=My_Service", "'serve.name': 'My_Service' is not a Kubernetes name: lowercase letters"),
+    ("serve.name=My_Service", "'serve.name': 'My_Service' is not a Kubernetes Service name: lowercase letters"),
     ("serve.route_prefix=/a/b", "'/a/b' is not / or one path segment"),
     ("label.openai.api_key_env=", "write one (for empty text: ''), or leave the key out"),
     ("label.reference.min_point_overlap=0", "'label.reference.min_point_overlap'"),
