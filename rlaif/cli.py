@@ -37,7 +37,7 @@ def _report(runs: list[str], output: str | None) -> int:
         raise UserError(f"--output {output} is inside run {inside}, whose files are its own (its report is rebuilt "
                         "there): write the comparison outside the runs")
     if len(urls) == 1:
-        print(f"report: {report.write(urls[0])}")
+        print(f"report: {storage.browsable(report.write(urls[0]))}")
         return 0
     markdown, page = report.compare(urls)
     said = sys.stderr if target and output_files.is_stream(target) else sys.stdout  # the page alone on a stream

@@ -19,6 +19,7 @@ from rlaif.errors import StageFailed, UserError
 from rlaif.graph import topological_order
 from rlaif.io import manifest, storage, stream
 from rlaif.io.lock import StageLock
+from rlaif.io.urls import check_key_room
 from rlaif.orchestration import launch, preflight
 from rlaif.orchestration.parent_guard import guarded, kill_when_orphaned
 from rlaif.stages import common
@@ -171,6 +172,7 @@ def run_stage(cfg: PipelineConfig, name: str, part_index: int = 0, num_parts: in
     quiet_transformers()
     avoid_per_shape_attention_plans()
     storage.configure(cfg.storage.endpoint_url)
+    check_key_room(storage.normalize(cfg.storage.root), cfg.run_id)  # `rlaif stage` by hand skips the preflight
     if num_parts > 1 and name != "generate":
         raise UserError(f"--num-shards splits stage 'generate' only, not '{name}'")
     if not 0 <= part_index < num_parts:

@@ -59,16 +59,20 @@ def missing_bucket(url: str, why: str) -> str | None:
 
 
 def no_such_bucket(bucket: str) -> str:
-    """What to say of a bucket the endpoint says is not there, with the likelier mistakes where they show: an
-    uppercase name (S3 names are lowercase), an endpoint URL with a path (taken for part of the bucket's address)."""
+    """What to say of a bucket the endpoint says is not there."""
+    return f"bucket {bucket!r} does not exist{bucket_hints(bucket)}: create it, or fix the name"
+
+
+def bucket_hints(bucket: str) -> str:
+    """The likelier mistakes behind a missing bucket, where they show: an uppercase name (S3 names are lowercase),
+    an endpoint URL with a path (taken for part of the bucket's address); "" where none does."""
     from urllib.parse import urlsplit
 
     endpoint = endpoint_url()
     hints = ([f"S3 bucket names are lowercase ({bucket.lower()!r}?)"] if bucket != bucket.lower() else []) + (
         [f"the endpoint {endpoint} has a path ({urlsplit(endpoint).path}): give scheme://host:port"]
         if urlsplit(endpoint).path.strip("/") else [])
-    return (f"bucket {bucket!r} does not exist" + (f" ({'; '.join(hints)})" if hints else "")
-            + ": create it, or fix the name")
+    return f" ({'; '.join(hints)})" if hints else ""
 
 
 def _check_local_writable(root: Path) -> None:

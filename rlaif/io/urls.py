@@ -8,6 +8,9 @@ from pathlib import Path
 
 from rlaif.errors import UserError
 
+S3_KEY_BYTES = 1024  # the longest key S3 stores (KeyTooLongError past it)
+RUN_KEY_BYTES = 256  # room for the longest key a run writes under its directory (checkpoints, TensorBoard files)
+
 # "s3:/bucket", "s3:bucket": a known scheme without its "//", which would otherwise become a local directory.
 MALFORMED_SCHEME = re.compile(r"(?i)(s3|s3a|s3n|file|gs|gcs|az|abfs|hf|https?):(?!//)")
 VARIABLE = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}|\$([A-Za-z_][A-Za-z0-9_]*)")
@@ -77,3 +80,15 @@ def join(url: str, *parts: str) -> str:
     scheme, separator, path = url.partition("://") if "://" in url else ("", "", url)
     # Only the path's trailing slashes go: file:/// (the filesystem root) joins to file:///part, not file:/part.
     return "/".join([scheme + separator + path.rstrip("/"), *[p.strip("/") for p in parts]])
+
+
+def check_key_room(root: str, run_id: str) -> None:
+    """An s3:// run directory whose keys would pass S3's limit: moto and MinIO take them, AWS refuses the first
+    long one mid-stage (config.yaml was written, the stage failed at its first shard)."""
+    if not root.startswith("s3://"):
+        return
+    prefix = join(root, run_id).split("/", 3)[3]
+    if len(prefix.encode()) + RUN_KEY_BYTES > S3_KEY_BYTES:
+        raise UserError(f"storage root and run id take {len(prefix.encode())} of S3's {S3_KEY_BYTES} bytes per key, "
+                        f"leaving less than the {RUN_KEY_BYTES} a run's own keys need under them: use a prefix and run "
+                        f"id of at most {S3_KEY_BYTES - RUN_KEY_BYTES} bytes together")

@@ -272,8 +272,10 @@ def check_runs_on_cluster(cfg, spec: ClusterSpec) -> list[str]:
     machine has."""
     from rlaif.graph import STAGES
     from rlaif.io import storage
+    from rlaif.io.urls import check_key_room
 
     root = storage.normalize(cfg.storage.root)  # a malformed root (s3:/bucket) is refused as `rlaif run` refuses it
+    check_key_room(root, cfg.run_id)  # an empty run id (the KFP run's name) is counted as none: the pod checks again
     check_gpu_settings(cfg, spec)
     for stage in STAGES:
         settings = getattr(cfg, stage.name)

@@ -14,11 +14,10 @@ from rlaif.errors import UserError
 from rlaif.graph import STAGE_BY_NAME, Stage
 from rlaif.io import output_files, storage
 from rlaif.io.prompts import check_splits, load_prompts, read_demonstrations
+from rlaif.io.urls import check_key_room
 from rlaif.stages import common
 
 TRACKED = ("train_rm", "ppo")  # the stages that open the trackers
-S3_KEY_BYTES = 1024  # the longest key S3 stores (KeyTooLongError past it)
-RUN_KEY_BYTES = 256  # room for the longest key a run writes under its directory (checkpoints, TensorBoard files)
 
 
 def check(cfg: PipelineConfig, pipeline: bool = False, launched: str | None = None) -> None:
@@ -28,7 +27,7 @@ def check(cfg: PipelineConfig, pipeline: bool = False, launched: str | None = No
     check_switches()
     storage.configure(cfg.storage.endpoint_url)
     root = storage.normalize(cfg.storage.root)
-    check_key_length(root, cfg.run_id)
+    check_key_room(root, cfg.run_id)
     output_files.check_writable(root)
     prompts = load_prompts(cfg.data)
     check_judges(cfg, prompts)
@@ -59,18 +58,6 @@ def check(cfg: PipelineConfig, pipeline: bool = False, launched: str | None = No
             settings.check_processes(processes_per_node(stage, cfg))
     if launched is not None:
         common.start_context(cfg, launched)
-
-
-def check_key_length(root: str, run_id: str) -> None:
-    """An s3:// run directory whose keys would pass S3's limit: moto and MinIO take them, AWS refuses the first
-    long one mid-stage (config.yaml was written, the stage failed at its first shard)."""
-    if not root.startswith("s3://"):
-        return
-    prefix = storage.join(root, run_id).split("/", 3)[3]
-    if len(prefix.encode()) + RUN_KEY_BYTES > S3_KEY_BYTES:
-        raise UserError(f"storage root and run id take {len(prefix.encode())} of S3's {S3_KEY_BYTES} bytes per key, "
-                        f"leaving less than the {RUN_KEY_BYTES} a run's own keys need under them: use a prefix and run "
-                        f"id of at most {S3_KEY_BYTES - RUN_KEY_BYTES} bytes together")
 
 
 def check_enough_pairs(cfg: PipelineConfig, prompts: list[dict]) -> None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from rlaif import __version__
 from rlaif.errors import UserError, one_line
 from rlaif.graph import topological_order
-from rlaif.io import manifest, storage, user_files
+from rlaif.io import manifest, output_files, storage, user_files
 from rlaif.report.lineage import Lineage, trace
 
 NA = "n/a"
@@ -113,8 +113,10 @@ def read_metrics(run_url: str, recorded: dict | None = None) -> tuple[dict, list
     metrics_url = storage.join(run_url, "evaluate", "metrics.json")
     if not storage.exists(metrics_url):
         if storage.bucket_missing(run_url):
-            raise UserError(f"{run_url}: bucket {run_url.split('/')[2]!r} does not exist at this endpoint: check the "
-                            "URL, and AWS_ENDPOINT_URL for an S3-compatible store")
+            bucket = run_url.split("/")[2]
+            raise UserError(f"{run_url}: bucket {bucket!r} does not exist at this endpoint"
+                            f"{output_files.bucket_hints(bucket)}: check the URL, and AWS_ENDPOINT_URL for an "
+                            "S3-compatible store")
         raise UserError(f"{metrics_url} not found: is {run_url} a run directory whose evaluate stage has run?")
     metrics = read_json(metrics_url, recorded=recorded)
     if not isinstance(metrics, dict) or not isinstance(metrics.get("judges"), dict):
@@ -208,7 +210,7 @@ def load_run(run_url: str, verify: bool = True, details: bool = True) -> Run:
     run whose ppo/metrics.jsonl is cut short still compares)."""
     # One line for a run that cannot be read: no credentials, an unreachable endpoint, a file where a directory was.
     with user_files.user_read_errors(run_url, "run", "check the run's path (its evaluate/metrics.json and manifests "
-                                  "are files), and for s3:// the endpoint and credentials"):
+                                  "are files)"):
         read = {stage.name: _manifest(storage.join(run_url, stage.name)) for stage in topological_order()}
         manifests = {stage: found for stage, (found, _) in read.items()}
         problems = {stage: why for stage, (_, why) in read.items() if why}

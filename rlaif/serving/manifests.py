@@ -30,7 +30,7 @@ RAY_PORTS = {6379: "the GCS", 8265: "the dashboard", 10001: "the Ray client serv
              52365: "the dashboard agent"}
 
 
-def _plan(cfg: PipelineConfig, cluster: ClusterSpec):
+def _plan(cfg: PipelineConfig, cluster: ClusterSpec, ray: bool):
     s = cfg.serve
     if s.gpus_per_replica and not cluster.use_gpus:  # a replica would ask Ray for a GPU no node has: never placed
         raise UserError(f"serve.gpus_per_replica={s.gpus_per_replica:g} on a cluster without GPUs (use_gpus false in "
@@ -41,8 +41,8 @@ def _plan(cfg: PipelineConfig, cluster: ClusterSpec):
     if fractions := [f"serve.{name}={value:g}" for name, value in (("cpus_per_replica", s.cpus_per_replica),
                                                                   ("gpus_per_replica", s.gpus_per_replica))
                      if value % 1]:
-        print(f"note: {' and '.join(fractions)}: each replica's pod requests whole CPUs and GPUs (rounded up); Ray "
-              "Serve's replicas take the fractions of them", file=sys.stderr)
+        print(f"note: {' and '.join(fractions)}: each replica's pod requests whole CPUs and GPUs (rounded up)"
+              + ("; Ray Serve's replicas take the fractions of them" if ray else ""), file=sys.stderr)
     return service_pod_plan(s.service_name, s.cpus_per_replica, s.memory_gib, s.gpus_per_replica, cluster)
 
 
@@ -56,7 +56,7 @@ def _serve_config(cfg: PipelineConfig) -> str:
 
 
 def rayservice(cfg: PipelineConfig, cluster: ClusterSpec) -> list[dict]:
-    s, plan = cfg.serve, _plan(cfg, cluster)
+    s, plan = cfg.serve, _plan(cfg, cluster, ray=True)
     if s.port in RAY_PORTS:  # two container ports of one number: the RayService is refused, or Serve never binds
         raise UserError(f"serve.port={s.port} is {RAY_PORTS[s.port]}'s port in the Ray pods: choose another (8000 is "
                         "Ray Serve's)")
@@ -82,7 +82,7 @@ def rayservice(cfg: PipelineConfig, cluster: ClusterSpec) -> list[dict]:
 
 
 def deployment(cfg: PipelineConfig, cluster: ClusterSpec) -> list[dict]:
-    s, plan = cfg.serve, _plan(cfg, cluster)
+    s, plan = cfg.serve, _plan(cfg, cluster, ray=False)
     if s.autoscale and s.min_replicas == 0:  # rather than a manifest that silently keeps one replica up
         raise UserError("serve.min_replicas=0 scales to zero on Ray Serve only; a HorizontalPodAutoscaler keeps at "
                         "least 1 (HPAScaleToZero is an alpha feature gate): set serve.min_replicas=1, or use "
