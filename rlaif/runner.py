@@ -172,7 +172,6 @@ def run_stage(cfg: PipelineConfig, name: str, part_index: int = 0, num_parts: in
     quiet_transformers()
     avoid_per_shape_attention_plans()
     storage.configure(cfg.storage.endpoint_url)
-    check_key_room(storage.normalize(cfg.storage.root), cfg.run_id)  # `rlaif stage` by hand skips the preflight
     if num_parts > 1 and name != "generate":
         raise UserError(f"--num-shards splits stage 'generate' only, not '{name}'")
     if not 0 <= part_index < num_parts:
@@ -221,6 +220,7 @@ def check_by_hand(cfg: PipelineConfig, name: str, num_parts: int) -> None:
     its cache key) would file one process's output under their key."""
     from rlaif.graph import STAGE_BY_NAME
 
+    check_key_room(storage.normalize(cfg.storage.root), cfg.run_id)  # a launcher's preflight checks it otherwise
     world = os.environ.get("WORLD_SIZE", "1")
     world = int(world) if world.isdigit() else 1  # one that is not a count: the process group's start names it
     if world > 1 and "RANK" in os.environ:  # (WORLD_SIZE alone, left in the environment: the process group says so)

@@ -321,7 +321,8 @@ def glob(url_pattern: str) -> list[str]:
 def glob_under(base_url: str, pattern: str) -> list[str]:
     """The URLs `pattern` matches under `base_url`, whose own name is taken literally: a root directory named
     `run*` or `exp[1]` matched `runA`'s or `exp1`'s files, which a stage then removed as its own."""
-    return glob(join(base_url.split("://", 1)[0] + "://" + stdlib_glob.escape(base_url.split("://", 1)[1]), pattern))
+    scheme, path = base_url.split("://", 1)
+    return glob(join(f"{scheme}://{stdlib_glob.escape(path)}", pattern))
 
 
 def sha256_file(path: Path) -> str:

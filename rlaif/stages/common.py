@@ -219,13 +219,18 @@ def wait_for_upstream(ctx: StageContext) -> StageContext:
     """A stage whose output may still hold (`wait_first`) waits for its streamed upstream's commit instead of
     streaming it, and gets the context a sequential run computes: the cache then decides (streaming would replace
     an output that still holds when a re-run of generate samples the same pairs)."""
-    (name, upstream_hash), = ctx.streamed.items()
-    print(f"[{ctx.stage.name}] its output for these settings exists: waiting for {name}'s output to see whether it "
-          "still holds, instead of streaming it", flush=True)
-    settings = getattr(ctx.cfg, ctx.stage.name)
-    stream.Follower(stage_url(ctx.cfg, name), upstream_hash, settings.stream_timeout_s, ctx.stage.name,
-                    f"{ctx.stage.name}.stream_timeout_s").wait()
+    print(f"[{ctx.stage.name}] its output for these settings exists: waiting for {ctx.stage.streams_from}'s output "
+          "to see whether it still holds, instead of streaming it", flush=True)
+    upstream_follower(ctx).wait()
     return context(ctx.cfg, ctx.stage.name, ctx.part_index, ctx.num_parts)
+
+
+def upstream_follower(ctx: StageContext) -> stream.Follower:
+    """The follower of a streaming context's upstream output, bounded by the stage's stream_timeout_s."""
+    name = ctx.stage.name
+    upstream = ctx.stage.streams_from
+    return stream.Follower(stage_url(ctx.cfg, upstream), ctx.streamed[upstream],
+                           getattr(ctx.cfg, name).stream_timeout_s, name, f"{name}.stream_timeout_s")
 
 
 def cleared_when_streaming_starts(ctx: StageContext, shards: Iterator[dict]) -> Iterator[dict]:

@@ -27,7 +27,7 @@ from rlaif.judges.constitution import compare, judge_principles, score_each
 from rlaif.judges.reference import CLEAR_MARGIN, reference_points
 from rlaif.judges.reference import grader as reference_grader
 from rlaif.progress import progress
-from rlaif.stages.common import StageContext, cleared_when_streaming_starts, resolved
+from rlaif.stages.common import StageContext, cleared_when_streaming_starts, resolved, upstream_follower
 
 REQUIRED = ("prompt.txt", "response_a.txt", "response_b.txt")
 HISTOGRAM_BINS = 10
@@ -87,8 +87,7 @@ def pair_shards(ctx: StageContext, pairs_url: str) -> tuple[Iterable[dict], int 
     streaming, as they land (the follower holds the manifest once generate has committed)."""
     if "generate" not in ctx.streamed:
         return ctx.inputs["generate"]["shards"], ctx.inputs["generate"]["num_samples"], None
-    follower = stream.Follower(pairs_url, ctx.streamed["generate"], ctx.cfg.label.stream_timeout_s, "label",
-                               "label.stream_timeout_s")
+    follower = upstream_follower(ctx)
     print(f"label: streaming generate's shards from {pairs_url} as they land", flush=True)
     return cleared_when_streaming_starts(ctx, follower.shards()), None, follower
 

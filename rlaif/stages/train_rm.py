@@ -259,9 +259,9 @@ def export(ctx: StageContext, engine, model, tokenizer, export_dir: Path, rank: 
     if settings.strategy != "deepspeed":
         engine.optimizer.state.clear()  # the Adam moments are done with: free them before evaluating
         return plain
-    files = [{"path": url.rsplit("/model/", 1)[1], "sha256": None}
-             for url in storage.glob_under(storage.join(ctx.url, "model"), "*")]
-    return load_reward_model(storage.download_dir(storage.join(ctx.url, "model"), files))[1].to(device)
+    model_url = storage.join(ctx.url, "model")
+    files = [{"path": name, "sha256": None} for name in storage.list_files(model_url)]
+    return load_reward_model(storage.download_dir(model_url, files))[1].to(device)
 
 
 @torch.no_grad()
