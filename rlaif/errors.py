@@ -10,11 +10,11 @@ class StageFailed(Exception):
     """A stage's process (or multi-node job) ended with a non-zero exit code; its own output names the cause."""
 
     def __init__(self, stage: str, code: int, message: str | None = None):
-        super().__init__(message or f"stage '{stage}' {_ending(code)}")  # message: its launcher's line, if it said
+        super().__init__(message or f"stage '{stage}' {ending(code)}")  # message: its launcher's line, if it said
         self.code = code
 
 
-def _ending(code: int) -> str:
+def ending(code: int) -> str:
     """How a process ended, from subprocess's returncode: negative is the signal that killed it."""
     if code >= 0:
         return f"failed with exit code {code} (its output is above)"

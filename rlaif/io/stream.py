@@ -78,6 +78,7 @@ class Follower:
         self.stage = stage_url.rstrip("/").rsplit("/", 1)[-1]
         self.since = time.time()  # failures recorded before this are an earlier attempt's, which a retry replaces
         self.manifest: dict | None = None
+        self.streaming = True  # False while wait() reads no shard: the errors say "waits for", not "streams"
 
     def _read(self, part: int, name: str) -> dict | None:
         try:
@@ -95,8 +96,9 @@ class Follower:
             part = int(url.rsplit("/", 1)[1][:5])
             record = self._read(part, "failed")
             if record and record["time"] >= self.since:
+                doing = "streaming its output" if self.streaming else "waiting for its output"
                 raise UserError(f"stage '{self.stage}' failed in part {part} ({record['error']}) while "
-                                f"{self.reader} was streaming its output: fix it and re-run both")
+                                f"{self.reader} was {doing}: fix it and re-run both")
 
     def _rest(self, committed: dict, consumed: list[dict]) -> list[dict]:
         """The committed shards after the ones already read, which must be the manifest's first ones."""
@@ -121,6 +123,7 @@ class Follower:
     def wait(self) -> dict:
         """The committed manifest, waited for as long as shards keep landing (the shards themselves unread: a part
         that starts over meanwhile is no concern of a reader that read none)."""
+        self.streaming = False
         for _ in self._landing():
             pass
         return self.manifest
@@ -146,7 +149,8 @@ class Follower:
                 continue
             self._check_failures()
             if time.time() - idle_since > self.timeout_s:
-                raise UserError(f"{self.reader} streams stage '{self.stage}', which wrote no new shard for "
+                doing = "streams" if self.streaming else "waits for"
+                raise UserError(f"{self.reader} {doing} stage '{self.stage}', which wrote no new shard for "
                                 f"{self.timeout_s:g}s ({landed} read so far): check that '{self.stage}' is "
                                 f"running (or run it), or raise {self.timeout_setting}")
             time.sleep(wait)

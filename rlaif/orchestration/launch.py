@@ -22,7 +22,7 @@ from rlaif.config import (
     parse_config,
     safe_run_id,
 )
-from rlaif.errors import StageFailed, UserError
+from rlaif.errors import StageFailed, UserError, ending
 from rlaif.graph import STAGE_BY_NAME, Stage
 from rlaif.io import manifest, storage
 from rlaif.io.lock import StageLock
@@ -125,6 +125,17 @@ def command(stage: Stage, config_url: str, nproc: int) -> list[str]:
 
 # torchrun's own report of a failed rank starts here
 TORCHRUN_FAILURE = b"torch/distributed/elastic/multiprocessing/api.py"
+# and names the first rank that failed and its exit code (negative: the signal that killed it)
+ROOT_CAUSE = re.compile(rb"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+
+
+def stage_failed(name: str, code: int, agent_report: bytes) -> StageFailed:
+    """torchrun exits with 1 however a rank ended: its report's root cause says which rank, and how (a rank killed
+    by SIGKILL, the out-of-memory killer's signal, reads as that, not as exit code 1)."""
+    found = ROOT_CAUSE.search(agent_report)
+    if found is None:
+        return StageFailed(name, code)
+    return StageFailed(name, code, f"stage '{name}' rank {int(found[1])} {ending(int(found[2]))}")
 
 
 def run_relaying_stderr(cmd: list[str], env: dict) -> tuple[int, bytes]:
@@ -232,5 +243,5 @@ def run_locked(cfg: PipelineConfig, stage: Stage, config_url: str, config_hash: 
             raise UserError(user_errors[0])
         sys.stderr.buffer.write(agent_report)  # a real crash: torchrun's failure report stays
         if code != 0:
-            raise StageFailed(name, code)
+            raise stage_failed(name, code, agent_report)
     print(f"[{name}] done in {time.time() - start:.1f}s", flush=True)

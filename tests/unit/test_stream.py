@@ -64,3 +64,13 @@ def test_a_failed_part_stops_the_reader_but_an_earlier_attempts_failure_does_not
     PartRecorder(url, 1, 2, "h").failed(UserError("generate: every pair was dropped"))
     with pytest.raises(UserError, match=r"stage 'generate' failed in part 1 \(generate: every pair was dropped\)"):
         next(stream)
+
+
+def test_a_reader_that_waits_says_it_waits_not_that_it_streams(tmp_path):
+    url = f"file://{tmp_path}/generate"
+    with pytest.raises(UserError, match=r"^label waits for stage 'generate', which wrote no new shard for 0.5s"):
+        follower(url, timeout_s=0.5).wait()
+    waiting = follower(url)
+    PartRecorder(url, 0, 1, "h").failed(RuntimeError("out of memory"))
+    with pytest.raises(UserError, match=r"failed in part 0 \(out of memory\) while label was waiting for its output"):
+        waiting.wait()
