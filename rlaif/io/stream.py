@@ -22,6 +22,8 @@ from rlaif.errors import UserError, one_line, redact
 from rlaif.io import manifest, storage
 
 FIRST_POLL_S, MAX_POLL_S = 0.2, 5.0  # idle polls back off to at most one round of reads per MAX_POLL_S
+NOTE_EVERY_S = 60.0, 600.0  # a reader with nothing to read says so after a minute, then every ten (the default
+# timeout is an hour: a label launched with settings no generate is producing would otherwise wait silently)
 
 
 def _record_name(part: int | str, name: str) -> str:
@@ -128,11 +130,25 @@ class Follower:
             pass
         return self.manifest
 
+    def _note_idle(self, idle_s: float, landed: int, notes: int) -> int:
+        """Says on stdout (pod logs included) that nothing new has come for a while; returns the notes made."""
+        first, then = NOTE_EVERY_S
+        if idle_s < first + notes * then:
+            return notes
+        wait = f"waiting up to {self.timeout_s:g}s ({self.timeout_setting})"
+        if landed:
+            print(f"[{self.reader}] {landed} shards of {self.stage}'s output read, none new in {idle_s:.0f}s; {wait}",
+                  flush=True)
+        else:
+            print(f"[{self.reader}] nothing of {self.stage}'s output for these settings in {idle_s:.0f}s; {wait}: if "
+                  f"no {self.stage} with these settings is running or starting, stop this and run it first", flush=True)
+        return notes + 1
+
     def _landing(self) -> Iterator[dict]:
         """The shard entries of this config's records, in manifest order, as they land; it ends once the output is
         committed, with `manifest` set."""
         part, within, landed = 0, 0, 0
-        idle_since, wait = time.time(), FIRST_POLL_S
+        idle_since, wait, notes = time.time(), FIRST_POLL_S, 0
         while True:
             storage.filesystem(self.stage_url).invalidate_cache()  # an s3:// listing cache would hide new records
             if committed := self._committed():
@@ -141,13 +157,14 @@ class Follower:
             if record := self._read(part, f"{within:05d}"):
                 within, landed = within + 1, landed + 1
                 yield record["shard"]
-                idle_since, wait = time.time(), FIRST_POLL_S  # the wait for the next one starts now
+                idle_since, wait, notes = time.time(), FIRST_POLL_S, 0  # the wait for the next one starts now
                 continue
             end = self._read(part, "end")
             if end and end["shards"] == within and part + 1 < end["parts"]:
                 part, within = part + 1, 0
                 continue
             self._check_failures()
+            notes = self._note_idle(time.time() - idle_since, landed, notes)
             if time.time() - idle_since > self.timeout_s:
                 doing = "streams" if self.streaming else "waits for"
                 raise UserError(f"{self.reader} {doing} stage '{self.stage}', which wrote no new shard for "

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from rlaif.errors import UserError
-from rlaif.io import manifest
+from rlaif.io import manifest, stream
 from rlaif.io.stream import Follower, PartRecorder
 
 
@@ -74,3 +74,19 @@ def test_a_reader_that_waits_says_it_waits_not_that_it_streams(tmp_path):
     PartRecorder(url, 0, 1, "h").failed(RuntimeError("out of memory"))
     with pytest.raises(UserError, match=r"failed in part 0 \(out of memory\) while label was waiting for its output"):
         waiting.wait()
+
+
+def test_a_reader_with_nothing_to_read_says_so_in_its_log(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(stream, "NOTE_EVERY_S", (0.2, 0.3))
+    url = f"file://{tmp_path}/generate"
+    with pytest.raises(UserError, match="wrote no new shard for 0.9s"):
+        next(follower(url, timeout_s=0.9).shards())
+    notes = capsys.readouterr().out.splitlines()
+    assert notes[0].startswith("[label] nothing of generate's output for these settings in 0s; waiting up to 0.9s "
+                               "(label.stream_timeout_s): if no generate with these settings is running or starting")
+    assert len(notes) == 3  # at 0.2s, then every 0.3s
+    recorder = PartRecorder(url, 0, 1, "h")
+    recorder.shard(shard("000000"))
+    with pytest.raises(UserError, match=r"\(1 read so far\)"):
+        list(follower(url, timeout_s=0.5).shards())
+    assert "[label] 1 shards of generate's output read, none new in 0s; waiting up to 0.5s" in capsys.readouterr().out
