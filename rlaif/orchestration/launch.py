@@ -129,13 +129,10 @@ TORCHRUN_FAILURE = b"torch/distributed/elastic/multiprocessing/api.py"
 ROOT_CAUSE = re.compile(rb"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
 
 
-def stage_failed(name: str, code: int, agent_report: bytes) -> StageFailed:
-    """torchrun exits with 1 however a rank ended: its report's root cause says which rank, and how (a rank killed
-    by SIGKILL, the out-of-memory killer's signal, reads as that, not as exit code 1)."""
+def root_cause(agent_report: bytes) -> tuple[int, int] | None:
+    """The first failed rank and its exit code (negative: the signal that killed it) in torchrun's report."""
     found = ROOT_CAUSE.search(agent_report)
-    if found is None:
-        return StageFailed(name, code)
-    return StageFailed(name, code, f"stage '{name}' rank {int(found[1])} {ending(int(found[2]))}")
+    return (int(found[1]), int(found[2])) if found else None
 
 
 def run_relaying_stderr(cmd: list[str], env: dict) -> tuple[int, bytes]:
@@ -241,7 +238,11 @@ def run_locked(cfg: PipelineConfig, stage: Stage, config_url: str, config_hash: 
             user_errors = list(dict.fromkeys(line.strip() for line in errors if line.strip()))
         if code != 0 and user_errors:  # torchrun reports any rank's failure as exit code 1: keep the user error
             raise UserError(user_errors[0])
-        sys.stderr.buffer.write(agent_report)  # a real crash: torchrun's failure report stays
+        # torchrun exits with 1 however a rank ended: its report says which rank, and how. A crash's report stays
+        # (the rank's traceback); a rank killed by a signal (kill -9, the out-of-memory killer) has none to show.
+        cause = root_cause(agent_report)
+        if cause is None or cause[1] >= 0:
+            sys.stderr.buffer.write(agent_report)
         if code != 0:
-            raise stage_failed(name, code, agent_report)
+            raise StageFailed(name, code, f"stage '{name}' rank {cause[0]} {ending(cause[1])}" if cause else None)
     print(f"[{name}] done in {time.time() - start:.1f}s", flush=True)

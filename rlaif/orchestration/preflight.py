@@ -153,7 +153,7 @@ def check_label_pod(cfg: PipelineConfig) -> None:
 def check_models(cfg: PipelineConfig) -> None:
     """Local model directories the stages will load (policy, hf judges, reward-model backbone), checked before any
     work; hub models are resolved to a commit now (downloaded by the stage that loads them); s3:// ones are checked
-    when downloaded. The model cache must be writable (the built-in policy lives there)."""
+    when downloaded. The model cache must be writable where something will be written to it."""
     from rlaif.models.loading import TINY_LLAMA, check_backbone_fits
 
     # (role, model setting, trust_remote_code, what else a local copy must pass for that role)
@@ -171,8 +171,9 @@ def check_models(cfg: PipelineConfig) -> None:
     check_reward_inputs(cfg, local["policy model"], local["reward-model backbone"])
     if cfg.policy.model == TINY_LLAMA:
         read_demonstrations(cfg.policy.tiny.demonstrations)
-    if any(spec == TINY_LLAMA or spec.startswith("s3://") for _, spec, *_ in roles):
-        check_model_cache_writable()  # the built-in policy is built there, s3:// models are downloaded there
+    if any(spec.startswith("s3://") for _, spec, *_ in roles) or (
+            any(spec == TINY_LLAMA for _, spec, *_ in roles) and not tiny_policy_built(cfg)):
+        check_model_cache_writable()  # s3:// models are downloaded there, the built-in policy is built there once
 
 
 def check_reward_inputs(cfg: PipelineConfig, policy: Path | None, backbone: Path | None) -> None:
@@ -264,6 +265,14 @@ def check_judge_model(path: Path, settings) -> None:
 
     check_answer_tokens(path, settings.hf.trust_remote_code)
     judge_positions(settings, path)
+
+
+def tiny_policy_built(cfg: PipelineConfig) -> bool:
+    """Is the built-in policy of this config in the model cache already? (Then a read-only cache, an image's layer
+    or a mount prepared once, serves it.)"""
+    from rlaif.models.tiny import built, tiny_policy_dir
+
+    return built(tiny_policy_dir(cfg.policy))
 
 
 def check_model_cache_writable() -> None:

@@ -105,6 +105,13 @@ METRICS_SHAPE = {
     "gates": {"checked": bool, "passed": bool, "failures": [str]}}
 
 
+def _evaluate_running(run_url: str) -> bool:
+    """A launcher holds evaluate's lock (a first run, or `--rerun`, which removes the previous metrics at its start)."""
+    from rlaif.io.lock import StageLock
+
+    return StageLock(storage.join(run_url, "evaluate"), "stage 'evaluate'").live_holder() is not None
+
+
 def read_metrics(run_url: str, recorded: dict | None = None) -> tuple[dict, list[str]]:
     """evaluate/metrics.json, and the dotted names of its fields of another shape than the report reads. One rule
     for every field: one of another shape (an older rlaif's, or edited by hand; without an evaluate manifest nothing
@@ -117,6 +124,9 @@ def read_metrics(run_url: str, recorded: dict | None = None) -> tuple[dict, list
             raise UserError(f"{run_url}: bucket {bucket!r} does not exist at this endpoint"
                             f"{output_files.bucket_hints(bucket)}: check the URL, and AWS_ENDPOINT_URL for an "
                             "S3-compatible store")
+        if _evaluate_running(run_url):
+            raise UserError(f"stage 'evaluate' of {run_url} is running now, its metrics not written yet: run "
+                            "`rlaif report` again when it has finished")
         raise UserError(f"{metrics_url} not found: is {run_url} a run directory whose evaluate stage has run?")
     metrics = read_json(metrics_url, recorded=recorded)
     if not isinstance(metrics, dict) or not isinstance(metrics.get("judges"), dict):

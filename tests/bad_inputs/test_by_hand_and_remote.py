@@ -247,7 +247,7 @@ def test_a_full_disk_names_the_output_it_was_writing(tmp_path, monkeypatch):
     import errno
     import shutil
 
-    from rlaif.cli import disk_problem
+    from rlaif.io.disk_problems import disk_problem
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")  # as sendfile and write raise it: no file named

@@ -5,6 +5,9 @@ everywhere, misspelled constitution keys, half-written compile output, URLs with
 line, nothing written; and the odd inputs that stay valid."""
 import json
 import os
+import re
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -525,7 +528,7 @@ def test_a_full_disk_is_one_line_and_leaves_no_partial_files(cli, tmp_path, monk
     (ValueError("no space in this string"), None),
 ])
 def test_disk_problems_inside_other_errors(error, message):
-    from rlaif.cli import disk_problem
+    from rlaif.io.disk_problems import disk_problem
 
     found = disk_problem(error)
     assert found is None if message is None else found.startswith(message)
@@ -536,7 +539,7 @@ def test_s3_access_denied_keeps_its_own_message():
     path's."""
     from botocore.exceptions import ClientError
 
-    from rlaif.cli import disk_problem
+    from rlaif.io.disk_problems import disk_problem
 
     denied = PermissionError(13, "Access Denied")
     denied.__cause__ = ClientError({"Error": {"Code": "AccessDenied", "Message": "Access Denied"}}, "PutObject")
@@ -695,3 +698,21 @@ def test_a_prompt_that_alone_fills_the_positions(cli, tmp_path, root):
     cli("launch", "generate", "--config", TINY, *root, "--set", f"data.prompts={prompts}",
         "--set", "data.eval_fraction=0.01", "--set", "data.max_prompt_chars=5000",
         needle="leaves none of the model's 256 positions for a response: shorten the prompts")
+
+
+def test_a_disk_full_that_names_no_file_says_how_much_room_each_place_has(tmp_path, monkeypatch):
+    """A serializer's disk-full error names no file: the line says the free space of TMPDIR, the model cache and the
+    working directory, so a user can tell which one ran out."""
+    from rlaif.io.disk_problems import disk_problem
+
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
+    monkeypatch.setenv("RLAIF_CACHE", str(tmp_path / "cache"))  # not made yet: its nearest existing parent counts
+    monkeypatch.chdir(tmp_path)
+    line = disk_problem(RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)"))
+    found = re.search(rf"; free now: TMPDIR, RLAIF_CACHE and the working directory \({tmp_path}/tmp\): ([\d,]+) MiB",
+                      line)
+    assert found, line  # one filesystem here: the three places are named together
+    assert abs(float(found[1].replace(",", "")) - shutil.disk_usage(tmp_path).free / 2**20) < 64
+    assert line.endswith(": free space, or point storage.root, TMPDIR or RLAIF_CACHE elsewhere")

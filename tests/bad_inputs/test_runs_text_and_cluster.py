@@ -239,7 +239,7 @@ def test_cluster_settings_that_stay_valid():
 
 
 def test_a_directory_two_ranks_create_is_no_wrong_kind(tmp_path):
-    from rlaif.cli import disk_problem
+    from rlaif.io.disk_problems import disk_problem
 
     (tmp_path / "made").mkdir()
     with pytest.raises(FileExistsError) as race:

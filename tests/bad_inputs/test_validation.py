@@ -238,6 +238,12 @@ def test_output_paths_and_endpoints(cli, tmp_path):
     cli("submit", "kfp", "--endpoint", f"http://user:{SECRET}@127.0.0.1:9", "--config", TINY, "--storage-root",
         "s3://bucket/r", needle="KFP endpoint http://***@127.0.0.1:9 cannot be reached")
     cli("report", str(tmp_path / "no-run"), needle="not found")
+    from rlaif.io.lock import StageLock
+
+    with StageLock(f"file://{tmp_path}/running/evaluate", "stage 'evaluate'"):  # a first run, or --rerun evaluate
+        line = cli("report", str(tmp_path / "running"), needle="stage 'evaluate' of file://")
+        assert line.endswith("is running now, its metrics not written yet: run `rlaif report` again when it has "
+                             "finished")
     metrics = tmp_path / "run/evaluate/metrics.json"
     metrics.parent.mkdir(parents=True)
     metrics.write_bytes(b"\x00{not json")
@@ -323,3 +329,23 @@ def test_an_adaptive_kl_target_under_grpo_is_refused():
     with pytest.raises(UserError, match="with ppo_epochs 1 none remain: set ppo_epochs 2 or more"):
         load_config("configs/tiny.yaml", ["ppo.target_kl=0.1", "ppo.ppo_epochs=1"])
     assert load_config("configs/tiny.yaml", ["ppo.target_kl=0.1", "ppo.ppo_epochs=2"]).ppo.target_kl == 0.1
+
+
+def test_a_model_cache_is_checked_writable_only_where_something_will_be_written_to_it(monkeypatch, tmp_path):
+    """A read-only cache that holds the built-in policy already (an image's layer, a mount prepared once) serves it;
+    one that would have to build it, or download an s3:// model, is refused before any work."""
+    from rlaif.models import tiny
+    from rlaif.orchestration import preflight
+
+    checks = []
+    monkeypatch.setattr(preflight, "check_model_cache_writable", lambda: checks.append("cache"))
+    monkeypatch.setenv("RLAIF_CACHE", str(tmp_path / "cache"))
+    cfg = load_config(TINY, ["label.judge=rules"])
+    preflight.check_models(cfg)
+    assert checks == ["cache"]  # nothing built in this cache yet
+    built = tiny.tiny_policy_dir(cfg.policy)
+    monkeypatch.setattr(tiny, "built", lambda target: target == built)
+    preflight.check_models(cfg)
+    assert checks == ["cache"]
+    preflight.check_models(load_config(TINY, ["label.judge=rules", "policy.tiny.hidden_size=32"]))
+    assert checks == ["cache", "cache"]  # another tiny policy: built here first
