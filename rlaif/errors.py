@@ -14,8 +14,14 @@ class StageFailed(Exception):
         self.code = code
 
 
+# Exit codes of a process that stopped itself on a signal (rlaif's own processes do: 128 + the signal's number)
+STOPPED = {130: "SIGINT (Ctrl-C)", 143: "SIGTERM (a pod deleted or evicted, `kill`, an orchestrator stopping it)"}
+
+
 def ending(code: int) -> str:
     """How a process ended, from subprocess's returncode: negative is the signal that killed it."""
+    if code in STOPPED:
+        return f"was stopped by {STOPPED[code]} (its output is above)"
     if code >= 0:
         return f"failed with exit code {code} (its output is above)"
     try:

@@ -111,9 +111,10 @@ class Engine:
                 raise UserError("strategy 'deepspeed' needs the deepspeed extra: "
                                 "pip install 'rlaif[deepspeed]'") from None
             _deepspeed_world_of_one()
-            # DeepSpeed's ZeRO calls a collective that this torch deprecates, once per rank and step: nothing a user
+            # DeepSpeed's ZeRO calls collectives that this torch deprecates, once per rank and step: nothing a user
             # of rlaif can act on
-            warnings.filterwarnings("ignore", category=FutureWarning, message=".*all_gather_into_tensor.*deprecated")
+            warnings.filterwarnings("ignore", category=FutureWarning,
+                                    message=".*(all_gather_into_tensor|reduce_scatter_tensor).*deprecated")
             ds_config = {
                 "train_micro_batch_size_per_gpu": micro_batch,
                 "gradient_accumulation_steps": accum_steps,

@@ -11,6 +11,7 @@ from rlaif.io import storage
 
 DISK_FULL = ("No space left on device", "Disk quota exceeded", "StorageFull")
 READ_ONLY = ("Read-only file system", "ReadOnlyFilesystem")
+WRITE_FAILED = ("PytorchStreamWriter failed writing file",)  # torch.save on a full disk says no more than this
 ELSEWHERE = "storage.root, TMPDIR or RLAIF_CACHE"
 
 
@@ -48,9 +49,12 @@ def disk_problem(exc: BaseException) -> str | None:
                     "RLAIF_CACHE elsewhere")
         if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
             where = seen.filename2 or seen.filename
-            fix = ("point it at a writable disk" if seen.errno == errno.EROFS
-                   else f"free space there, or point {ELSEWHERE} at a disk with room")
-            return f"cannot write{f' {where}' if where else ''}: {seen.strerror}: {fix}"
+            if seen.errno == errno.EROFS:
+                return f"cannot write{f' {where}' if where else ''}: {seen.strerror}: point it at a writable disk"
+            room = f"point {ELSEWHERE} at a disk with room"
+            if where:
+                return f"cannot write {where}: {seen.strerror}: free space there, or {room}"
+            return f"cannot write: {seen.strerror}{_room_left()}: free space, or {room}"
         if isinstance(seen, PermissionError) and not _object_storage_failure(exc):  # a local path this user may
             # not write, or not even search (s3fs raises PermissionError for S3's AccessDenied: its own message)
             where = seen.filename2 or seen.filename
@@ -60,6 +64,9 @@ def disk_problem(exc: BaseException) -> str | None:
         if any(marker in text for marker in DISK_FULL):
             return (f"a write failed for lack of disk space ({text}){_room_left()}: free space, or point {ELSEWHERE} "
                     "elsewhere")
+        if any(marker in text for marker in WRITE_FAILED):
+            return (f"a write failed ({text}), most likely for lack of disk space{_room_left()}: free space, or point "
+                    f"{ELSEWHERE} elsewhere")
         if any(marker in text for marker in READ_ONLY):
             return f"a write failed on a read-only disk ({text}): point {ELSEWHERE} at a writable disk"
         seen = seen.__cause__ or seen.__context__
@@ -68,18 +75,24 @@ def disk_problem(exc: BaseException) -> str | None:
 
 def _room_left() -> str:
     """The free space now where a stage writes locally, for a disk-full error that names no file (a library's
-    serializer): which of TMPDIR, the model cache and the working directory (the default storage root's) ran out."""
-    devices: dict[int, tuple[list[str], Path, int]] = {}
-    for name, path in (("TMPDIR", Path(tempfile.gettempdir())), ("RLAIF_CACHE", storage.cache_dir()),
-                       ("the working directory", Path.cwd())):
-        existing = next((place for place in (path, *path.parents) if place.exists()), Path("/"))
-        try:
+    serializer, a plain write): which of TMPDIR, the model cache and the working directory (the default storage
+    root's) ran out. Places on one filesystem are named together."""
+    filesystems: dict[int, tuple[list[str], int]] = {}
+    for name, where in (("TMPDIR", lambda: Path(tempfile.gettempdir())), ("the model cache", storage.cache_dir),
+                        ("the working directory", Path.cwd)):
+        try:  # each can fail too (a removed working directory, no usable TMPDIR): that place is left out
+            path = where()
+            existing = next((place for place in (path, *path.parents) if place.exists()), Path("/"))
             device, free = existing.stat().st_dev, shutil.disk_usage(existing).free
         except OSError:
             continue
-        devices.setdefault(device, ([], existing, free))[0].append(name)
-    places = [f"{_listed(names)} ({path}): {free / 2**20:,.0f} MiB" for names, path, free in devices.values()]
-    return f"; free now: {', '.join(places)}" if places else ""
+        filesystems.setdefault(device, ([], free))[0].append(f"{name} {path}")
+    places = [f"{_listed(names)}: {_size(free)}" for names, free in filesystems.values()]
+    return f"; free now: {'; '.join(places)}" if places else ""
+
+
+def _size(free: int) -> str:
+    return f"{free / 2**30:,.0f} GiB" if free >= 10 * 2**30 else f"{free / 2**20:,.0f} MiB"
 
 
 def _listed(names: list[str]) -> str:

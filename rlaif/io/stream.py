@@ -22,8 +22,9 @@ from rlaif.errors import UserError, one_line, redact
 from rlaif.io import manifest, storage
 
 FIRST_POLL_S, MAX_POLL_S = 0.2, 5.0  # idle polls back off to at most one round of reads per MAX_POLL_S
-NOTE_EVERY_S = 60.0, 600.0  # a reader with nothing to read says so after a minute, then every ten (the default
-# timeout is an hour: a label launched with settings no generate is producing would otherwise wait silently)
+# A reader with nothing new says so after a minute, then every ten (the default timeout is an hour: a label launched
+# with settings no generate is producing would otherwise wait silently)
+NOTE_FIRST_S, NOTE_EVERY_S = 60.0, 600.0
 
 
 def _record_name(part: int | str, name: str) -> str:
@@ -80,7 +81,6 @@ class Follower:
         self.stage = stage_url.rstrip("/").rsplit("/", 1)[-1]
         self.since = time.time()  # failures recorded before this are an earlier attempt's, which a retry replaces
         self.manifest: dict | None = None
-        self.streaming = True  # False while wait() reads no shard: the errors say "waits for", not "streams"
 
     def _read(self, part: int, name: str) -> dict | None:
         try:
@@ -93,12 +93,12 @@ class Follower:
         committed = manifest.read(self.stage_url)
         return committed if committed and committed["config_hash"] == self.config_hash else None
 
-    def _check_failures(self) -> None:
+    def _check_failures(self, reading: bool) -> None:
         for url in records_matching(self.stage_url, "*", "failed"):
             part = int(url.rsplit("/", 1)[1][:5])
             record = self._read(part, "failed")
             if record and record["time"] >= self.since:
-                doing = "streaming its output" if self.streaming else "waiting for its output"
+                doing = "streaming its output" if reading else "waiting for its output"
                 raise UserError(f"stage '{self.stage}' failed in part {part} ({record['error']}) while "
                                 f"{self.reader} was {doing}: fix it and re-run both")
 
@@ -117,7 +117,7 @@ class Follower:
     def shards(self) -> Iterator[dict]:
         """Each shard as it lands, then the manifest's rest once it is committed (`manifest` set then)."""
         consumed = []
-        for shard in self._landing():
+        for shard in self._landing(reading=True):
             consumed.append(shard)
             yield shard
         yield from self._rest(self.manifest, consumed)
@@ -125,28 +125,28 @@ class Follower:
     def wait(self) -> dict:
         """The committed manifest, waited for as long as shards keep landing (the shards themselves unread: a part
         that starts over meanwhile is no concern of a reader that read none)."""
-        self.streaming = False
-        for _ in self._landing():
+        for _ in self._landing(reading=False):
             pass
         return self.manifest
 
-    def _note_idle(self, idle_s: float, landed: int, notes: int) -> int:
+    def _note_idle(self, idle_s: float, landed: int, notes: int, reading: bool) -> int:
         """Says on stdout (pod logs included) that nothing new has come for a while; returns the notes made."""
-        first, then = NOTE_EVERY_S
-        if idle_s < first + notes * then:
+        if idle_s < NOTE_FIRST_S + notes * NOTE_EVERY_S:
             return notes
-        wait = f"waiting up to {self.timeout_s:g}s ({self.timeout_setting})"
+        limit = f"waiting up to {self.timeout_s:g}s ({self.timeout_setting})"
         if landed:
-            print(f"[{self.reader}] {landed} shards of {self.stage}'s output read, none new in {idle_s:.0f}s; {wait}",
+            shards = f"{landed} shard{'s' if landed > 1 else ''} of {self.stage}'s output"
+            print(f"[{self.reader}] {shards} {'read' if reading else 'seen'}, none new for {idle_s:.0f}s; {limit}",
                   flush=True)
         else:
-            print(f"[{self.reader}] nothing of {self.stage}'s output for these settings in {idle_s:.0f}s; {wait}: if "
-                  f"no {self.stage} with these settings is running or starting, stop this and run it first", flush=True)
+            print(f"[{self.reader}] no shard of {self.stage}'s output for these settings for {idle_s:.0f}s; {limit}: "
+                  f"if no {self.stage} with these settings is running or starting, stop this and run it first",
+                  flush=True)
         return notes + 1
 
-    def _landing(self) -> Iterator[dict]:
+    def _landing(self, reading: bool) -> Iterator[dict]:
         """The shard entries of this config's records, in manifest order, as they land; it ends once the output is
-        committed, with `manifest` set."""
+        committed, with `manifest` set. `reading`: the caller reads them (else it waits for the commit only)."""
         part, within, landed = 0, 0, 0
         idle_since, wait, notes = time.time(), FIRST_POLL_S, 0
         while True:
@@ -163,12 +163,12 @@ class Follower:
             if end and end["shards"] == within and part + 1 < end["parts"]:
                 part, within = part + 1, 0
                 continue
-            self._check_failures()
-            notes = self._note_idle(time.time() - idle_since, landed, notes)
+            self._check_failures(reading)
+            notes = self._note_idle(time.time() - idle_since, landed, notes, reading)
             if time.time() - idle_since > self.timeout_s:
-                doing = "streams" if self.streaming else "waits for"
+                doing, so_far = ("streams", "read") if reading else ("waits for", "seen")
                 raise UserError(f"{self.reader} {doing} stage '{self.stage}', which wrote no new shard for "
-                                f"{self.timeout_s:g}s ({landed} read so far): check that '{self.stage}' is "
+                                f"{self.timeout_s:g}s ({landed} {so_far} so far): check that '{self.stage}' is "
                                 f"running (or run it), or raise {self.timeout_setting}")
             time.sleep(wait)
             wait = min(wait * 2, MAX_POLL_S)

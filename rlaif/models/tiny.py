@@ -17,8 +17,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
-
 from rlaif import __version__
 from rlaif.config import PolicyConfig, sha256_json
 from rlaif.errors import UserError
@@ -57,6 +55,7 @@ def tiny_tokenizer(cfg: PolicyConfig):
 
 
 def _build(cfg: PolicyConfig, out: Path) -> None:
+    import torch  # here, not above: the launcher's checks read the cache's paths without importing torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     tiny = cfg.tiny

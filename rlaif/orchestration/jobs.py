@@ -358,6 +358,8 @@ def run_multinode(stage: Stage, cfg: PipelineConfig, config_url: str, nodes: int
                                       pods=client.CoreV1Api(), start_timeout_s=spec.multinode_start_timeout_s)
     except JobError as exc:
         state, message = "failed", str(exc)
-    if state != "succeeded":
-        print(f"{kind} {name} failed: {message}", flush=True)
-        raise StageFailed(stage.name, 1)
+    if state != "succeeded":  # its pods' output is in their logs, not above this line: it says where
+        labels = body["metadata"]["labels"]
+        selector = f"rlaif/run-id={labels['rlaif/run-id']},rlaif/stage={stage.name}"
+        raise StageFailed(stage.name, 1, f"stage '{stage.name}' failed: {kind} {name}: {message} (its pods' output: "
+                                         f"kubectl logs -n {body['metadata']['namespace']} -l {selector})")

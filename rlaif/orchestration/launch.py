@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -125,14 +126,21 @@ def command(stage: Stage, config_url: str, nproc: int) -> list[str]:
 
 # torchrun's own report of a failed rank starts here
 TORCHRUN_FAILURE = b"torch/distributed/elastic/multiprocessing/api.py"
-# and names the first rank that failed and its exit code (negative: the signal that killed it)
-ROOT_CAUSE = re.compile(rb"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+# and lists each failed rank with its exit code (negative: the signal that killed it)
+FAILURE = re.compile(rb"rank\s*:\s*(\d+) \(local_rank.*?exitcode\s*:\s*(-?\d+)", re.S)
+ROOT_CAUSE = b"Root Cause (first observed failure):"
 
 
 def root_cause(agent_report: bytes) -> tuple[int, int] | None:
-    """The first failed rank and its exit code (negative: the signal that killed it) in torchrun's report."""
-    found = ROOT_CAUSE.search(agent_report)
-    return (int(found[1]), int(found[2])) if found else None
+    """The rank whose failure ended the stage, and its exit code, from torchrun's report. torchrun's root cause is
+    the earliest failure in whole seconds, ties in rank order: a peer that failed on the lost connection can come
+    before the rank that was killed, so a rank killed by a signal (not the agent's own SIGTERM to the others) wins."""
+    listed = agent_report.find(b"Failures:")
+    failures = [(int(rank), int(code)) for rank, code in FAILURE.findall(agent_report[max(listed, 0):])]
+    root = FAILURE.search(agent_report, agent_report.find(ROOT_CAUSE)) if ROOT_CAUSE in agent_report else None
+    first = (int(root[1]), int(root[2])) if root else None
+    killed = [failure for failure in failures if failure[1] < 0 and failure[1] != -signal.SIGTERM]
+    return killed[0] if killed and first not in killed else first
 
 
 def run_relaying_stderr(cmd: list[str], env: dict) -> tuple[int, bytes]:
@@ -238,10 +246,10 @@ def run_locked(cfg: PipelineConfig, stage: Stage, config_url: str, config_hash: 
             user_errors = list(dict.fromkeys(line.strip() for line in errors if line.strip()))
         if code != 0 and user_errors:  # torchrun reports any rank's failure as exit code 1: keep the user error
             raise UserError(user_errors[0])
-        # torchrun exits with 1 however a rank ended: its report says which rank, and how. A crash's report stays
-        # (the rank's traceback); a rank killed by a signal (kill -9, the out-of-memory killer) has none to show.
+        # torchrun exits with 1 however a rank ended: its report says which rank, and how, and the line says it
+        # (the rank's own output, a traceback included, is above); a report it cannot read is shown as it is.
         cause = root_cause(agent_report)
-        if cause is None or cause[1] >= 0:
+        if cause is None:
             sys.stderr.buffer.write(agent_report)
         if code != 0:
             raise StageFailed(name, code, f"stage '{name}' rank {cause[0]} {ending(cause[1])}" if cause else None)

@@ -171,9 +171,11 @@ def check_models(cfg: PipelineConfig) -> None:
     check_reward_inputs(cfg, local["policy model"], local["reward-model backbone"])
     if cfg.policy.model == TINY_LLAMA:
         read_demonstrations(cfg.policy.tiny.demonstrations)
-    if any(spec.startswith("s3://") for _, spec, *_ in roles) or (
+    # s3:// models, and with an s3:// root the stages' own models and checkpoints, are downloaded there; the built-in
+    # policy is built there once
+    if not storage.is_local(cfg.storage.root) or any(spec.startswith("s3://") for _, spec, *_ in roles) or (
             any(spec == TINY_LLAMA for _, spec, *_ in roles) and not tiny_policy_built(cfg)):
-        check_model_cache_writable()  # s3:// models are downloaded there, the built-in policy is built there once
+        check_model_cache_writable()
 
 
 def check_reward_inputs(cfg: PipelineConfig, policy: Path | None, backbone: Path | None) -> None:

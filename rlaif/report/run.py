@@ -105,11 +105,14 @@ METRICS_SHAPE = {
     "gates": {"checked": bool, "passed": bool, "failures": [str]}}
 
 
-def _evaluate_running(run_url: str) -> bool:
-    """A launcher holds evaluate's lock (a first run, or `--rerun`, which removes the previous metrics at its start)."""
+def _running(run_url: str) -> str | None:
+    """What of the run a launcher holds now (`rlaif run`, between its stages too, or one stage: a first run, or a
+    `--rerun`, which removes the stage's previous output at its start), else None."""
+    from rlaif.graph import STAGE_BY_NAME
     from rlaif.io.lock import StageLock
 
-    return StageLock(storage.join(run_url, "evaluate"), "stage 'evaluate'").live_holder() is not None
+    held = {"`rlaif run`": run_url, **{f"stage '{name}'": storage.join(run_url, name) for name in STAGE_BY_NAME}}
+    return next((what for what, url in held.items() if StageLock(url, what).live_holder() is not None), None)
 
 
 def read_metrics(run_url: str, recorded: dict | None = None) -> tuple[dict, list[str]]:
@@ -124,8 +127,8 @@ def read_metrics(run_url: str, recorded: dict | None = None) -> tuple[dict, list
             raise UserError(f"{run_url}: bucket {bucket!r} does not exist at this endpoint"
                             f"{output_files.bucket_hints(bucket)}: check the URL, and AWS_ENDPOINT_URL for an "
                             "S3-compatible store")
-        if _evaluate_running(run_url):
-            raise UserError(f"stage 'evaluate' of {run_url} is running now, its metrics not written yet: run "
+        if running := _running(run_url):
+            raise UserError(f"run {run_url} is running now ({running}), its evaluation not written yet: run "
                             "`rlaif report` again when it has finished")
         raise UserError(f"{metrics_url} not found: is {run_url} a run directory whose evaluate stage has run?")
     metrics = read_json(metrics_url, recorded=recorded)

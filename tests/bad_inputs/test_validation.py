@@ -240,10 +240,11 @@ def test_output_paths_and_endpoints(cli, tmp_path):
     cli("report", str(tmp_path / "no-run"), needle="not found")
     from rlaif.io.lock import StageLock
 
-    with StageLock(f"file://{tmp_path}/running/evaluate", "stage 'evaluate'"):  # a first run, or --rerun evaluate
-        line = cli("report", str(tmp_path / "running"), needle="stage 'evaluate' of file://")
-        assert line.endswith("is running now, its metrics not written yet: run `rlaif report` again when it has "
-                             "finished")
+    for held, what in (("running/evaluate", "stage 'evaluate'"), ("running", "`rlaif run`")):  # --rerun evaluate,
+        with StageLock(f"file://{tmp_path}/{held}", what):  # or a run at an earlier stage
+            line = cli("report", str(tmp_path / "running"), needle=f"run file://{tmp_path}/running is running now")
+            assert line.endswith(f"({what}), its evaluation not written yet: run `rlaif report` again when it has "
+                                 "finished")
     metrics = tmp_path / "run/evaluate/metrics.json"
     metrics.parent.mkdir(parents=True)
     metrics.write_bytes(b"\x00{not json")
@@ -343,9 +344,11 @@ def test_a_model_cache_is_checked_writable_only_where_something_will_be_written_
     cfg = load_config(TINY, ["label.judge=rules"])
     preflight.check_models(cfg)
     assert checks == ["cache"]  # nothing built in this cache yet
-    built = tiny.tiny_policy_dir(cfg.policy)
-    monkeypatch.setattr(tiny, "built", lambda target: target == built)
+    in_cache = tiny.tiny_policy_dir(cfg.policy)
+    monkeypatch.setattr(tiny, "built", lambda target: target == in_cache)
     preflight.check_models(cfg)
     assert checks == ["cache"]
     preflight.check_models(load_config(TINY, ["label.judge=rules", "policy.tiny.hidden_size=32"]))
     assert checks == ["cache", "cache"]  # another tiny policy: built here first
+    preflight.check_models(load_config(TINY, ["label.judge=rules", "storage.root=s3://bucket/runs"]))
+    assert checks == ["cache", "cache", "cache"]  # the stages download each other's models from S3 into it

@@ -161,7 +161,7 @@ def test_train_rm_resumed_from_its_last_checkpoint_makes_the_same_output(rules_r
                    env={"RLAIF_FAULT": f"train_rm:{last_step}:0"})
     assert killed.returncode != 0 and not (stage_dir / "manifest.json").exists()
     assert "error: stage 'train_rm' rank 0 was killed by SIGKILL (a kill -9" in killed.stderr  # not torchrun's 1
-    assert "Traceback" not in killed.stderr  # torchrun's own (ChildFailedError): a killed rank has nothing to show
+    assert "ChildFailedError" not in killed.stderr  # torchrun's own report: the line says what it says
     resumed = rlaif("launch", "train_rm", *RULES_RUN, "--storage-root", root)
     assert resumed.returncode == 0 and f"(step {last_step})" in resumed.stdout, resumed.stdout[-2000:]
     assert json.loads((stage_dir / "manifest.json").read_text())["digest"] == uninterrupted

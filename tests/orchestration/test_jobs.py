@@ -365,7 +365,7 @@ def test_a_replaced_job_that_will_not_go_ends_in_one_line(clock, cfg):
     assert client.created == []
 
 
-def test_a_failed_wait_or_create_ends_as_a_failed_stage(cfg, monkeypatch, capsys):
+def test_a_failed_wait_or_create_ends_as_a_failed_stage(cfg, monkeypatch):
     """An API that stays down while the step creates or watches its job: one line and the stage's failure, which
     the orchestrator retries (no traceback)."""
     from types import SimpleNamespace
@@ -385,7 +385,9 @@ def test_a_failed_wait_or_create_ends_as_a_failed_stage(cfg, monkeypatch, capsys
         raise ApiException(status=503, reason="Service Unavailable")
 
     monkeypatch.setattr(FlakyCustomObjects, "create_namespaced_custom_object", down)
-    with pytest.raises(StageFailed):
+    with pytest.raises(StageFailed) as failed:
         jobs.run_multinode(STAGE_BY_NAME["ppo"], cfg, "u", 4, "key")
-    out = capsys.readouterr().out
-    assert "failed: the Kubernetes API failed to create trainjobs" in out and "(last: 503 Service Unavailable)" in out
+    line = str(failed.value)
+    assert line.startswith("stage 'ppo' failed: TrainJob ") and "the Kubernetes API failed to create trainjobs" in line
+    assert "(last: 503 Service Unavailable)" in line
+    assert line.endswith(f"(its pods' output: kubectl logs -n default -l rlaif/run-id={cfg.run_id},rlaif/stage=ppo)")

@@ -37,3 +37,28 @@ def test_a_stage_of_one_process_runs_without_torchrun():
                                                                "--config", url]
     assert launch.command(STAGE_BY_NAME["ppo"], url, 2)[:5] == [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+
+
+def failure(rank: int, code: int) -> str:
+    """One failure as torchrun's report lists it (torch/distributed/elastic/multiprocessing/errors)."""
+    return (f"[{rank}]:\n  time      : 2026-11-30_10:50:00\n  host      : node\n  rank      : {rank} (local_rank: "
+            f"{rank})\n  exitcode  : {code} (pid: {100 + rank})\n  error_file: <N/A>\n  traceback : To enable "
+            "traceback see: https://pytorch.org/docs/stable/elastic/errors.html\n")
+
+
+def torchrun_report(root: str, others: list[str]) -> bytes:
+    rule = "-" * 60 + "\n"
+    return ("=" * 60 + "\nrlaif FAILED\n" + rule + "Failures:\n" + ("".join(others) or "  <NO_OTHER_FAILURES>\n")
+            + rule + "Root Cause (first observed failure):\n" + root + "=" * 60 + "\n").encode()
+
+
+def test_the_rank_that_ended_a_stage_is_read_from_torchruns_report():
+    from rlaif.orchestration.launch import root_cause
+
+    assert root_cause(torchrun_report(failure(1, -9), [])) == (1, -9)
+    assert root_cause(torchrun_report(failure(0, 1), [])) == (0, 1)  # a crash: its traceback is in its own output
+    # rank 1 was killed; rank 0 failed on the lost connection in the same second and is listed as the root cause
+    assert root_cause(torchrun_report(failure(0, 1), [failure(1, -9)])) == (1, -9)
+    # the agent's SIGTERM to the other ranks is not why the stage ended
+    assert root_cause(torchrun_report(failure(0, 1), [failure(1, -15)])) == (0, 1)
+    assert root_cause(b"Traceback (most recent call last):\n  a crash of torchrun itself\n") is None
