@@ -167,11 +167,27 @@ def connect(address: str | None) -> str | None:
     return target
 
 
+def check_room_here(settings) -> None:
+    """Ray started here serves on this machine: its HTTP proxy binds the port (with SO_REUSEPORT, so a second service
+    on a port another holds would share it, each answering some of the requests) and its replicas share these cores
+    (replicas that do not fit wait unscheduled, silently)."""
+    from rlaif.serving.engine import check_bindable
+
+    check_bindable(settings.host, settings.port)
+    cpus, wanted = os.cpu_count() or 1, settings.replicas * settings.cpus_per_replica
+    if wanted > cpus:
+        raise UserError(f"serve.replicas={settings.replicas} x serve.cpus_per_replica={settings.cpus_per_replica:g} "
+                        f"needs {wanted:g} CPUs, more than this machine's {cpus} for the Ray started here: lower them, "
+                        "or join a cluster with room (--address)")
+
+
 def run(cfg: PipelineConfig, address: str | None) -> None:
     """Start Ray (or join the cluster at `address`), deploy the service and block until SIGINT/SIGTERM; then remove
     it (and stop Ray when this process started it)."""
 
     settings = cfg.serve
+    if target_address(address)[0] is None:
+        check_room_here(settings)
     joined = connect(address)  # a cluster's address, RAY_ADDRESS's included; None: Ray started here
     start_serve(settings)
     deploy(cfg, joined)

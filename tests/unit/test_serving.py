@@ -481,3 +481,22 @@ def test_a_chunked_body_past_the_limit_is_refused_before_it_is_read_whole():
             yield b'"hi"}'
 
     assert asyncio.run(api.body_within_limit(SmallRequest())) == b'{"prompt": "hi"}'
+
+
+def test_ray_started_here_needs_its_port_free_and_its_replicas_to_fit_this_machine(capsys, ray_init_forbidden):
+    """Ray's HTTP proxy binds with SO_REUSEPORT: a second service on a port another holds shared it (each answering
+    some requests), or ended in Ray's traceback where a plain server held it; replicas beyond the cores waited
+    unscheduled without a word. Both are refused before Ray starts."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        assert main(["serve", "--config", "configs/tiny.yaml", "--set", f"serve.port={port}"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"error: cannot listen on 127.0.0.1:{port}"), err
+    cpus = os.cpu_count()
+    assert main(["serve", "--config", "configs/tiny.yaml", "--set", f"serve.port={closed_port()}",
+                 "--set", f"serve.replicas={cpus + 1}"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: serve.replicas={cpus + 1} x serve.cpus_per_replica=1 needs {cpus + 1} CPUs, more than this "
+        f"machine's {cpus} for the Ray started here: lower them, or join a cluster with room (--address)"]
