@@ -26,7 +26,7 @@ from rlaif.config import (
 from rlaif.errors import StageFailed, UserError, ending
 from rlaif.graph import STAGE_BY_NAME, Stage
 from rlaif.io import manifest, storage
-from rlaif.io.lock import StageLock
+from rlaif.io.lock import StageLock, live_holders
 from rlaif.orchestration import jobs
 from rlaif.orchestration.parent_guard import LAUNCHER_PID, STOP_GRACE_S, guarded
 from rlaif.orchestration.preflight import check, check_label_pod, processes_per_node
@@ -106,10 +106,8 @@ def refuse_while_running(cfg: PipelineConfig, holding: StageLock | None = None) 
     """A run's config.yaml is read by each of its stages as it starts: rewritten while another launcher runs the
     run, that run's later stages would take these settings. Refused while the run (`rlaif run`, between its stages
     too) or any stage of it is held."""
-    held = {f"stage '{stage.name}'": common.stage_url(cfg, stage.name) for stage in STAGE_BY_NAME.values()}
-    for what, url in {"`rlaif run`": common.run_url(cfg), **held}.items():
-        holder = StageLock(url, "").live_holder()
-        if holder is not None and (holding is None or holder["token"] != holding.token):
+    for what, holder in live_holders(common.run_url(cfg), STAGE_BY_NAME):
+        if holding is None or holder["token"] != holding.token:
             raise UserError(f"run '{cfg.run_id}' is running with other settings ({what}, pid {holder['pid']} on "
                             f"{holder['host']}): wait for it to finish, or use another --run-id")
 

@@ -106,13 +106,11 @@ METRICS_SHAPE = {
 
 
 def _running(run_url: str) -> str | None:
-    """What of the run a launcher holds now (`rlaif run`, between its stages too, or one stage: a first run, or a
-    `--rerun`, which removes the stage's previous output at its start), else None."""
+    """What of the run a launcher holds now, else None."""
     from rlaif.graph import STAGE_BY_NAME
-    from rlaif.io.lock import StageLock
+    from rlaif.io.lock import live_holders
 
-    held = {"`rlaif run`": run_url, **{f"stage '{name}'": storage.join(run_url, name) for name in STAGE_BY_NAME}}
-    return next((what for what, url in held.items() if StageLock(url, what).live_holder() is not None), None)
+    return next((what for what, _ in live_holders(run_url, STAGE_BY_NAME)), None)
 
 
 def read_metrics(run_url: str, recorded: dict | None = None) -> tuple[dict, list[str]]:

@@ -3,6 +3,7 @@ proxy, which spreads requests over replicas and replaces a replica that dies. `b
 KubeRay RayService names in its serveConfigV2 (import_path `rlaif.serving.ray_app:build`); `rlaif serve` runs the same
 application on a local Ray instance."""
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -80,11 +81,36 @@ def start_serve(settings, attempts: int = 5) -> None:
     for attempt in range(attempts):
         try:
             serve.start(http_options={"host": settings.host, "port": settings.port})
-            return
+            break
         except (ActorAlreadyExistsError, RayActorError):
             if attempt == attempts - 1:
                 raise
             time.sleep(1.0 + attempt)
+
+
+def check_serves_port(settings) -> None:
+    """A Serve already running on a cluster keeps the HTTP port it first started with (Ray ignores a later
+    start's): a service given another port would be announced where nothing listens."""
+    from ray.serve.context import _get_global_client
+
+    port = _get_global_client().http_config.port
+    if port != settings.port:
+        raise UserError(f"serve.port={settings.port}, but the Ray Serve already running on this cluster listens on "
+                        f"port {port} (Serve keeps the port it started with): set serve.port={port} and a "
+                        "serve.route_prefix of this service's own")
+
+
+class _SilenceServesJoinNotice(logging.Filter):
+    """Serve logs that new HTTP options 'will not be applied' on every start after the first, its own included (a
+    fresh Ray's serve.run joins the Serve that start_serve began); check_serves_port says what applies."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith("Connecting to existing Serve app")
+                    or message.startswith("The new client HTTP config differs"))
+
+
+logging.getLogger("ray.serve").addFilter(_SilenceServesJoinNotice())
 
 
 PREFLIGHT_TIMEOUT_S = 10.0
@@ -154,8 +180,8 @@ def connect(address: str | None) -> str | None:
     if target is not None and target != "auto":
         preflight(target, source)
     options = {"include_dashboard": False, "log_to_driver": False, "ignore_reinit_error": True}
-    if target is None:
-        ray.init(**options)
+    if target is None:  # "local": a Ray of its own, even where `ray start` left a cluster ray.init would join
+        ray.init(address="local", **options)
         return None
     try:
         with bounded_gcs_wait():
@@ -190,6 +216,8 @@ def run(cfg: PipelineConfig, address: str | None) -> None:
         check_room_here(settings)
     joined = connect(address)  # a cluster's address, RAY_ADDRESS's included; None: Ray started here
     start_serve(settings)
+    if joined:
+        check_serves_port(settings)
     deploy(cfg, joined)
     replicas = (f"{settings.min_replicas}-{settings.max_replicas} replicas (autoscaling)" if settings.autoscale
                 else f"{settings.replicas} replica{'s' * (settings.replicas > 1)}")
@@ -223,13 +251,12 @@ def deploy(cfg: PipelineConfig, joined: str | None) -> None:
 
 
 def remove_service(settings, joined: str | None) -> None:
-    """From a shared cluster only this service; else Serve and the Ray started here."""
+    """From a shared cluster only this service; else the Ray started here, Serve with it (serve.shutdown first would
+    only add Ray's 'graceful_shutdown failed ... will be retried' line: its controller kills itself)."""
     import ray
 
     if joined:
         serve.delete(settings.service_name)
-    else:
-        serve.shutdown()
     ray.shutdown()
 
 

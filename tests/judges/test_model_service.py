@@ -64,7 +64,7 @@ def ray_cluster(tmp_path_factory):
                               f"--temp-dir={temp_dir}"],
                              env=env, capture_output=True, text=True, timeout=180)
     assert started.returncode == 0, started.stderr[-2000:]
-    yield RayCluster(f"127.0.0.1:{port}", temp_dir)
+    yield RayCluster(f"127.0.0.1:{port}", temp_dir, free_port())
     subprocess.run([str(BIN / "ray"), "stop", "--force"], env=env, capture_output=True, timeout=120)
     shutil.rmtree(temp_dir, ignore_errors=True)
 
@@ -73,6 +73,7 @@ def ray_cluster(tmp_path_factory):
 class RayCluster:
     address: str
     temp_dir: Path
+    serve_port: int  # Serve's HTTP port: the first service on the cluster sets it, every later one must give it
 
     def diagnosis(self, servers) -> str:
         """What the `rlaif serve` drivers printed and the tail of Ray Serve's own logs (controller, proxy, replicas):
@@ -134,7 +135,7 @@ def test_generate_and_label_through_ray_serve_with_a_replica_killed(config, ray_
         done = rlaif("stage", stage, "--config", str(config), "--set", "run_id=local", timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
 
-    port = free_port()
+    port = ray_cluster.serve_port
     base = f"http://127.0.0.1:{port}"
     servers = [serve(config, ray_cluster, model, f"/{model}", port, tmp_path) for model in ("policy", "judge")]
     try:
@@ -178,8 +179,9 @@ def test_generate_and_label_through_ray_serve_with_a_replica_killed(config, ray_
 @pytest.mark.slow
 def test_a_replica_that_cannot_start_is_one_line_and_leaves_no_service(config, ray_cluster, tmp_path):
     """The replica's own error (here a missing file its model needs), not Serve's 'Deploying application failed'
-    traceback; the failed application is removed from the shared cluster, so a fixed service can take its name."""
-    port = free_port()
+    traceback; the failed application is removed from the shared cluster, so a fixed service can take its name. Then
+    a service on a port other than the one Serve listens on is refused."""
+    port = ray_cluster.serve_port
     failed = rlaif("serve", "--config", str(config), "--address", ray_cluster.address, "--set", f"serve.port={port}",
                    "--set", f"policy.tiny.demonstrations={tmp_path}/gone.jsonl", "--set", "serve.route_prefix=/gone",
                    "--set", "serve.name=rlaif-gone", timeout=300)
@@ -191,6 +193,16 @@ def test_a_replica_that_cannot_start_is_one_line_and_leaves_no_service(config, r
               "print(sorted(serve.status().applications))")
     listed = subprocess.run([sys.executable, "-c", status], capture_output=True, text=True, timeout=120)
     assert listed.returncode == 0 and "rlaif-gone" not in listed.stdout, listed.stdout + listed.stderr[-2000:]
+
+    # Serve runs on the cluster now, on serve_port: a service given another port was announced there, where nothing
+    # listened (Serve keeps the port it started with)
+    elsewhere = free_port()
+    refused = rlaif("serve", "--config", str(config), "--address", ray_cluster.address, "--set",
+                    f"serve.port={elsewhere}", "--set", "serve.route_prefix=/elsewhere", timeout=300)
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1] == (
+        f"error: serve.port={elsewhere}, but the Ray Serve already running on this cluster listens on port "
+        f"{port} (Serve keeps the port it started with): set serve.port={port} and a serve.route_prefix of this "
+        "service's own"), refused.stderr[-3000:]
 
 
 def test_plain_service_answers_and_scores_like_the_in_process_judge(judge_model_dir):

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from rlaif.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,3 +72,35 @@ def test_work_queued_on_a_thread_pool_is_finished_before_the_process_ends(tmp_pa
                "sys.argv = ['rlaif', 'graph']; from rlaif.cli import entry; entry()")
     done = subprocess.run([sys.executable, "-c", program], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done_file.read_text() == "done", done.stderr[-2000:]
+
+
+STOPPED_TWICE = """
+import os, signal, sys, time
+from rlaif import cli
+
+def command(args):
+    try:
+        os.kill(os.getpid(), signal.{first})
+        time.sleep(30)
+    finally:  # a cleanup (a lock's release, a service's removal) the second signal arrives in
+        os.kill(os.getpid(), signal.{second})
+        time.sleep(0.2)
+        print("cleaned up", flush=True)
+
+cli.COMMANDS["graph"] = command
+sys.exit(cli.main(["graph"]))
+"""
+
+
+@pytest.mark.parametrize("first, second, code, said", [("SIGINT", "SIGINT", 130, "interrupted"),
+                                                       ("SIGTERM", "SIGINT", 143, "terminated"),
+                                                       ("SIGINT", "SIGTERM", 130, "interrupted")])
+def test_a_second_stop_signal_does_not_break_off_the_cleanup(first, second, code, said):
+    """Ctrl-C pressed again while a command cleans up after the first (or the SIGTERM a pod's deletion sends after
+    it) used to raise inside the cleanup: half of it undone and a traceback."""
+    done = subprocess.run([sys.executable, "-c", STOPPED_TWICE.format(first=first, second=second)], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == code and done.stdout == "cleaned up\n", done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and done.stderr.splitlines() == [
+        f"still stopping (cleaning up); kill -9 {done.stderr.split('kill -9 ')[1].split()[0]} ends it at once, "
+        "leaving what it had started", said], done.stderr
