@@ -7,13 +7,13 @@ import contextlib
 import ctypes
 import json
 import os
-import signal
 import sys
 import threading
 from typing import NoReturn
 
 from rlaif import cli_args
 from rlaif.errors import StageFailed, Terminated, UserError, redact
+from rlaif.stopping import stop_signals
 
 
 def _report(runs: list[str], output: str | None) -> int:
@@ -171,43 +171,17 @@ COMMANDS = {"graph": _graph, "config": _config, "compile": _compile, "submit": _
             "serve": _serve}
 
 
-def _stop(signum, frame):
-    """The first SIGINT or SIGTERM stops the command: KeyboardInterrupt or Terminated unwinds through its cleanups
-    (locks released, children stopped, a service removed). A second one (Ctrl-C pressed again, a SIGTERM after the
-    terminal's SIGINT) is noted, not raised: raised inside a cleanup it would break it off half done, in a
-    traceback."""
-    for stopping in STOP_SIGNALS:
-        signal.signal(stopping, _still_stopping)
-    raise KeyboardInterrupt if signum == signal.SIGINT else Terminated
-
-
-def _still_stopping(signum, frame):
-    if not os.environ.get("RLAIF_ERROR_FILE"):  # a launcher's child: its launcher speaks
-        print(f"still stopping (cleaning up); kill -9 {os.getpid()} ends it at once, leaving what it had started",
-              file=sys.stderr, flush=True)
-
-
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
 def main(argv: list[str] | None = None) -> int:
     try:
         args = cli_args.parser().parse_args(argv)
     except UserError as exc:  # an empty path (_given)
         return _user_error(str(exc))
-    previous = {}
-    if threading.current_thread() is threading.main_thread():  # where signal handlers can be set
-        # a SIGINT ignored from the start (a background job of a script) stays ignored, as Python leaves it
-        previous = {stop: signal.signal(stop, _stop) for stop in STOP_SIGNALS
-                    if stop != signal.SIGINT or signal.getsignal(stop) is signal.default_int_handler}
     try:
-        return _dispatch(args)
+        with stop_signals():
+            return _dispatch(args)
     except Terminated:
         _stopped("terminated")
         return 143
-    finally:
-        for stop, handler in previous.items():
-            signal.signal(stop, handler)
 
 
 def entry() -> NoReturn:

@@ -18,6 +18,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from rlaif.errors import UserError
@@ -178,8 +179,11 @@ class StageLock:
         self.release()
 
 
-def live_holders(run_url: str, stage_names) -> list[tuple[str, dict]]:
-    """What of a run live processes hold now, each with its holder: the run itself (`rlaif run`, between its stages
-    too) and each of its stages (a first run, or a `--rerun`, which removes the stage's output at its start)."""
+def live_holders(run_url: str, stage_names: Iterable[str]) -> Iterator[tuple[str, dict]]:
+    """What of a run live processes hold now, each with its holder, read lock by lock: the run itself (`rlaif run`,
+    between its stages too) and each of its stages (a first run, or a `--rerun`, which removes the stage's output at
+    its start)."""
     held = {"`rlaif run`": run_url, **{f"stage '{name}'": storage.join(run_url, name) for name in stage_names}}
-    return [(what, holder) for what, url in held.items() if (holder := StageLock(url, what).live_holder()) is not None]
+    for what, url in held.items():
+        if (holder := StageLock(url, what).live_holder()) is not None:
+            yield what, holder

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 from rlaif.config.loading import refuse_repeated_keys
-from rlaif.errors import UserError
+from rlaif.errors import Terminated, UserError
 from rlaif.io import manifest, storage
 from rlaif.orchestration.launch import launch, load_config_source, orchestrated_run_id, prepare
 from rlaif.stages import common
+from rlaif.stopping import stop_signals
 
 
 def typed_overrides(policy_model: str = "", judge: str = "", ppo_lr: float = 0.0, kl_coef: float = -1.0,
@@ -27,12 +29,18 @@ def typed_overrides(policy_model: str = "", judge: str = "", ppo_lr: float = 0.0
 def run_component(name: str, config: str, overrides: list[str], run_id: str, storage_root: str,
                   default_run_id: str, upstream: dict, output, typed: dict, streaming: bool = False) -> dict:
     """_run_component, its failures reported as `rlaif launch` reports them (cli.report_failure: one `error:` line,
-    exit code 2 for a user error), where KFP's executor printed a 30-line traceback for each."""
+    exit code 2 for a user error), where KFP's executor printed a 30-line traceback for each; a SIGTERM that reaches
+    the step's process stops it as it stops `rlaif launch` (rlaif.stopping), in exit code 143."""
     from rlaif.cli import report_failure
 
     try:
-        return _run_component(name, config, overrides, run_id, storage_root, default_run_id, upstream, output, typed,
-                              streaming)
+        with stop_signals():
+            return _run_component(name, config, overrides, run_id, storage_root, default_run_id, upstream, output,
+                                  typed, streaming)
+    except (KeyboardInterrupt, Terminated) as stopped:
+        code = 130 if isinstance(stopped, KeyboardInterrupt) else 143
+        print("interrupted" if code == 130 else "terminated", file=sys.stderr, flush=True)
+        raise SystemExit(code) from None
     except Exception as exc:
         if (code := report_failure(exc)) is None:
             raise

@@ -89,15 +89,19 @@ def start_serve(settings, attempts: int = 5) -> None:
 
 
 def check_serves_port(settings) -> None:
-    """A Serve already running on a cluster keeps the HTTP port it first started with (Ray ignores a later
-    start's): a service given another port would be announced where nothing listens."""
-    from ray.serve.context import _get_global_client
+    """A Serve already running on a cluster keeps the HTTP host and port it first started with (Ray ignores a later
+    start's): a service given others would be announced where nothing listens."""
+    try:
+        from ray.serve.context import _get_global_client
 
-    port = _get_global_client().http_config.port
-    if port != settings.port:
-        raise UserError(f"serve.port={settings.port}, but the Ray Serve already running on this cluster listens on "
-                        f"port {port} (Serve keeps the port it started with): set serve.port={port} and a "
-                        "serve.route_prefix of this service's own")
+        running = _get_global_client().http_config
+    except (ImportError, AttributeError):  # a Ray whose private client moved: Serve's own warning says it
+        return
+    for field, value in (("host", running.host), ("port", running.port)):
+        if value != getattr(settings, field):
+            raise UserError(f"serve.{field}={getattr(settings, field)}, but the Ray Serve already running on this "
+                            f"cluster listens on {field} {value} (Serve keeps the HTTP options it started with): set "
+                            f"serve.{field}={value} and a serve.route_prefix of this service's own")
 
 
 class _SilenceServesJoinNotice(logging.Filter):
@@ -108,9 +112,6 @@ class _SilenceServesJoinNotice(logging.Filter):
         message = record.getMessage()
         return not (message.startswith("Connecting to existing Serve app")
                     or message.startswith("The new client HTTP config differs"))
-
-
-logging.getLogger("ray.serve").addFilter(_SilenceServesJoinNotice())
 
 
 PREFLIGHT_TIMEOUT_S = 10.0
@@ -171,6 +172,18 @@ def bounded_gcs_wait():
             os.environ.pop(GCS_WAIT_ENV, None)
 
 
+@contextlib.contextmanager
+def our_sigterm():
+    """ray.init sets a SIGTERM handler that exits at once (sys.exit): the handler before it (rlaif.stopping's, which
+    removes the service first) is put back."""
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        if handler is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, handler)
+
+
 def connect(address: str | None) -> str | None:
     """ray.init: join the cluster at `address` (or RAY_ADDRESS), or start Ray here when there is none. Returns the
     cluster joined (None: started here). A cluster that is not there ends in one UserError line, in bounded time."""
@@ -181,10 +194,11 @@ def connect(address: str | None) -> str | None:
         preflight(target, source)
     options = {"include_dashboard": False, "log_to_driver": False, "ignore_reinit_error": True}
     if target is None:  # "local": a Ray of its own, even where `ray start` left a cluster ray.init would join
-        ray.init(address="local", **options)
+        with our_sigterm():
+            ray.init(address="local", **options)
         return None
     try:
-        with bounded_gcs_wait():
+        with bounded_gcs_wait(), our_sigterm():
             ray.init(address=target, **options)
     except (ConnectionError, ValueError, TimeoutError, RuntimeError) as exc:
         problem = (str(exc).strip().splitlines() or [type(exc).__name__])[0].split(". ")[0].rstrip(".")
@@ -214,6 +228,7 @@ def run(cfg: PipelineConfig, address: str | None) -> None:
     settings = cfg.serve
     if target_address(address)[0] is None:
         check_room_here(settings)
+    logging.getLogger("ray.serve").addFilter(_SilenceServesJoinNotice())
     joined = connect(address)  # a cluster's address, RAY_ADDRESS's included; None: Ray started here
     start_serve(settings)
     if joined:
@@ -257,7 +272,7 @@ def remove_service(settings, joined: str | None) -> None:
 
     if joined:
         serve.delete(settings.service_name)
-    ray.shutdown()
+    ray.shutdown(wait_for_processes=True)  # the port free (the proxy gone) when `rlaif serve` returns
 
 
 def replica_error(service_name: str) -> str | None:

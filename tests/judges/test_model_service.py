@@ -201,8 +201,8 @@ def test_a_replica_that_cannot_start_is_one_line_and_leaves_no_service(config, r
                     f"serve.port={elsewhere}", "--set", "serve.route_prefix=/elsewhere", timeout=300)
     assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1] == (
         f"error: serve.port={elsewhere}, but the Ray Serve already running on this cluster listens on port "
-        f"{port} (Serve keeps the port it started with): set serve.port={port} and a serve.route_prefix of this "
-        "service's own"), refused.stderr[-3000:]
+        f"{port} (Serve keeps the HTTP options it started with): set serve.port={port} and a serve.route_prefix of "
+        "this service's own"), refused.stderr[-3000:]
 
 
 def test_plain_service_answers_and_scores_like_the_in_process_judge(judge_model_dir):

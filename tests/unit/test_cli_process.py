@@ -3,6 +3,7 @@ still do at exit is checked here: its exit code, all of its output through a pip
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -74,17 +75,19 @@ def test_work_queued_on_a_thread_pool_is_finished_before_the_process_ends(tmp_pa
     assert done.returncode == 0 and done_file.read_text() == "done", done.stderr[-2000:]
 
 
-STOPPED_TWICE = """
+STOPPED = """
 import os, signal, sys, time
 from rlaif import cli
 
 def command(args):
+    print(os.getpid(), flush=True)
     try:
         os.kill(os.getpid(), signal.{first})
         time.sleep(30)
-    finally:  # a cleanup (a lock's release, a service's removal) the second signal arrives in
-        os.kill(os.getpid(), signal.{second})
-        time.sleep(0.2)
+    finally:  # a cleanup (a lock's release, a service's removal) the later signals arrive in
+        for again in {later}:
+            os.kill(os.getpid(), getattr(signal, again))
+            time.sleep(0.2)
         print("cleaned up", flush=True)
 
 cli.COMMANDS["graph"] = command
@@ -92,15 +95,60 @@ sys.exit(cli.main(["graph"]))
 """
 
 
+def stopped(first: str, later: list[str], env: dict | None = None) -> tuple[subprocess.CompletedProcess, str]:
+    done = subprocess.run([sys.executable, "-c", STOPPED.format(first=first, later=later)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
+    return done, done.stdout.split("\n")[0]
+
+
 @pytest.mark.parametrize("first, second, code, said", [("SIGINT", "SIGINT", 130, "interrupted"),
+                                                       ("SIGTERM", "SIGTERM", 143, "terminated"),
                                                        ("SIGTERM", "SIGINT", 143, "terminated"),
                                                        ("SIGINT", "SIGTERM", 130, "interrupted")])
 def test_a_second_stop_signal_does_not_break_off_the_cleanup(first, second, code, said):
     """Ctrl-C pressed again while a command cleans up after the first (or the SIGTERM a pod's deletion sends after
     it) used to raise inside the cleanup: half of it undone and a traceback."""
-    done = subprocess.run([sys.executable, "-c", STOPPED_TWICE.format(first=first, second=second)], cwd=REPO,
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == code and done.stdout == "cleaned up\n", done.stderr[-2000:]
-    assert "Traceback" not in done.stderr and done.stderr.splitlines() == [
-        f"still stopping (cleaning up); kill -9 {done.stderr.split('kill -9 ')[1].split()[0]} ends it at once, "
-        "leaving what it had started", said], done.stderr
+    done, pid = stopped(first, [second])
+    assert done.returncode == code and done.stdout == f"{pid}\ncleaned up\n", done.stderr[-2000:]
+    assert done.stderr.splitlines() == [
+        f"still stopping (cleaning up): stop it again to end it at once, its cleanup undone (a lock it leaves is "
+        f"taken over once process {pid} is gone)", said], done.stderr
+
+
+def test_a_third_ends_the_process_at_once_and_a_launchers_child_stays_quiet():
+    done, pid = stopped("SIGINT", ["SIGINT", "SIGTERM", "SIGINT"])
+    assert done.returncode == 130 and done.stdout == f"{pid}\n", done.stderr  # its cleanup never finished
+    assert done.stderr.splitlines()[-1] == "stopped before its cleanup had finished", done.stderr
+    quiet, _ = stopped("SIGTERM", ["SIGINT"], env={**os.environ, "RLAIF_ERROR_FILE": "/dev/null"})
+    assert quiet.returncode == 143 and quiet.stdout.endswith("cleaned up\n") and not quiet.stderr, quiet.stderr
+
+
+def test_the_handlers_are_put_back_and_an_ignored_sigint_stays_ignored():
+    """A background job of a script starts with SIGINT ignored; main() in a process that goes on (a test, a caller)
+    leaves the handlers it found."""
+    import signal
+
+    from rlaif.errors import Terminated
+    from rlaif.stopping import stop_signals
+
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    with stop_signals():
+        assert signal.getsignal(signal.SIGINT) is not before[0]
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with pytest.raises(Terminated), stop_signals():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN and signal.getsignal(signal.SIGTERM) == before[1]
+    finally:
+        signal.signal(signal.SIGINT, before[0])
+
+
+def test_a_stop_note_that_cannot_be_written_does_not_break_off_the_cleanup():
+    """`rlaif run ... 2>&1 | tee log`: tee had the Ctrl-C too, so the note's write fails."""
+    program = STOPPED.format(first="SIGINT", later=["SIGINT"]).replace(
+        "    print(os.getpid(), flush=True)\n", "    print(os.getpid(), flush=True); os.close(2)\n")
+    done = subprocess.run([sys.executable, "-c", program], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.stdout.endswith("cleaned up\n"), done
