@@ -13,7 +13,7 @@ from typing import NoReturn
 
 from rlaif import cli_args
 from rlaif.errors import StageFailed, Terminated, UserError, redact
-from rlaif.stopping import stop_signals
+from rlaif.stopping import ignore_while_exiting, stop_signals
 
 
 def _report(runs: list[str], output: str | None) -> int:
@@ -104,7 +104,7 @@ def _serve(args) -> int:
         check_bindable(cfg.serve.host, cfg.serve.port)
         app = plain_app(make_engine(cfg, cfg.serve.model), cfg.serve.service_name, cfg.serve.route_prefix)
         print(f"serving the {cfg.serve.model} at {cfg.serve.base_url} (one replica, no Ray)", flush=True)
-        uvicorn.run(app, host=cfg.serve.host, port=cfg.serve.port, log_level="warning")
+        serve_until_stopped(uvicorn.Config(app, host=cfg.serve.host, port=cfg.serve.port, log_level="warning"))
         return 0
     try:
         from rlaif.serving import ray_app
@@ -112,6 +112,21 @@ def _serve(args) -> int:
         raise UserError("rlaif serve needs Ray Serve: pip install 'rlaif[serve]' (or use --no-ray)") from None
     ray_app.run(cfg, args.address)
     return 0
+
+
+def serve_until_stopped(config) -> None:
+    """uvicorn's server, stopped as rlaif.stopping stops a command: the first SIGINT or SIGTERM ends it gracefully
+    (requests in flight answered), a second is noted. uvicorn's own handlers force an exit on the second, which failed
+    the requests in flight with HTTP 500, and re-raised the signals into ours inside its event loop (tracebacks)."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):
+            with stop_signals(on_first=lambda signum: setattr(self, "should_exit", True)):
+                yield
+
+    Server(config).run()
 
 
 def _submit(args) -> int:
@@ -193,6 +208,7 @@ def entry() -> NoReturn:
     An exception that escapes main() ends the process as usual, traceback and all, as does a process under a
     profiler or debugger, or one with a thread still working (whose work the usual exit waits for)."""
     code = main() or 0
+    ignore_while_exiting()
     if sys.getprofile() or sys.gettrace() or any(not thread.daemon and thread.is_alive() for thread in
                                                  threading.enumerate() if thread is not threading.main_thread()):
         sys.exit(code)  # `python -m cProfile -m rlaif` reports at teardown; a pool's queued work is finished

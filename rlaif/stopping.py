@@ -27,8 +27,9 @@ def _say(text: str) -> None:
 
 
 @contextlib.contextmanager
-def stop_signals():
+def stop_signals(on_first=None):
     """The block runs with the stopping above (on the main thread, where handlers can be set; elsewhere as it is).
+    `on_first(signum)`, where given, is what the first signal does instead of raising (a service stops serving).
     A SIGINT ignored from the start (a background job of a script) stays ignored, as Python leaves it; the handlers
     found at the start are back after the block."""
     if threading.current_thread() is not threading.main_thread():
@@ -41,6 +42,8 @@ def stop_signals():
         received.append(signum)
         for ours in installed:
             signal.signal(ours, later)
+        if on_first is not None:
+            return on_first(signum)
         raise KeyboardInterrupt if signum == signal.SIGINT else Terminated
 
     def later(signum, frame):
@@ -54,10 +57,18 @@ def stop_signals():
 
     try:
         for signum in STOP_SIGNALS:
-            if signum != signal.SIGINT or signal.getsignal(signum) is signal.default_int_handler:
+            if signum != signal.SIGINT or signal.getsignal(signum) is not signal.SIG_IGN:
                 installed[signum] = signal.signal(signum, first)
         yield
     finally:
         for signum, handler in installed.items():
             if handler is not None:  # None: a handler set from C, which Python cannot put back
                 signal.signal(signum, handler)
+
+
+def ignore_while_exiting() -> None:
+    """For the process's last moments (its exit handlers: torch's, Ray's shutdown, a tracker's last flush), once the
+    command has returned: a stop signal then would only print a traceback from inside one of them."""
+    if threading.current_thread() is threading.main_thread():
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)

@@ -18,6 +18,7 @@ from starlette.requests import Request as StarletteRequest
 from rlaif.config import PipelineConfig, dump_config, parse_config
 from rlaif.errors import UserError, one_line
 from rlaif.serving import api
+from rlaif.stopping import stop_signals
 
 app = FastAPI(title="rlaif model service")
 
@@ -239,10 +240,9 @@ def run(cfg: PipelineConfig, address: str | None) -> None:
     print(f"serving the {settings.model} at {settings.base_url} on Ray Serve, {replicas}; Ctrl-C stops it",
           flush=True)
     stopped = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stopped.set())
-    stopped.wait()
-    remove_service(settings, joined)
+    with stop_signals(on_first=lambda signum: stopped.set()):  # a second signal cannot break the removal off
+        stopped.wait()
+        remove_service(settings, joined)
 
 
 def deploy(cfg: PipelineConfig, joined: str | None) -> None:

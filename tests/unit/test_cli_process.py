@@ -152,3 +152,64 @@ def test_a_stop_note_that_cannot_be_written_does_not_break_off_the_cleanup():
         "    print(os.getpid(), flush=True)\n", "    print(os.getpid(), flush=True); os.close(2)\n")
     done = subprocess.run([sys.executable, "-c", program], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.stdout.endswith("cleaned up\n"), done
+
+
+@pytest.mark.parametrize("signals", [("SIGINT", "SIGINT"), ("SIGTERM", "SIGINT")])
+def test_a_service_without_ray_stops_gracefully_on_two_signals(signals, tmp_path):
+    """uvicorn's own handlers forced an exit on the second signal: requests in flight failed with HTTP 500, and the
+    signals it re-raised into the CLI's handlers ended in ~290 lines of tracebacks and exit code 0 after a SIGTERM."""
+    import json
+    import signal
+    import socket
+    import threading
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "rlaif", "serve", "--config", "configs/tiny.yaml", "--no-ray",
+                               "--set", f"serve.port={port}"], cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    base, deadline = f"http://127.0.0.1:{port}/v1", time.monotonic() + 120
+    while True:
+        assert server.poll() is None and time.monotonic() < deadline, server.communicate()
+        try:
+            urllib.request.urlopen(base + "/models", timeout=2).read()
+            break
+        except OSError:
+            time.sleep(0.2)
+    answers = []
+
+    def ask():
+        body = json.dumps({"model": "rlaif-policy", "prompt": ["How do tides work?"] * 8, "max_tokens": 64,
+                           "seed": 1}).encode()
+        request = urllib.request.Request(base + "/completions", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=120) as response:
+            answers.append(response.status)
+
+    clients = [threading.Thread(target=ask) for _ in range(3)]
+    for client in clients:
+        client.start()
+    time.sleep(0.05)
+    for name in signals:
+        server.send_signal(getattr(signal, name))
+        time.sleep(0.1)
+    for client in clients:
+        client.join(timeout=120)
+    _, err = server.communicate(timeout=120)
+    assert server.returncode == 0 and answers == [200] * 3, (answers, err[-3000:])
+    assert "Traceback" not in err and err.startswith("still stopping"), err[-3000:]
+
+
+def test_a_stop_signal_during_the_exit_handlers_is_ignored(tmp_path):
+    """After the command returned, a second Ctrl-C landed in torch's exit handlers: 'Exception ignored in atexit
+    callback ... KeyboardInterrupt' and its traceback."""
+    marker = tmp_path / "exit-handler-ran"
+    program = ("import atexit, os, signal, sys, time\n"
+               "def handler():\n"
+               "    os.kill(os.getpid(), signal.SIGINT); os.kill(os.getpid(), signal.SIGTERM); time.sleep(0.2)\n"
+               f"    open({str(marker)!r}, 'w').write('ran')\n"
+               "atexit.register(handler)\n"
+               "sys.argv = ['rlaif', 'graph']; from rlaif.cli import entry; entry()")
+    done = subprocess.run([sys.executable, "-c", program], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and not done.stderr and marker.read_text() == "ran", done.stderr[-2000:]
