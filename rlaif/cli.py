@@ -13,7 +13,7 @@ from typing import NoReturn
 
 from rlaif import cli_args
 from rlaif.errors import StageFailed, Terminated, UserError, redact
-from rlaif.stopping import ignore_while_exiting, stop_signals
+from rlaif.stopping import ignore_while_exiting, stop_signals, stopped
 
 
 def _report(runs: list[str], output: str | None) -> int:
@@ -191,12 +191,11 @@ def main(argv: list[str] | None = None) -> int:
         args = cli_args.parser().parse_args(argv)
     except UserError as exc:  # an empty path (_given)
         return _user_error(str(exc))
-    try:
-        with stop_signals():
+    with stop_signals():
+        try:
             return _dispatch(args)
-    except Terminated:
-        _stopped("terminated")
-        return 143
+        except (KeyboardInterrupt, Terminated) as stop:  # caught here, where a second signal is only noted
+            return stopped(stop)
 
 
 def entry() -> NoReturn:
@@ -226,13 +225,6 @@ def entry() -> NoReturn:
     if sys.platform != "win32":  # what native libraries printed through C's stdio (libc's fflush(NULL))
         ctypes.CDLL(None).fflush(None)
     os._exit(code)
-
-
-def _stopped(how: str) -> None:
-    """Says once that a run was stopped: in the process the user started. A launcher's child (a stage, its ranks, a
-    streaming group's launchers: they have the launcher's error file) stops quietly, as its launcher says it."""
-    if not os.environ.get("RLAIF_ERROR_FILE"):
-        print(how, file=sys.stderr)
 
 
 def check_run_id(args) -> None:
@@ -288,9 +280,6 @@ def _dispatch(args) -> int:
 
             storage.configure(None)  # a config or run given as an s3:// URL needs the endpoint from the environment
         return COMMANDS[args.command](args)
-    except KeyboardInterrupt:
-        _stopped("interrupted")
-        return 130
     except BrokenPipeError:  # `rlaif config | head`: the reader left; a command that prints ends quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         if args.command in PRINTS_ONLY:

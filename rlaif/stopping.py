@@ -18,6 +18,14 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 STOPPED_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
+def stopped(stop: BaseException) -> int:
+    """The exit code of a command that the first signal stopped (KeyboardInterrupt or Terminated), said once: in the
+    process the user started (a launcher's child, a stage or its ranks, stops quietly, as its launcher says it)."""
+    interrupted = isinstance(stop, KeyboardInterrupt)
+    _say("interrupted" if interrupted else "terminated")
+    return STOPPED_CODES[signal.SIGINT if interrupted else signal.SIGTERM]
+
+
 def _say(text: str) -> None:
     """One line on stderr that can neither fail nor re-enter a write the signal interrupted: the cleanup it runs
     beside must go on even where stderr's reader is gone (`... 2>&1 | tee log`, and tee had the Ctrl-C too)."""

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 from rlaif.config.loading import refuse_repeated_keys
 from rlaif.errors import Terminated, UserError
 from rlaif.io import manifest, storage
 from rlaif.orchestration.launch import launch, load_config_source, orchestrated_run_id, prepare
 from rlaif.stages import common
-from rlaif.stopping import stop_signals
+from rlaif.stopping import stop_signals, stopped
 
 
 def typed_overrides(policy_model: str = "", judge: str = "", ppo_lr: float = 0.0, kl_coef: float = -1.0,
@@ -37,10 +36,8 @@ def run_component(name: str, config: str, overrides: list[str], run_id: str, sto
         with stop_signals():
             return _run_component(name, config, overrides, run_id, storage_root, default_run_id, upstream, output,
                                   typed, streaming)
-    except (KeyboardInterrupt, Terminated) as stopped:
-        code = 130 if isinstance(stopped, KeyboardInterrupt) else 143
-        print("interrupted" if code == 130 else "terminated", file=sys.stderr, flush=True)
-        raise SystemExit(code) from None
+    except (KeyboardInterrupt, Terminated) as stop:
+        raise SystemExit(stopped(stop)) from None
     except Exception as exc:
         if (code := report_failure(exc)) is None:
             raise
