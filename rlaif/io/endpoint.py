@@ -1,9 +1,10 @@
-"""One bounded GET, for the checks made before any work (a KFP API server, an MLflow server, a model service): every
-way a server can fail to answer (refused, unresolvable, silent past the time limit, a malformed URL, a broken
-reply) becomes NoAnswer with a few words that say which, any credentials in the URL masked."""
+"""One bounded GET (or POST), for the checks made before any work (a KFP API server, an MLflow server, a model
+service): every way a server can fail to answer (refused, unresolvable, silent past the time limit, a malformed URL,
+a broken reply) becomes NoAnswer with a few words that say which, any credentials in the URL masked."""
 from __future__ import annotations
 
 import http.client
+import json
 import urllib.error
 import urllib.request
 from urllib.parse import urlsplit
@@ -14,7 +15,7 @@ MAX_BODY_BYTES = 4 * 2**20  # a health check's or a model list's reply; more is 
 
 
 class NoAnswer(Exception):
-    """A GET that got no HTTP answer; str() says why in a few words. `silent`: connected (or trying to) but no
+    """A request that got no HTTP answer; str() says why in a few words. `silent`: connected (or trying to) but no
     answer in time, which a service warming up also does, unlike a refusal or an unknown host."""
 
     def __init__(self, why: str, silent: bool = False):
@@ -29,15 +30,30 @@ def without_credentials(url: str) -> str:
 
 
 def get(url: str, timeout_s: float, headers: dict | None = None, proxies: bool = True) -> tuple[int, bytes]:
-    """(HTTP status, body) of one GET; any status is an answer, 4xx and 5xx included. `proxies=False` goes direct,
-    as clients that ignore $HTTP_PROXY do."""
+    """(HTTP status, body) of one GET; any status is an answer, 4xx and 5xx included (with the server's own words).
+    `proxies=False` goes direct, as clients that ignore $HTTP_PROXY do."""
+    return _answer(urllib.request.Request(url, headers=headers or {}), timeout_s, proxies)
+
+
+def post_json(url: str, body: dict, timeout_s: float, headers: dict | None = None,
+              proxies: bool = True) -> tuple[int, bytes]:
+    """(HTTP status, body) of one POST of `body` as JSON, as `get` answers."""
+    headers = {**(headers or {}), "Content-Type": "application/json"}
+    return _answer(urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST"),
+                   timeout_s, proxies)
+
+
+def _answer(request: urllib.request.Request, timeout_s: float, proxies: bool) -> tuple[int, bytes]:
     handlers = [] if proxies else [urllib.request.ProxyHandler({})]
     opener = urllib.request.build_opener(*handlers)
     try:
-        with opener.open(urllib.request.Request(url, headers=headers or {}), timeout=timeout_s) as response:
+        with opener.open(request, timeout=timeout_s) as response:
             return response.status, response.read(MAX_BODY_BYTES)
     except urllib.error.HTTPError as answer:
-        return answer.code, b""
+        try:
+            return answer.code, answer.read(MAX_BODY_BYTES)
+        except (OSError, http.client.HTTPException):  # the status came; its body did not
+            return answer.code, b""
     except (OSError, ValueError, http.client.HTTPException) as exc:  # URLError and TimeoutError are OSErrors
         raise NoAnswer(_why(exc, timeout_s), silent=isinstance(getattr(exc, "reason", exc), TimeoutError)) from None
 

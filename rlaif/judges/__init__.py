@@ -56,13 +56,17 @@ def judge_scorer(cfg):
 
 def check_services(cfg, stage: str) -> None:
     """Before label, or evaluate (which asks label's judge too), runs: no judge behind an HTTP endpoint is down,
-    refuses our key or speaks something other than JSON (ServiceClient.check_answers). Else label would find out
-    only after generate had run."""
+    refuses our key or speaks something other than JSON (ServiceClient.check_answers), and an endpoint judge's
+    service takes its request for its model (OpenAIJudge.check_serves_model). Else label would find out only after
+    generate had run."""
     from rlaif.serving.client import ServiceClient
 
     further = [(judge.setting, judge) for judge in cfg.evaluate.judges] if stage == "evaluate" else []
     for where, judge in [("label", cfg.label), *further]:
         if judge.judge == "openai":
-            ServiceClient(judge.openai, f"{where}.openai").check_answers()
+            from rlaif.judges.openai import OpenAIJudge
+
+            endpoint_judge = OpenAIJudge(judge)
+            endpoint_judge.check_serves_model(endpoint_judge.client.check_answers())
         elif judge.pod_judge == "served":  # which model it serves: checked when label starts
             ServiceClient(judge.hf.endpoint, f"{where}.hf.endpoint").check_answers()

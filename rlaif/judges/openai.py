@@ -10,11 +10,9 @@ from __future__ import annotations
 import math
 import re
 
-import torch
-
-from rlaif.errors import UserError
+from rlaif.errors import UserError, one_line, redact
 from rlaif.judges import prompting
-from rlaif.serving.client import ServiceClient
+from rlaif.serving.client import RETRYABLE, ServiceClient
 
 
 def _unlisted_bound(top: dict[str, float]) -> float:
@@ -41,7 +39,9 @@ class OpenAIJudge:
         self.stats = self.client.stats
         self.stats.update(answers_from_logprobs=0, answers_parsed=0, answers_unreadable=0)
 
-    def prefer_first(self, prompts, first, second, principles) -> torch.Tensor:
+    def prefer_first(self, prompts, first, second, principles):  # -> a float32 tensor of P(first preferred)
+        import torch  # here: the checks before any work (a launcher's) build this judge without torch
+
         s = self.settings
         texts = [prompting.pairwise_prompt(s.preamble, pr, self.examples, p, a, b, s.chain_of_thought)
                  for p, a, b, pr in zip(prompts, first, second, principles)]
@@ -86,6 +86,29 @@ class OpenAIJudge:
             return 1.0 if read.group(1) == "1" else 0.0
         self.stats["answers_unreadable"] += 1
         return 0.5
+
+    def check_serves_model(self, listed: list[str] | None) -> None:
+        """Before any work: the service takes this judge's own one-token request for its model (`listed`: the ids
+        its /models gave, where naming the model is enough). A server that lists one model and answers any name (TGI,
+        llama.cpp) passes by the request; an unknown name (OpenAI, vLLM, Ollama: HTTP 404), a route it lacks (a chat
+        model's completions) or a field it does not take is refused here, not after generate has run. What the
+        stage's requests wait out or retry passes: silence, 429 and 5xx."""
+        if listed and self.cfg.model in listed:
+            return
+        text = prompting.pairwise_prompt(self.settings.preamble, "Prefer the correct answer.", self.examples,
+                                         "What is 2 + 2?", "4", "5", chain_of_thought=False)
+        answer = self.client.ask_once(self.path, self._body(text, 1, want_logprobs=True))
+        if answer is None or answer[0] in RETRYABLE:
+            return
+        (status, body), section = answer, self.client.section
+        if status == 200:
+            self._parse(self.client.json_body(self.url, body))  # a reply label could not read: refused now
+            return
+        served = f" (its /models lists {', '.join(listed[:5])}{', ...' if len(listed) > 5 else ''})" if listed else ""
+        key = " and the API key" if status in (401, 403) else ""
+        raise UserError(f"{redact(self.url)} refused a one-token request for model {self.cfg.model!r} with HTTP "
+                        f"{status}: {one_line(body.decode(errors='replace'), 200)!r}{served}: check {section}.model, "
+                        f"{section}.api{key}")
 
     def _body(self, text: str, max_tokens: int, want_logprobs: bool) -> dict:
         body = {"model": self.cfg.model, "max_tokens": max_tokens, "temperature": 0.0}

@@ -48,7 +48,7 @@ class ServiceClient:
 
     def get(self, path: str) -> dict:
         """One GET (e.g. /models), for checks before any work; a clear error when the service is not there."""
-        status, body = self._get(path)
+        status, body = self._ask(path)
         try:
             if status >= 400:
                 raise ValueError(f"HTTP {status}")
@@ -57,35 +57,46 @@ class ServiceClient:
             raise UserError(f"the service at {redact(self.base_url + path)} did not answer as a model service ({exc}): "
                             f"check {self.section}.base_url") from None
 
-    def check_answers(self) -> None:
+    def check_answers(self) -> list[str] | None:
         """Before any work: a service that is there (refused or unresolvable: not) takes our key and speaks JSON.
         What the stage's requests wait out or retry passes: silence (a service scaled to zero, warming up), 429 and
-        5xx; so does a service without /models (404, 405): the first request will tell."""
+        5xx; so does a service without /models (404, 405): the first request will tell. Returns the model ids its
+        /models lists, None where it listed none."""
         from rlaif.io.endpoint import MAX_BODY_BYTES
 
-        answer = self._get("/models", silence_ok=True)
+        answer = self._ask("/models", silence_ok=True)
         if answer is None:
-            return
+            return None
         (status, body), url = answer, redact(self.base_url + "/models")
         if status in (401, 403):
             key = f"${self.settings.api_key_env}" if self.settings.api_key_env else "no key (api_key_env is empty)"
             raise UserError(f"{url} refused the request with HTTP {status}: check the API key ({key}) and "
                             f"{self.section}.base_url")
+        if status != 200 or len(body) >= MAX_BODY_BYTES:  # a longer model list was cut off: not judged
+            return None
         try:
-            if status == 200 and len(body) < MAX_BODY_BYTES:  # a longer model list was cut off: not judged
-                json.loads(body)
+            listed = json.loads(body)
         except ValueError:
             raise self._not_json(url, body) from None
+        entries = listed.get("data") if isinstance(listed, dict) else None
+        return [entry["id"] for entry in entries if isinstance(entry, dict) and isinstance(entry.get("id"), str)] \
+            if isinstance(entries, list) else None
 
-    def _get(self, path: str, silence_ok: bool = False) -> tuple[int, bytes] | None:
-        """One bounded GET, direct (as the stage's aiohttp client goes: it ignores $HTTP_PROXY); None where the
-        service is silent and `silence_ok`."""
+    def ask_once(self, path: str, body: dict) -> tuple[int, bytes] | None:
+        """One bounded POST, not retried, for checks before any work: (status, body), or None where the service is
+        silent (warming up: the stage's requests wait)."""
+        return self._ask(path, body, silence_ok=True)
+
+    def _ask(self, path: str, body: dict | None = None, silence_ok: bool = False) -> tuple[int, bytes] | None:
+        """One bounded GET (a POST of `body` if given), direct (as the stage's aiohttp client goes: it ignores
+        $HTTP_PROXY); None where the service is silent and `silence_ok`."""
         from rlaif.io import endpoint as http
 
-        url = self.base_url + path
+        url, timeout_s = self.base_url + path, min(self.settings.timeout_s, 30.0)
         try:
-            return http.get(http.without_credentials(url), min(self.settings.timeout_s, 30.0), self.headers(),
-                            proxies=False)
+            if body is None:
+                return http.get(http.without_credentials(url), timeout_s, self.headers(), proxies=False)
+            return http.post_json(http.without_credentials(url), body, timeout_s, self.headers(), proxies=False)
         except http.NoAnswer as why:
             if silence_ok and why.silent:
                 return None
@@ -140,7 +151,7 @@ class ServiceClient:
             try:
                 async with session.post(url, json=body) as resp:
                     if resp.status == 200:
-                        return self._json(url, await read_body(resp.content, MAX_RESPONSE_BYTES + 1))
+                        return self.json_body(url, await read_body(resp.content, MAX_RESPONSE_BYTES + 1))
                     if resp.status not in RETRYABLE:
                         key = (f" and the API key in ${self.settings.api_key_env}" if self.settings.api_key_env
                                else "")
@@ -155,7 +166,7 @@ class ServiceClient:
             await asyncio.sleep(self._delay(attempt, retry_after))
         raise AssertionError("the loop returns or raises")
 
-    def _json(self, url: str, data: bytes):
+    def json_body(self, url: str, data: bytes):
         """A 200's body; one that is not JSON (an HTML page at a URL short of the API root) is no hiccup to retry."""
         if len(data) > MAX_RESPONSE_BYTES:
             raise UserError(f"{url} answered with more than {MAX_RESPONSE_BYTES >> 20} MiB: is it an OpenAI-compatible "

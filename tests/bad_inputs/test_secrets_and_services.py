@@ -120,3 +120,93 @@ def test_what_the_stage_waits_out_or_retries_passes_the_check(server, mode):
         base_url = f"http://127.0.0.1:{silent.getsockname()[1]}/v1" if mode == "silent" else server(mode)
         settings = SimpleNamespace(base_url=base_url, api_key_env="", timeout_s=0.5)
         ServiceClient(settings, "label.openai").check_answers()
+
+
+class _ModelServer(http.server.BaseHTTPRequestHandler):
+    """/models lists SERVED; a completion request answers as `mode` says: 'named' (vLLM, OpenAI, Ollama: 404 for a
+    model it does not serve), 'any' (TGI, llama.cpp: any name), 'busy' (503), 'garbage' (200 with no choices)."""
+    mode, posts = "named", []
+
+    def do_GET(self):  # noqa: N802 (the standard library's name)
+        self._reply(200, {"object": "list", "data": [{"id": SERVED, "object": "model"}]})
+
+    def do_POST(self):  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.posts.append({"path": self.path, "body": body})
+        if self.mode == "busy":
+            return self._reply(503, {"error": "loading"})
+        if self.mode == "garbage":
+            return self._reply(200, {"object": "chat.completion"})
+        if self.mode == "named" and body["model"] != SERVED:
+            return self._reply(404, {"error": {"message": f"The model `{body['model']}` does not exist.",
+                                               "code": "model_not_found"}})
+        top = [{"token": "1", "logprob": -0.1}, {"token": "2", "logprob": -2.4}]
+        answer = {"token": "1", "logprob": -0.1, "top_logprobs": top}
+        self._reply(200, {"choices": [{"message": {"role": "assistant", "content": "1"},
+                                       "logprobs": {"content": [answer]}}]})
+
+    def _reply(self, status: int, payload: dict):
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(json.dumps(payload).encode())
+
+    def log_message(self, *args):
+        pass
+
+
+SERVED = "Qwen/Qwen2.5-7B-Instruct"
+
+
+@pytest.fixture
+def model_server():
+    def start(mode: str):
+        handler = type("Handler", (_ModelServer,), {"mode": mode, "posts": []})
+        httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        started.append(httpd)
+        return f"http://127.0.0.1:{httpd.server_address[1]}/v1", handler.posts
+
+    started = []
+    yield start
+    for httpd in started:
+        httpd.shutdown()
+
+
+def test_a_judge_model_the_service_does_not_serve_is_refused_before_generate(cli, tmp_path, model_server):
+    base_url, posts = model_server("named")
+    cli("run", "--config", TINY, "--storage-root", f"file://{tmp_path}/root", "--set", "label.judge=openai",
+        "--set", f"label.openai.base_url={base_url}", "--set", "label.openai.model=qwen2.5-7b-instruct",
+        "--set", "label.openai.api_key_env=''", "--set", "label.openai.api=chat",
+        needle="/v1/chat/completions refused a one-token request for model 'qwen2.5-7b-instruct' with HTTP 404: "
+               "'{\"error\": {\"message\": \"The model `qwen2.5-7b-instruct` does not exist.\"")
+    assert len(posts) == 1 and posts[0]["body"]["max_tokens"] == 1 and posts[0]["body"]["logprobs"] is True
+    assert not (tmp_path / "root/tiny/generate").exists()
+
+
+@pytest.mark.parametrize("mode, model, posts_expected", [
+    ("named", SERVED, 0),  # named in /models: nothing sent
+    ("any", "whatever-name", 1),  # a server that answers any name: the request passes
+    ("busy", "other", 1),  # warming up: label's requests wait and retry
+])
+def test_a_judge_model_the_service_takes_passes_the_check(model_server, mode, model, posts_expected):
+    from rlaif.config import load_config
+    from rlaif.judges import check_services
+
+    base_url, posts = model_server(mode)
+    cfg = load_config(TINY, ["label.judge=openai", f"label.openai.base_url={base_url}", f"label.openai.model={model}",
+                             "label.openai.api_key_env=''", "label.openai.api=chat"])
+    check_services(cfg, "label")
+    assert len(posts) == posts_expected
+
+
+def test_a_reply_label_could_not_read_is_refused_before_generate(model_server):
+    from rlaif.config import load_config
+    from rlaif.errors import UserError
+    from rlaif.judges import check_services
+
+    base_url, _ = model_server("garbage")
+    cfg = load_config(TINY, ["label.judge=openai", f"label.openai.base_url={base_url}", "label.openai.model=other",
+                             "label.openai.api_key_env=''", "label.openai.api=chat"])
+    with pytest.raises(UserError, match="returned an unexpected response"):
+        check_services(cfg, "label")
