@@ -25,6 +25,7 @@ from bench_ppo import (  # noqa: E402
     import_our_libraries,
     ours_setup,
     prompts,
+    run_ours,
     shared_models,
     trl_peft_config,
 )
@@ -38,24 +39,14 @@ GRPO_OVERRIDES = ["ppo.algorithm=grpo", f"ppo.group_size={GROUP}", "ppo.kl_estim
 
 
 def worker_ours(a) -> dict:
-    from rlaif.io.prompts import split
-    from rlaif.stages import ppo
+    from rlaif.io.prompts import split  # noqa: F401 (imported before the memory baseline, as before: run_ours uses it)
+    from rlaif.stages import ppo  # noqa: F401
 
     import_our_libraries(a)
     mark_import_baseline()
-    iterations = a.iterations
     policy_dir, rm_dir = shared_models(Path(a.work), a.size)
-    cfg, device, tokenizer, policy, reference_logprobs, reward_fn, engine, amp = ours_setup(
-        [*GRPO_OVERRIDES, *bench_overrides(a), f"policy.model={policy_dir}"], rm_dir)  # bench's KL weight last
-    rows, per_iteration = split(cfg.data, "train"), a.rollout // GROUP
-    start = clock()
-    for it in range(iterations):
-        chunk = [rows[(it * per_iteration + k) % len(rows)] for k in range(per_iteration)]
-        batch, _, _ = ppo.rollout(cfg, policy, reference_logprobs, tokenizer, reward_fn, chunk, seed=it, device=device,
-                                  kl_coef=a.kl_coef, amp=amp)
-        ppo.update(cfg, engine, ppo.whiten_advantages(cfg, batch), seed=it, kl_coef=a.kl_coef, amp=amp)
-    seconds = clock() - start
-    return {"iterations_per_s": iterations / seconds, "samples_per_s": iterations * a.rollout / seconds}
+    setup = ours_setup([*GRPO_OVERRIDES, *bench_overrides(a), f"policy.model={policy_dir}"], rm_dir)  # KL last
+    return run_ours(setup, a.rollout // GROUP, a.iterations, a.kl_coef, a.rollout)
 
 
 def worker_trl(a) -> dict:

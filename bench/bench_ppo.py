@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import compare_iterations, mark_import_baseline, report_result  # noqa: E402
+from common import PHASES, compare_iterations, mark_import_baseline, report_result  # noqa: E402
 
 from rlaif.distributed import clock  # noqa: E402
 
@@ -146,23 +146,38 @@ def ours_setup(overrides: list[str], rm_dir: Path):
 
 
 def worker_ours(a) -> dict:
-    from rlaif.io.prompts import split
-    from rlaif.stages import ppo
+    from rlaif.io.prompts import split  # noqa: F401 (imported before the memory baseline, as before: run_ours uses it)
+    from rlaif.stages import ppo  # noqa: F401
 
     import_our_libraries(a)
     mark_import_baseline()
     policy_dir, rm_dir = shared_models(Path(a.work), a.size)
-    cfg, device, tokenizer, policy, reference_logprobs, reward_fn, engine, amp = ours_setup(
-        [*bench_overrides(a), f"policy.model={policy_dir}"], rm_dir)  # the demo settings + OVERRIDES: DDP, const LR
-    rows, iterations = split(cfg.data, "train"), a.iterations
+    setup = ours_setup([*bench_overrides(a), f"policy.model={policy_dir}"], rm_dir)  # demo + OVERRIDES: DDP, const LR
+    return run_ours(setup, a.rollout, a.iterations, setup[0].ppo.kl_coef, a.rollout)
+
+
+def run_ours(setup: tuple, prompts_per_iteration: int, iterations: int, kl_coef: float, samples: int) -> dict:
+    """Our side's timed loop, the stage's rollout and update as its iteration runs them: iterations/s, samples/s and
+    each phase's largest peak RSS (rlaif/phases.py)."""
+    from rlaif.io.prompts import split
+    from rlaif.phases import phase
+    from rlaif.stages import ppo
+
+    cfg, device, tokenizer, policy, reference_logprobs, reward_fn, engine, amp = setup
+    rows, peaks = split(cfg.data, "train"), {}
     start = clock()
     for it in range(iterations):
-        chunk = [rows[(it * a.rollout + k) % len(rows)] for k in range(a.rollout)]
-        batch, _, _ = ppo.rollout(cfg, policy, reference_logprobs, tokenizer, reward_fn, chunk, seed=it, device=device,
-                                  kl_coef=cfg.ppo.kl_coef, amp=amp)
-        ppo.update(cfg, engine, ppo.whiten_advantages(cfg, batch), seed=it, kl_coef=cfg.ppo.kl_coef, amp=amp)
+        chunk = [rows[(it * prompts_per_iteration + k) % len(rows)] for k in range(prompts_per_iteration)]
+        batch, _, timings = ppo.rollout(cfg, policy, reference_logprobs, tokenizer, reward_fn, chunk, seed=it,
+                                        device=device, kl_coef=kl_coef, amp=amp)
+        with phase("update", timings):
+            ppo.update(cfg, engine, ppo.whiten_advantages(cfg, batch), seed=it, kl_coef=kl_coef, amp=amp)
+        for name in PHASES:
+            if (key := f"{name}_rss_mib") in timings:
+                peaks[name] = max(peaks.get(name, 0.0), timings[key])
     seconds = clock() - start
-    return {"iterations_per_s": iterations / seconds, "samples_per_s": iterations * a.rollout / seconds}
+    return {"iterations_per_s": iterations / seconds, "samples_per_s": iterations * samples / seconds,
+            "phase_rss_mib": peaks}
 
 
 def worker_trl(a) -> dict:

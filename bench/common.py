@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -14,19 +13,9 @@ from collections.abc import Callable
 
 import torch
 
+from rlaif.phases import peak_gpu_mib, peak_rss_mib  # every phase's: the PPO stage restarts the marks per phase
+
 _baseline_rss_mib: float | None = None
-
-
-def peak_rss_mib() -> float:
-    """This process's peak RSS so far: VmHWM, the high-water mark of its own address space. Not ru_maxrss: Linux
-    carries that over from the parent through fork and exec, so every worker's would start at the driver's RSS (a
-    worker reading ~380 MiB before it imported anything; the driver has imported trl)."""
-    try:
-        with open("/proc/self/status") as status:
-            return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024
-    except (OSError, StopIteration):  # not Linux: ru_maxrss (KiB on Linux, bytes on macOS)
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return peak / 2**20 if sys.platform == "darwin" else peak / 1024
 
 
 def mark_import_baseline() -> None:
@@ -40,10 +29,12 @@ def report_result(result: dict) -> None:
     """Called at the end of a worker process: its result plus its own peak RSS (and the peak above its import
     baseline, when marked), on one parseable line."""
     result["peak_rss_mib"] = peak_rss_mib()
+    phase_peaks = result.pop("phase_rss_mib", {})  # {phase: its largest peak RSS over the iterations}
     if _baseline_rss_mib is not None:
         result["rss_above_baseline_mib"] = result["peak_rss_mib"] - _baseline_rss_mib
+        result.update({f"{name}_above_baseline_mib": mib - _baseline_rss_mib for name, mib in phase_peaks.items()})
     if torch.cuda.is_available():
-        result["peak_gpu_mib"] = torch.cuda.max_memory_allocated() / 2**20
+        result["peak_gpu_mib"] = peak_gpu_mib()
     print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -70,7 +61,9 @@ def side_by_side(script: str, workers: tuple[str, ...], trials: int, args: list[
     return medians
 
 
-MEMORY_KEYS = ("peak_rss_mib", "rss_above_baseline_mib", "peak_gpu_mib")
+PHASES = ("generate", "score", "reference", "update")  # an RL iteration's, as the PPO stage times them
+MEMORY_KEYS = ("peak_rss_mib", "rss_above_baseline_mib", "peak_gpu_mib",
+               *(f"{name}_above_baseline_mib" for name in PHASES))
 
 
 def short(x: float) -> str:
@@ -129,8 +122,12 @@ def compare_iterations(script: str, a, prepare: Callable[[], None], title: str, 
     ratio = (f"| ratio (rlaif / TRL) | {o['iterations_per_s'] / t['iterations_per_s']:.2f}x | | "
              f"{o[mem] / t[mem]:.2f}x" + (f" | {o['rss_above_baseline_mib'] / t['rss_above_baseline_mib']:.2f}x"
                                           if above else "") + " |")
+    by_phase = [f"{name} {o[key]:.0f} ({o['range'][key]})" for name in PHASES
+                if (key := f"{name}_above_baseline_mib") in o]
     append(title, "\n".join([f"| trainer | iterations/s (range) | samples/s | {mem_title}{extra_title} |",
-                             f"|---|---|---|---{extra_rule}|", row(ours, o), row(peer, t), ratio]))
+                             f"|---|---|---|---{extra_rule}|", row(ours, o), row(peer, t), ratio]
+                            + ([f"\n{ours}'s peak RSS above the import baseline by phase, MiB (range): "
+                                + ", ".join(by_phase)] if by_phase else [])))
 
 
 def publish(title: str, table: str, to_benchmarks: bool) -> None:

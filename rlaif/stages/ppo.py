@@ -46,6 +46,7 @@ from rlaif.models.generation import (
 from rlaif.models.policy import PolicyWithValue, build_policy
 from rlaif.models.prompt_text import format_prompts
 from rlaif.models.reward import reward_scorer
+from rlaif.phases import phase, phase_peaks
 from rlaif.progress import progress
 from rlaif.stages.common import StageContext, model_dir
 from rlaif.tracking import Tracker
@@ -94,39 +95,36 @@ def rollout(cfg, policy, reference_logprobs, tokenizer, reward_fn, prompts, seed
     # activations than the update, and their buffers are the sizes the update's reuse.
     micro_rows = micro_batch_rows(settings)
     samples = settings.group_size if grpo else 1
-    t0 = clock()
-    policy.eval()
-    texts = format_prompts(tokenizer, cfg.policy, [p["prompt"] for p in prompts])
-    enc = encode_prompts(tokenizer, texts, device)
-    from_sampling = logprobs_from_sampling(settings, policy.lm, device)
-    with amp(), adapter_folded(policy.lm):
-        sampled = sample(policy.lm, tokenizer, enc, max_new_tokens=settings.max_new_tokens,
-                         temperature=settings.temperature, num_return_sequences=samples, seed=seed,
-                         min_new_tokens=fixed_length_tokens(settings), want_hidden=from_sampling)
-    responses, sampled_hidden = sampled if from_sampling else (sampled, None)
-    # A fixed response width: every rank's tensors line up for the gather before the update.
-    responses = pad_right(responses, settings.max_new_tokens, tokenizer.pad_token_id)
-    mask = response_mask(responses, stop_ids(tokenizer))
-    prompt_ids = enc["input_ids"].repeat_interleave(samples, 0)  # generate() returns a prompt's samples together
-    prompt_mask = enc["attention_mask"].repeat_interleave(samples, 0)
-    timings["generate_s"] = clock() - t0
+    with phase("generate", timings):
+        policy.eval()
+        texts = format_prompts(tokenizer, cfg.policy, [p["prompt"] for p in prompts])
+        enc = encode_prompts(tokenizer, texts, device)
+        from_sampling = logprobs_from_sampling(settings, policy.lm, device)
+        with amp(), adapter_folded(policy.lm):
+            sampled = sample(policy.lm, tokenizer, enc, max_new_tokens=settings.max_new_tokens,
+                             temperature=settings.temperature, num_return_sequences=samples, seed=seed,
+                             min_new_tokens=fixed_length_tokens(settings), want_hidden=from_sampling)
+        responses, sampled_hidden = sampled if from_sampling else (sampled, None)
+        # A fixed response width: every rank's tensors line up for the gather before the update.
+        responses = pad_right(responses, settings.max_new_tokens, tokenizer.pad_token_id)
+        mask = response_mask(responses, stop_ids(tokenizer))
+        prompt_ids = enc["input_ids"].repeat_interleave(samples, 0)  # generate() returns a prompt's samples together
+        prompt_mask = enc["attention_mask"].repeat_interleave(samples, 0)
 
-    t0 = clock()
-    prompt_texts = [p["prompt"] for p in prompts for _ in range(samples)]
-    raw = (reward_fn.score_tokens(prompt_texts, responses, mask, batch_size=micro_rows)
-           if getattr(reward_fn, "token_ids", False)
-           else reward_fn(prompt_texts, decode(tokenizer, responses, mask))).to(device)
-    score = raw.clamp(-settings.reward_clip, settings.reward_clip)
-    ended = (is_stop(responses, stop_ids(tokenizer)) & mask.bool()).any(1)
-    if settings.missing_eos_penalty is not None:
-        score = score - settings.missing_eos_penalty * (~ended).float()
-    timings["score_s"] = clock() - t0
+    with phase("score", timings):
+        prompt_texts = [p["prompt"] for p in prompts for _ in range(samples)]
+        raw = (reward_fn.score_tokens(prompt_texts, responses, mask, batch_size=micro_rows)
+               if getattr(reward_fn, "token_ids", False)
+               else reward_fn(prompt_texts, decode(tokenizer, responses, mask))).to(device)
+        score = raw.clamp(-settings.reward_clip, settings.reward_clip)
+        ended = (is_stop(responses, stop_ids(tokenizer)) & mask.bool()).any(1)
+        if settings.missing_eos_penalty is not None:
+            score = score - settings.missing_eos_penalty * (~ended).float()
 
-    t0 = clock()
-    old_logprobs, ref_logprobs, values = rollout_logprobs(
-        policy, reference_logprobs, dict(prompt_ids=prompt_ids, prompt_mask=prompt_mask, responses=responses,
-                                         mask=mask), sampled_hidden, amp, micro_rows)
-    timings["reference_s"] = clock() - t0
+    with phase("reference", timings):
+        old_logprobs, ref_logprobs, values = rollout_logprobs(
+            policy, reference_logprobs, dict(prompt_ids=prompt_ids, prompt_mask=prompt_mask, responses=responses,
+                                             mask=mask), sampled_hidden, amp, micro_rows)
 
     maskf = mask.float()
     kl = algo.kl_penalty(old_logprobs, ref_logprobs, settings.kl_estimator) * maskf
@@ -326,10 +324,9 @@ def iteration(cfg, engine: Engine, rollouts: Rollouts, controller, it: int, amp)
     settings = cfg.ppo
     t_iter = clock()
     batch, stats, timings = rollouts.get(it, controller.value)
-    t0 = clock()
-    batch = whiten_advantages(cfg, gather_batch(batch, rollouts.tokenizer.pad_token_id))
-    train_stats = update(cfg, engine, batch, seed=cfg.seed + it, kl_coef=controller.value, amp=amp)
-    timings["update_s"] = clock() - t0
+    with phase("update", timings):
+        batch = whiten_advantages(cfg, gather_batch(batch, rollouts.tokenizer.pad_token_id))
+        train_stats = update(cfg, engine, batch, seed=cfg.seed + it, kl_coef=controller.value, amp=amp)
     timings["iteration_s"] = clock() - t_iter
     row = {"iteration": it + 1, **dist.all_reduce_mean({**stats, **train_stats}), "kl_coef": controller.value,
            "samples_per_s": settings.rollout_batch_size / timings["iteration_s"], **timings}
@@ -420,7 +417,8 @@ def export(ctx: StageContext, policy: PolicyWithValue, tokenizer, rows: list[dic
                    "world_size": dist.world_size(),
                    "seconds_per_iteration": sum(r["iteration_s"] for r in rows) / len(rows),
                    "phase_seconds": {k: sum(r[k] for r in rows)
-                                     for k in ("generate_s", "score_s", "reference_s", "update_s")}}
+                                     for k in ("generate_s", "score_s", "reference_s", "update_s")},
+                   **phase_peaks(rows, ("generate", "score", "reference", "update"))}
         kl = f"KL {last['kl']:.3f}" if "kl" in last else "no reference (kl_coef 0)"
         print(f"{settings.algorithm}: reward {first['reward_raw']:.3f} -> {last['reward_raw']:.3f}, {kl}, "
               f"{summary['seconds_per_iteration']:.2f}s/iteration")

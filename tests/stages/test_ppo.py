@@ -134,7 +134,8 @@ def test_kill_minus_nine_of_a_rank_then_resume_matches_uninterrupted(upstream, s
     assert [r["iteration"] for r in rows] == [1, 2, 3, 4]  # the resumed run's log is whole
     assert [r["reward_raw"] for r in rows] == pytest.approx([r["reward_raw"] for r in rows_of(straight)], abs=1e-6)
     for key in ("generate_s", "score_s", "reference_s", "update_s", "kl", "entropy", "clip_frac", "approx_kl",
-                "value_loss", "explained_variance", "response_length", "reward_std"):
+                "value_loss", "explained_variance", "response_length", "reward_std", "generate_rss_mib",
+                "score_rss_mib", "reference_rss_mib", "update_rss_mib"):
         assert key in rows[0], key
     assert (crash / "ppo/tensorboard").is_dir() and (crash / "ppo/reward_kl.png").stat().st_size > 1000
 
@@ -145,6 +146,9 @@ def test_grpo_trains_without_a_critic(upstream, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((run / "ppo/manifest.json").read_text())["summary"]
     assert summary["algorithm"] == "grpo" and summary["world_size"] == 2
+    peaks = summary["phase_peak_rss_mib"]  # what a pod must hold, by phase (rank 0's)
+    assert set(peaks) == {"generate", "score", "reference", "update"}
+    assert all(100 < mib < 8192 for mib in peaks.values())
     row = json.loads((run / "ppo/metrics.jsonl").read_text().splitlines()[-1])
     assert "kl_loss" in row and "value_loss" not in row and "explained_variance" not in row
     assert (run / "ppo/policy/model.safetensors").exists() and (run / "ppo/adapter/adapter_model.safetensors").exists()

@@ -1,0 +1,93 @@
+"""A stage's phases timed and their peak memory measured: `with phase("update", row):` puts the phase's seconds in
+row["update_s"] and its own peak memory in row["update_rss_mib"] (the process's resident set, Linux) and, on a GPU,
+row["update_gpu_mib"] (memory allocated by torch). What a pod must hold is the largest of them.
+
+A phase's own peak: Linux keeps one high-water mark of the resident set per process (VmHWM); writing 5 to
+/proc/self/clear_refs sets it back to the current RSS, so the mark read at a phase's end is that phase's peak.
+peak_rss_mib() and peak_gpu_mib() still count the peaks from before each restart (a benchmark reads the whole
+process's peaks from them).
+"""
+from __future__ import annotations
+
+import contextlib
+import resource
+import sys
+import threading
+
+import torch
+
+from rlaif.distributed import clock
+
+_peak_before_resets_mib = _gpu_peak_before_resets_mib = 0.0
+
+
+def _status_mib(field: str) -> float | None:
+    """A /proc/self/status memory field (VmHWM, VmRSS) in MiB; None where there is none (not Linux)."""
+    try:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) for line in status if line.startswith(field + ":")) / 1024
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+def peak_rss_mib() -> float:
+    """This process's peak RSS so far, over every phase. VmHWM, not ru_maxrss: Linux carries that over from the
+    parent through fork and exec (a worker would start at its launcher's RSS); ru_maxrss where there is no VmHWM."""
+    mark = _status_mib("VmHWM")
+    if mark is None:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak / 2**20 if sys.platform == "darwin" else peak / 1024
+    return max(mark, _peak_before_resets_mib)
+
+
+def peak_gpu_mib() -> float:
+    """The GPU memory torch has allocated at most in this process so far, over every phase."""
+    return max(torch.cuda.max_memory_allocated() / 2**20, _gpu_peak_before_resets_mib)
+
+
+def _restart_peaks() -> bool:
+    """The high-water marks start again from now (RSS and the GPU's allocated memory); False where RSS's cannot."""
+    global _peak_before_resets_mib, _gpu_peak_before_resets_mib
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        _gpu_peak_before_resets_mib = peak_gpu_mib()
+        torch.cuda.reset_peak_memory_stats()
+    mark = _status_mib("VmHWM")
+    if mark is None:
+        return False
+    _peak_before_resets_mib = max(_peak_before_resets_mib, mark)
+    try:
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")  # 5: the peak RSS only (1-4 would walk the page tables)
+    except OSError:  # a kernel or sandbox that refuses it: the mark is then the process's peak so far
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def phase(name: str, row: dict):
+    """Times the block into row[f"{name}_s"]; in the main thread also its peak memory in MiB: row[f"{name}_rss_mib"]
+    (that phase's own where Linux lets the mark restart, else the peak so far) and, on a GPU, row[f"{name}_gpu_mib"].
+    Another thread's phases (an asynchronous rollout's) run beside the main thread's: they are timed only."""
+    measured = threading.current_thread() is threading.main_thread()
+    if measured:
+        _restart_peaks()
+    start = clock()
+    yield
+    row[f"{name}_s"] = clock() - start
+    if not measured:
+        return
+    if (mark := _status_mib("VmHWM")) is not None:
+        row[f"{name}_rss_mib"] = mark
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        row[f"{name}_gpu_mib"] = torch.cuda.max_memory_allocated() / 2**20
+
+
+def phase_peaks(rows: list[dict], names: tuple[str, ...]) -> dict:
+    """A stage summary's peak memory by phase over its rows (iterations), in MiB: {"phase_peak_rss_mib": {name:
+    MiB}} and, where a GPU's was measured, "phase_peak_gpu_mib"; a phase never measured is left out."""
+    peaks = {}
+    for kind in ("rss", "gpu"):
+        measured = {name: [row[f"{name}_{kind}_mib"] for row in rows if f"{name}_{kind}_mib" in row] for name in names}
+        if by_phase := {name: max(values) for name, values in measured.items() if values}:
+            peaks[f"phase_peak_{kind}_mib"] = by_phase
+    return peaks
