@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import PHASES, compare_iterations, mark_import_baseline, report_result  # noqa: E402
+from common import compare_iterations, mark_import_baseline, report_result  # noqa: E402
 
 from rlaif.distributed import clock  # noqa: E402
 
@@ -158,9 +158,9 @@ def worker_ours(a) -> dict:
 
 def run_ours(setup: tuple, prompts_per_iteration: int, iterations: int, kl_coef: float, samples: int) -> dict:
     """Our side's timed loop, the stage's rollout and update as its iteration runs them: iterations/s, samples/s and
-    each phase's largest peak RSS (rlaif/phases.py)."""
+    each phase's peak RSS in the first iteration (rlaif/phases.py)."""
     from rlaif.io.prompts import split
-    from rlaif.phases import phase
+    from rlaif.phases import RL_PHASES, phase
     from rlaif.stages import ppo
 
     cfg, device, tokenizer, policy, reference_logprobs, reward_fn, engine, amp = setup
@@ -172,9 +172,8 @@ def run_ours(setup: tuple, prompts_per_iteration: int, iterations: int, kl_coef:
                                         device=device, kl_coef=kl_coef, amp=amp)
         with phase("update", timings):
             ppo.update(cfg, engine, ppo.whiten_advantages(cfg, batch), seed=it, kl_coef=kl_coef, amp=amp)
-        for name in PHASES:
-            if (key := f"{name}_rss_mib") in timings:
-                peaks[name] = max(peaks.get(name, 0.0), timings[key])
+        if it == 0:  # later iterations start from the memory glibc kept from the first one's frees
+            peaks = {name: timings[f"{name}_rss_mib"] for name in RL_PHASES if f"{name}_rss_mib" in timings}
     seconds = clock() - start
     return {"iterations_per_s": iterations / seconds, "samples_per_s": iterations * samples / seconds,
             "phase_rss_mib": peaks}

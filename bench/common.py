@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from rlaif.phases import peak_gpu_mib, peak_rss_mib  # every phase's: the PPO stage restarts the marks per phase
+from rlaif.phases import RL_PHASES, peak_gpu_mib, peak_rss_mib  # the PPO stage restarts the marks per phase
 
 _baseline_rss_mib: float | None = None
 
@@ -29,7 +29,7 @@ def report_result(result: dict) -> None:
     """Called at the end of a worker process: its result plus its own peak RSS (and the peak above its import
     baseline, when marked), on one parseable line."""
     result["peak_rss_mib"] = peak_rss_mib()
-    phase_peaks = result.pop("phase_rss_mib", {})  # {phase: its largest peak RSS over the iterations}
+    phase_peaks = result.pop("phase_rss_mib", {})  # {phase: its peak RSS in the first iteration}
     if _baseline_rss_mib is not None:
         result["rss_above_baseline_mib"] = result["peak_rss_mib"] - _baseline_rss_mib
         result.update({f"{name}_above_baseline_mib": mib - _baseline_rss_mib for name, mib in phase_peaks.items()})
@@ -61,9 +61,8 @@ def side_by_side(script: str, workers: tuple[str, ...], trials: int, args: list[
     return medians
 
 
-PHASES = ("generate", "score", "reference", "update")  # an RL iteration's, as the PPO stage times them
 MEMORY_KEYS = ("peak_rss_mib", "rss_above_baseline_mib", "peak_gpu_mib",
-               *(f"{name}_above_baseline_mib" for name in PHASES))
+               *(f"{name}_above_baseline_mib" for name in RL_PHASES))
 
 
 def short(x: float) -> str:
@@ -122,12 +121,12 @@ def compare_iterations(script: str, a, prepare: Callable[[], None], title: str, 
     ratio = (f"| ratio (rlaif / TRL) | {o['iterations_per_s'] / t['iterations_per_s']:.2f}x | | "
              f"{o[mem] / t[mem]:.2f}x" + (f" | {o['rss_above_baseline_mib'] / t['rss_above_baseline_mib']:.2f}x"
                                           if above else "") + " |")
-    by_phase = [f"{name} {o[key]:.0f} ({o['range'][key]})" for name in PHASES
+    by_phase = [f"{name} {o[key]:.0f} ({o['range'][key]})" for name in RL_PHASES
                 if (key := f"{name}_above_baseline_mib") in o]
     append(title, "\n".join([f"| trainer | iterations/s (range) | samples/s | {mem_title}{extra_title} |",
                              f"|---|---|---|---{extra_rule}|", row(ours, o), row(peer, t), ratio]
-                            + ([f"\n{ours}'s peak RSS above the import baseline by phase, MiB (range): "
-                                + ", ".join(by_phase)] if by_phase else [])))
+                            + ([f"\n{ours}'s peak RSS above the import baseline by phase in its first iteration, "
+                                f"MiB (range): {', '.join(by_phase)}"] if by_phase else [])))
 
 
 def publish(title: str, table: str, to_benchmarks: bool) -> None:

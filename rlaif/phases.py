@@ -1,11 +1,13 @@
 """A stage's phases timed and their peak memory measured: `with phase("update", row):` puts the phase's seconds in
 row["update_s"] and its own peak memory in row["update_rss_mib"] (the process's resident set, Linux) and, on a GPU,
-row["update_gpu_mib"] (memory allocated by torch). What a pod must hold is the largest of them.
+row["update_gpu_mib"] (memory torch allocated; not its cache's reserve or the CUDA context). Phases do not nest.
 
 A phase's own peak: Linux keeps one high-water mark of the resident set per process (VmHWM); writing 5 to
-/proc/self/clear_refs sets it back to the current RSS, so the mark read at a phase's end is that phase's peak.
-peak_rss_mib() and peak_gpu_mib() still count the peaks from before each restart (a benchmark reads the whole
-process's peaks from them).
+/proc/self/clear_refs sets it back to the current RSS, so the mark read at a phase's end is that phase's peak. That
+same mark is what getrusage's ru_maxrss, a parent's wait4 and `/usr/bin/time -v` report: after a phase they show only
+the peak since it began. peak_rss_mib() and peak_gpu_mib() count the peaks from before each restart too (a benchmark
+reads the whole process's peaks from them); a library that resets torch's GPU peak itself (DeepSpeed's empty_cache)
+hides what came before from both.
 """
 from __future__ import annotations
 
@@ -58,28 +60,31 @@ def _restart_peaks() -> bool:
     try:
         with open("/proc/self/clear_refs", "w") as clear:
             clear.write("5")  # 5: the peak RSS only (1-4 would walk the page tables)
-    except OSError:  # a kernel or sandbox that refuses it: the mark is then the process's peak so far
+    except OSError:  # a kernel or sandbox that refuses it: no phase's own RSS peak is recorded
         return False
     return True
 
 
 @contextlib.contextmanager
 def phase(name: str, row: dict):
-    """Times the block into row[f"{name}_s"]; in the main thread also its peak memory in MiB: row[f"{name}_rss_mib"]
-    (that phase's own where Linux lets the mark restart, else the peak so far) and, on a GPU, row[f"{name}_gpu_mib"].
-    Another thread's phases (an asynchronous rollout's) run beside the main thread's: they are timed only."""
-    measured = threading.current_thread() is threading.main_thread()
-    if measured:
-        _restart_peaks()
+    """Times the block into row[f"{name}_s"]; in the main thread also its own peak memory in MiB:
+    row[f"{name}_rss_mib"] (where Linux lets the mark restart) and, on a GPU, row[f"{name}_gpu_mib"]. Another
+    thread's phases (an asynchronous rollout's) are timed only; they run beside the main thread's, whose peaks then
+    include theirs (both marks are the process's)."""
+    main_thread = threading.current_thread() is threading.main_thread()
+    restarted = main_thread and _restart_peaks()
     start = clock()
     yield
     row[f"{name}_s"] = clock() - start
-    if not measured:
+    if not main_thread:
         return
-    if (mark := _status_mib("VmHWM")) is not None:
+    if restarted and (mark := _status_mib("VmHWM")) is not None:
         row[f"{name}_rss_mib"] = mark
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         row[f"{name}_gpu_mib"] = torch.cuda.max_memory_allocated() / 2**20
+
+
+RL_PHASES = ("generate", "score", "reference", "update")  # a PPO or GRPO iteration's
 
 
 def phase_peaks(rows: list[dict], names: tuple[str, ...]) -> dict:
@@ -91,3 +96,10 @@ def phase_peaks(rows: list[dict], names: tuple[str, ...]) -> dict:
         if by_phase := {name: max(values) for name, values in measured.items() if values}:
             peaks[f"phase_peak_{kind}_mib"] = by_phase
     return peaks
+
+
+def process_peaks() -> dict:
+    """A summary's whole-process peaks so far, in MiB (model loading and export included): "peak_rss_mib" and,
+    where torch has used a GPU, "peak_gpu_mib"."""
+    gpu = torch.cuda.is_available() and torch.cuda.is_initialized()
+    return {"peak_rss_mib": peak_rss_mib(), **({"peak_gpu_mib": peak_gpu_mib()} if gpu else {})}

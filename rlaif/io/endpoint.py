@@ -37,23 +37,30 @@ def get(url: str, timeout_s: float, headers: dict | None = None, proxies: bool =
 
 def post_json(url: str, body: dict, timeout_s: float, headers: dict | None = None,
               proxies: bool = True) -> tuple[int, bytes]:
-    """(HTTP status, body) of one POST of `body` as JSON, as `get` answers."""
+    """(HTTP status, body) of one POST of `body` as JSON, as `get` answers. A redirect is an answer too (3xx), not
+    followed: urllib would resend the POST as a GET with our Authorization header, to any host."""
     headers = {**(headers or {}), "Content-Type": "application/json"}
     return _answer(urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST"),
-                   timeout_s, proxies)
+                   timeout_s, proxies, _NotFollowed())
 
 
-def _answer(request: urllib.request.Request, timeout_s: float, proxies: bool) -> tuple[int, bytes]:
-    handlers = [] if proxies else [urllib.request.ProxyHandler({})]
-    opener = urllib.request.build_opener(*handlers)
+class _NotFollowed(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None  # urllib then raises the 3xx as an HTTPError: an answer
+
+
+def _answer(request: urllib.request.Request, timeout_s: float, proxies: bool,
+            *handlers: urllib.request.BaseHandler) -> tuple[int, bytes]:
+    opener = urllib.request.build_opener(*handlers, *([] if proxies else [urllib.request.ProxyHandler({})]))
     try:
         with opener.open(request, timeout=timeout_s) as response:
             return response.status, response.read(MAX_BODY_BYTES)
     except urllib.error.HTTPError as answer:
-        try:
-            return answer.code, answer.read(MAX_BODY_BYTES)
-        except (OSError, http.client.HTTPException):  # the status came; its body did not
-            return answer.code, b""
+        with answer:
+            try:
+                return answer.code, answer.read(MAX_BODY_BYTES)
+            except (OSError, http.client.HTTPException):  # the status came; its body did not
+                return answer.code, b""
     except (OSError, ValueError, http.client.HTTPException) as exc:  # URLError and TimeoutError are OSErrors
         raise NoAnswer(_why(exc, timeout_s), silent=isinstance(getattr(exc, "reason", exc), TimeoutError)) from None
 

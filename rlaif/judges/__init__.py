@@ -57,8 +57,8 @@ def judge_scorer(cfg):
 def check_services(cfg, stage: str) -> None:
     """Before label, or evaluate (which asks label's judge too), runs: no judge behind an HTTP endpoint is down,
     refuses our key or speaks something other than JSON (ServiceClient.check_answers), and an endpoint judge's
-    service takes its request for its model (OpenAIJudge.check_serves_model). Else label would find out only after
-    generate had run."""
+    service takes its request for its model (OpenAIJudge.check_serves_model, which asks both). Else label would find
+    out only after generate had run."""
     from rlaif.serving.client import ServiceClient
 
     further = [(judge.setting, judge) for judge in cfg.evaluate.judges] if stage == "evaluate" else []
@@ -66,7 +66,6 @@ def check_services(cfg, stage: str) -> None:
         if judge.judge == "openai":
             from rlaif.judges.openai import OpenAIJudge
 
-            endpoint_judge = OpenAIJudge(judge)
-            endpoint_judge.check_serves_model(endpoint_judge.client.check_answers())
+            OpenAIJudge(judge).check_serves_model()
         elif judge.pod_judge == "served":  # which model it serves: checked when label starts
             ServiceClient(judge.hf.endpoint, f"{where}.hf.endpoint").check_answers()

@@ -87,28 +87,31 @@ class OpenAIJudge:
         self.stats["answers_unreadable"] += 1
         return 0.5
 
-    def check_serves_model(self, listed: list[str] | None) -> None:
-        """Before any work: the service takes this judge's own one-token request for its model (`listed`: the ids
-        its /models gave, where naming the model is enough). A server that lists one model and answers any name (TGI,
-        llama.cpp) passes by the request; an unknown name (OpenAI, vLLM, Ollama: HTTP 404), a route it lacks (a chat
-        model's completions) or a field it does not take is refused here, not after generate has run. What the
-        stage's requests wait out or retry passes: silence, 429 and 5xx."""
-        if listed and self.cfg.model in listed:
+    def check_serves_model(self) -> None:
+        """Before any work: the service takes this judge's own one-token request for its model. Where its /models
+        lists the model and the judge speaks `chat`, nothing is sent (route and fields are then found by label's
+        first request); `completions` is always tried (OpenAI lists chat models that its completions route refuses).
+        A server that lists one model and answers any name (TGI, llama.cpp) passes by the request; an unknown name
+        (OpenAI, vLLM, Ollama: HTTP 404), a route it lacks (a base_url short of the API root), a field it does not
+        take or a reply label could not read is refused here, not after generate has run. What label's requests
+        wait out or retry passes: silence, 429, 500, 502, 503, 504; so does a redirect (not followed)."""
+        answered, listed = self.client.check_answers()
+        if not answered or (listed and self.cfg.model in listed and self.cfg.api == "chat"):
             return
         text = prompting.pairwise_prompt(self.settings.preamble, "Prefer the correct answer.", self.examples,
                                          "What is 2 + 2?", "4", "5", chain_of_thought=False)
         answer = self.client.ask_once(self.path, self._body(text, 1, want_logprobs=True))
-        if answer is None or answer[0] in RETRYABLE:
+        if answer is None or answer[0] in RETRYABLE or 300 <= answer[0] < 400:
             return
         (status, body), section = answer, self.client.section
         if status == 200:
             self._parse(self.client.json_body(self.url, body))  # a reply label could not read: refused now
             return
         served = f" (its /models lists {', '.join(listed[:5])}{', ...' if len(listed) > 5 else ''})" if listed else ""
-        key = " and the API key" if status in (401, 403) else ""
+        key = f", the API key ({self.client.key_named()})" if status in (401, 403) else ""
         raise UserError(f"{redact(self.url)} refused a one-token request for model {self.cfg.model!r} with HTTP "
                         f"{status}: {one_line(body.decode(errors='replace'), 200)!r}{served}: check {section}.model, "
-                        f"{section}.api{key}")
+                        f"{section}.api{key} and {section}.base_url (the API root, e.g. http://vllm:8000/v1)")
 
     def _body(self, text: str, max_tokens: int, want_logprobs: bool) -> dict:
         body = {"model": self.cfg.model, "max_tokens": max_tokens, "temperature": 0.0}

@@ -1,6 +1,6 @@
 """Calling an OpenAI-compatible service from a stage: bounded concurrency, a timeout per request, and retries with
-exponential backoff (or the server's Retry-After) on timeouts, connection errors, 429 and 5xx, so a replica that dies
-mid-request, or a service that scales, costs a retry and never a result."""
+exponential backoff (or the server's Retry-After) on timeouts, connection errors, 429, 500, 502, 503 and 504, so a
+replica that dies mid-request, or a service that scales, costs a retry and never a result."""
 from __future__ import annotations
 
 import asyncio
@@ -57,30 +57,33 @@ class ServiceClient:
             raise UserError(f"the service at {redact(self.base_url + path)} did not answer as a model service ({exc}): "
                             f"check {self.section}.base_url") from None
 
-    def check_answers(self) -> list[str] | None:
+    def check_answers(self) -> tuple[bool, list[str] | None]:
         """Before any work: a service that is there (refused or unresolvable: not) takes our key and speaks JSON.
-        What the stage's requests wait out or retry passes: silence (a service scaled to zero, warming up), 429 and
-        5xx; so does a service without /models (404, 405): the first request will tell. Returns the model ids its
-        /models lists, None where it listed none."""
+        What the stage's requests wait out or retry passes: silence (a service scaled to zero, warming up), 429,
+        500, 502, 503 and 504; so does a service without /models (404, 405): the first request will tell. Returns
+        (whether it answered, the model ids its /models lists or None)."""
         from rlaif.io.endpoint import MAX_BODY_BYTES
 
         answer = self._ask("/models", silence_ok=True)
         if answer is None:
-            return None
+            return False, None
         (status, body), url = answer, redact(self.base_url + "/models")
         if status in (401, 403):
-            key = f"${self.settings.api_key_env}" if self.settings.api_key_env else "no key (api_key_env is empty)"
-            raise UserError(f"{url} refused the request with HTTP {status}: check the API key ({key}) and "
-                            f"{self.section}.base_url")
+            raise UserError(f"{url} refused the request with HTTP {status}: check the API key ({self.key_named()}) "
+                            f"and {self.section}.base_url")
         if status != 200 or len(body) >= MAX_BODY_BYTES:  # a longer model list was cut off: not judged
-            return None
+            return True, None
         try:
             listed = json.loads(body)
         except ValueError:
             raise self._not_json(url, body) from None
         entries = listed.get("data") if isinstance(listed, dict) else None
-        return [entry["id"] for entry in entries if isinstance(entry, dict) and isinstance(entry.get("id"), str)] \
-            if isinstance(entries, list) else None
+        return True, ([entry["id"] for entry in entries if isinstance(entry, dict) and isinstance(entry.get("id"), str)]
+                      if isinstance(entries, list) else None)
+
+    def key_named(self) -> str:
+        """The API key as an error line names it: its variable, or that none is sent."""
+        return f"${self.settings.api_key_env}" if self.settings.api_key_env else "no key (api_key_env is empty)"
 
     def ask_once(self, path: str, body: dict) -> tuple[int, bytes] | None:
         """One bounded POST, not retried, for checks before any work: (status, body), or None where the service is

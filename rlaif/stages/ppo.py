@@ -46,7 +46,7 @@ from rlaif.models.generation import (
 from rlaif.models.policy import PolicyWithValue, build_policy
 from rlaif.models.prompt_text import format_prompts
 from rlaif.models.reward import reward_scorer
-from rlaif.phases import phase, phase_peaks
+from rlaif.phases import RL_PHASES, phase, phase_peaks, process_peaks
 from rlaif.progress import progress
 from rlaif.stages.common import StageContext, model_dir
 from rlaif.tracking import Tracker
@@ -416,9 +416,8 @@ def export(ctx: StageContext, policy: PolicyWithValue, tokenizer, rows: list[dic
                    "reward_first": first["reward_raw"], "reward_last": last["reward_raw"], "kl_last": last.get("kl"),
                    "world_size": dist.world_size(),
                    "seconds_per_iteration": sum(r["iteration_s"] for r in rows) / len(rows),
-                   "phase_seconds": {k: sum(r[k] for r in rows)
-                                     for k in ("generate_s", "score_s", "reference_s", "update_s")},
-                   **phase_peaks(rows, ("generate", "score", "reference", "update"))}
+                   "phase_seconds": {f"{name}_s": sum(r[f"{name}_s"] for r in rows) for name in RL_PHASES},
+                   **phase_peaks(rows, RL_PHASES), **process_peaks()}
         kl = f"KL {last['kl']:.3f}" if "kl" in last else "no reference (kl_coef 0)"
         print(f"{settings.algorithm}: reward {first['reward_raw']:.3f} -> {last['reward_raw']:.3f}, {kl}, "
               f"{summary['seconds_per_iteration']:.2f}s/iteration")

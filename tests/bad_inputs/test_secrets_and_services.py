@@ -1,6 +1,7 @@
 """Credentials never reach an error line (a URL's user, password, query and fragment values; any credential in the
 environment or sent by us, even where a server echoes it back), URLs that would carry them are refused in the
 config, and a judge behind an HTTP endpoint that is down, refuses our key or is no API is refused before generate."""
+import contextlib
 import http.server
 import json
 import threading
@@ -124,30 +125,37 @@ def test_what_the_stage_waits_out_or_retries_passes_the_check(server, mode):
 
 class _ModelServer(http.server.BaseHTTPRequestHandler):
     """/models lists SERVED; a completion request answers as `mode` says: 'named' (vLLM, OpenAI, Ollama: 404 for a
-    model it does not serve), 'any' (TGI, llama.cpp: any name), 'busy' (503), 'garbage' (200 with no choices)."""
+    model it does not serve), 'any' (TGI, llama.cpp: any name), 'busy' (503), 'garbage' (200 with no choices),
+    'redirect' (307 elsewhere), 'noroute' (a base_url short of the API root: 404 for /models and completions)."""
     mode, posts = "named", []
 
     def do_GET(self):  # noqa: N802 (the standard library's name)
+        if self.mode == "noroute":
+            return self._reply(404, {"detail": "Not Found"})
         self._reply(200, {"object": "list", "data": [{"id": SERVED, "object": "model"}]})
 
     def do_POST(self):  # noqa: N802
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.posts.append({"path": self.path, "body": body})
-        if self.mode == "busy":
-            return self._reply(503, {"error": "loading"})
-        if self.mode == "garbage":
-            return self._reply(200, {"object": "chat.completion"})
+        if self.mode in ("busy", "garbage", "redirect", "noroute"):
+            status, payload = {"busy": (503, {"error": "loading"}), "garbage": (200, {"object": "chat.completion"}),
+                               "redirect": (307, {}), "noroute": (404, {"detail": "Not Found"})}[self.mode]
+            return self._reply(status, payload, location="http://127.0.0.1:9/v1/chat/completions")
         if self.mode == "named" and body["model"] != SERVED:
             return self._reply(404, {"error": {"message": f"The model `{body['model']}` does not exist.",
                                                "code": "model_not_found"}})
-        top = [{"token": "1", "logprob": -0.1}, {"token": "2", "logprob": -2.4}]
-        answer = {"token": "1", "logprob": -0.1, "top_logprobs": top}
-        self._reply(200, {"choices": [{"message": {"role": "assistant", "content": "1"},
-                                       "logprobs": {"content": [answer]}}]})
+        if self.path.endswith("/chat/completions"):
+            top = [{"token": "1", "logprob": -0.1}, {"token": "2", "logprob": -2.4}]
+            answer = {"token": "1", "logprob": -0.1, "top_logprobs": top}
+            return self._reply(200, {"choices": [{"message": {"role": "assistant", "content": "1"},
+                                                  "logprobs": {"content": [answer]}}]})
+        self._reply(200, {"choices": [{"text": "1", "logprobs": {"tokens": ["1"], "top_logprobs": [{"1": -0.1}]}}]})
 
-    def _reply(self, status: int, payload: dict):
+    def _reply(self, status: int, payload: dict, location: str = ""):
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
+        if 300 <= status < 400:
+            self.send_header("Location", location)
         self.end_headers()
         self.wfile.write(json.dumps(payload).encode())
 
@@ -184,20 +192,62 @@ def test_a_judge_model_the_service_does_not_serve_is_refused_before_generate(cli
     assert not (tmp_path / "root/tiny/generate").exists()
 
 
-@pytest.mark.parametrize("mode, model, posts_expected", [
-    ("named", SERVED, 0),  # named in /models: nothing sent
-    ("any", "whatever-name", 1),  # a server that answers any name: the request passes
-    ("busy", "other", 1),  # warming up: label's requests wait and retry
+@pytest.mark.parametrize("mode, model, api, posts_expected", [
+    ("named", SERVED, "chat", 0),  # named in /models: nothing sent
+    ("named", SERVED, "completions", 1),  # OpenAI lists chat models its completions route refuses: asked
+    ("any", "whatever-name", "chat", 1),  # a server that answers any name: the request passes
+    ("busy", "other", "chat", 1),  # warming up: label's requests wait and retry
+    ("redirect", "other", "chat", 1),  # not followed (urllib would resend our key as a GET to any host)
 ])
-def test_a_judge_model_the_service_takes_passes_the_check(model_server, mode, model, posts_expected):
+def test_a_judge_model_the_service_takes_passes_the_check(model_server, mode, model, api, posts_expected):
     from rlaif.config import load_config
     from rlaif.judges import check_services
 
     base_url, posts = model_server(mode)
     cfg = load_config(TINY, ["label.judge=openai", f"label.openai.base_url={base_url}", f"label.openai.model={model}",
-                             "label.openai.api_key_env=''", "label.openai.api=chat"])
+                             "label.openai.api_key_env=''", f"label.openai.api={api}"])
     check_services(cfg, "label")
     assert len(posts) == posts_expected
+    if api == "completions":
+        assert posts[0]["path"] == "/v1/completions" and posts[0]["body"]["max_tokens"] == 1
+        assert "prompt" in posts[0]["body"] and isinstance(posts[0]["body"]["logprobs"], int)
+
+
+def test_a_base_url_short_of_the_api_root_is_named(model_server):
+    from rlaif.config import load_config
+    from rlaif.errors import UserError
+    from rlaif.judges import check_services
+
+    base_url, _ = model_server("noroute")
+    cfg = load_config(TINY, ["label.judge=openai", f"label.openai.base_url={base_url}", "label.openai.model=m",
+                             "label.openai.api_key_env=''", "label.openai.api=chat"])
+    with pytest.raises(UserError, match=r"with HTTP 404: .*Not Found.* check label.openai.model, label.openai.api "
+                                        r"and label.openai.base_url \(the API root"):
+        check_services(cfg, "label")
+
+
+def test_a_silent_service_is_asked_once():
+    """Silence is what a service warming up does: the check lets it pass after its GET, with no POST to wait for."""
+    import socket
+
+    from rlaif.config import load_config
+    from rlaif.judges import check_services
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        base_url = f"http://127.0.0.1:{silent.getsockname()[1]}/v1"
+        cfg = load_config(TINY, ["label.judge=openai", f"label.openai.base_url={base_url}", "label.openai.model=m",
+                                 "label.openai.api_key_env=''", "label.openai.timeout_s=0.5"])
+        check_services(cfg, "label")
+        silent.setblocking(False)
+        connections = []
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                connections.append(silent.accept()[0])
+        assert len(connections) == 1  # the GET of /models; no POST after it
+        for connection in connections:
+            connection.close()
 
 
 def test_a_reply_label_could_not_read_is_refused_before_generate(model_server):

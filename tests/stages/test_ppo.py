@@ -149,6 +149,7 @@ def test_grpo_trains_without_a_critic(upstream, tmp_path):
     peaks = summary["phase_peak_rss_mib"]  # what a pod must hold, by phase (rank 0's)
     assert set(peaks) == {"generate", "score", "reference", "update"}
     assert all(100 < mib < 8192 for mib in peaks.values())
+    assert summary["peak_rss_mib"] >= max(peaks.values())  # the whole process's: loading and export too
     row = json.loads((run / "ppo/metrics.jsonl").read_text().splitlines()[-1])
     assert "kl_loss" in row and "value_loss" not in row and "explained_variance" not in row
     assert (run / "ppo/policy/model.safetensors").exists() and (run / "ppo/adapter/adapter_model.safetensors").exists()

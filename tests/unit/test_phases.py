@@ -45,3 +45,14 @@ def test_the_summary_takes_each_phase_s_largest_peak():
     assert phase_peaks(rows, ("generate", "score", "update")) == {
         "phase_peak_rss_mib": {"generate": 500.0, "update": 950.0}}
     assert phase_peaks([{"update_s": 1.0}], ("update",)) == {}
+
+
+def test_no_phase_peak_is_recorded_where_the_mark_cannot_restart(monkeypatch):
+    """A sandbox that refuses clear_refs: the mark would be the process's peak so far, not the phase's own."""
+    import rlaif.phases
+
+    monkeypatch.setattr(rlaif.phases, "_restart_peaks", lambda: False)
+    row = {}
+    with phase("update", row):
+        pass
+    assert "update_s" in row and "update_rss_mib" not in row
