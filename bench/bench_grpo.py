@@ -46,7 +46,7 @@ def worker_ours(a) -> dict:
     mark_import_baseline()
     policy_dir, rm_dir = shared_models(Path(a.work), a.size)
     setup = ours_setup([*GRPO_OVERRIDES, *bench_overrides(a), f"policy.model={policy_dir}"], rm_dir)  # KL last
-    return run_ours(setup, a.rollout // GROUP, a.iterations, a.kl_coef, a.rollout)
+    return run_ours(setup, a.iterations)
 
 
 def worker_trl(a) -> dict:

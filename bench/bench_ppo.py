@@ -153,21 +153,22 @@ def worker_ours(a) -> dict:
     mark_import_baseline()
     policy_dir, rm_dir = shared_models(Path(a.work), a.size)
     setup = ours_setup([*bench_overrides(a), f"policy.model={policy_dir}"], rm_dir)  # demo + OVERRIDES: DDP, const LR
-    return run_ours(setup, a.rollout, a.iterations, setup[0].ppo.kl_coef, a.rollout)
+    return run_ours(setup, a.iterations)
 
 
-def run_ours(setup: tuple, prompts_per_iteration: int, iterations: int, kl_coef: float, samples: int) -> dict:
-    """Our side's timed loop, the stage's rollout and update as its iteration runs them: iterations/s, samples/s and
-    each phase's peak RSS in the first iteration (rlaif/phases.py)."""
+def run_ours(setup: tuple, iterations: int) -> dict:
+    """Our side's timed loop, the stage's rollout and update as its iteration runs them, with the config's batch and
+    KL weight: iterations/s, samples/s and each phase's peak RSS in the first iteration (rlaif/phases.py)."""
     from rlaif.io.prompts import split
     from rlaif.phases import RL_PHASES, phase
     from rlaif.stages import ppo
 
     cfg, device, tokenizer, policy, reference_logprobs, reward_fn, engine, amp = setup
-    rows, peaks = split(cfg.data, "train"), {}
+    rows, peaks, kl_coef = split(cfg.data, "train"), {}, cfg.ppo.kl_coef
+    per_iteration = ppo.prompts_per_iteration(cfg.ppo)
     start = clock()
     for it in range(iterations):
-        chunk = [rows[(it * prompts_per_iteration + k) % len(rows)] for k in range(prompts_per_iteration)]
+        chunk = [rows[(it * per_iteration + k) % len(rows)] for k in range(per_iteration)]
         batch, _, timings = ppo.rollout(cfg, policy, reference_logprobs, tokenizer, reward_fn, chunk, seed=it,
                                         device=device, kl_coef=kl_coef, amp=amp)
         with phase("update", timings):
@@ -175,8 +176,8 @@ def run_ours(setup: tuple, prompts_per_iteration: int, iterations: int, kl_coef:
         if it == 0:  # later iterations start from the memory glibc kept from the first one's frees
             peaks = {name: timings[f"{name}_rss_mib"] for name in RL_PHASES if f"{name}_rss_mib" in timings}
     seconds = clock() - start
-    return {"iterations_per_s": iterations / seconds, "samples_per_s": iterations * samples / seconds,
-            "phase_rss_mib": peaks}
+    return {"iterations_per_s": iterations / seconds,
+            "samples_per_s": iterations * cfg.ppo.rollout_batch_size / seconds, "phase_rss_mib": peaks}
 
 
 def worker_trl(a) -> dict:

@@ -32,6 +32,11 @@ def _status_mib(field: str) -> float | None:
         return None
 
 
+def _gpu_in_use() -> bool:
+    """torch has set up a GPU in this process (its peak stats exist); checking never sets one up."""
+    return torch.cuda.is_available() and torch.cuda.is_initialized()
+
+
 def peak_rss_mib() -> float:
     """This process's peak RSS so far, over every phase. VmHWM, not ru_maxrss: Linux carries that over from the
     parent through fork and exec (a worker would start at its launcher's RSS); ru_maxrss where there is no VmHWM."""
@@ -50,7 +55,7 @@ def peak_gpu_mib() -> float:
 def _restart_peaks() -> bool:
     """The high-water marks start again from now (RSS and the GPU's allocated memory); False where RSS's cannot."""
     global _peak_before_resets_mib, _gpu_peak_before_resets_mib
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if _gpu_in_use():
         _gpu_peak_before_resets_mib = peak_gpu_mib()
         torch.cuda.reset_peak_memory_stats()
     mark = _status_mib("VmHWM")
@@ -80,7 +85,7 @@ def phase(name: str, row: dict):
         return
     if restarted and (mark := _status_mib("VmHWM")) is not None:
         row[f"{name}_rss_mib"] = mark
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if _gpu_in_use():
         row[f"{name}_gpu_mib"] = torch.cuda.max_memory_allocated() / 2**20
 
 
@@ -101,5 +106,4 @@ def phase_peaks(rows: list[dict], names: tuple[str, ...]) -> dict:
 def process_peaks() -> dict:
     """A summary's whole-process peaks so far, in MiB (model loading and export included): "peak_rss_mib" and,
     where torch has used a GPU, "peak_gpu_mib"."""
-    gpu = torch.cuda.is_available() and torch.cuda.is_initialized()
-    return {"peak_rss_mib": peak_rss_mib(), **({"peak_gpu_mib": peak_gpu_mib()} if gpu else {})}
+    return {"peak_rss_mib": peak_rss_mib(), **({"peak_gpu_mib": peak_gpu_mib()} if _gpu_in_use() else {})}

@@ -273,6 +273,11 @@ def reward_model_dir(ctx: StageContext) -> Path:
     return path / "student"
 
 
+def prompts_per_iteration(settings) -> int:
+    """Prompts one iteration samples, over all ranks: ppo.rollout_batch_size, or its groups under GRPO."""
+    return settings.rollout_batch_size // (settings.group_size if settings.algorithm == "grpo" else 1)
+
+
 class Rollouts:
     """Iteration `it`'s rollout on this rank: its slice of a seeded global batch of prompts. Asynchronous
     (`ppo.async_rollout`): an actor copy generates iteration it+1 with the weights from before update it, in a thread,
@@ -283,7 +288,7 @@ class Rollouts:
         self.cfg, self.engine, self.prompts, self.amp = cfg, engine, prompts, amp
         self.tokenizer, self.reference_logprobs, self.reward_fn = tokenizer, reference_logprobs, reward_fn
         self.order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
-        self.per_iteration = settings.rollout_batch_size // (settings.group_size if settings.algorithm == "grpo" else 1)
+        self.per_iteration = prompts_per_iteration(settings)
         self.actor = self.stream = self.pool = self.pending = None
         if settings.async_rollout:
             from concurrent.futures import ThreadPoolExecutor
