@@ -173,10 +173,11 @@ def _run(args) -> int:
 
 
 def _stage(args) -> int:
+    from rlaif import scratch
     from rlaif.config import load_config
-    from rlaif.runner import run_stage, stage_scratch
+    from rlaif.runner import run_stage
 
-    with stage_scratch(args.name):
+    with scratch.in_process(args.name):
         run_stage(load_config(args.config, args.overrides), args.name, args.shard_index, args.num_shards)
     return 0
 

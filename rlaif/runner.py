@@ -4,8 +4,6 @@ so re-running after a failure or a kill continues from the first incomplete stag
 before it (label.streaming) runs at the same time as that one, each under its own `rlaif launch`."""
 from __future__ import annotations
 
-import contextlib
-import getpass
 import os
 import signal
 import subprocess
@@ -237,21 +235,3 @@ def check_by_hand(cfg: PipelineConfig, name: str, num_parts: int) -> None:
         other = f", or set {name}.nproc=1" if not gpus and nodes == 1 else ""
         raise UserError(f"stage '{name}' runs as {expected} processes ({why}) and `rlaif stage` by hand is one: start "
                         f"it with `rlaif launch {name}`, which runs them under torchrun{other}")
-
-
-@contextlib.contextmanager
-def stage_scratch(name: str):
-    """A stage process's local scratch (shards before upload, checkpoints, exports, metrics) in one temporary
-    directory that goes when the stage ends, however it ends: a failed or interrupted stage leaves nothing in the
-    machine's temp directory. Process-wide (tempfile's default directory), so for `rlaif stage`, whose process runs
-    one stage, not for stages run in threads of one process. torch.compile's kernel cache, which defaults to the
-    temp directory, stays where it would be."""
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
-                          os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"))
-    with tempfile.TemporaryDirectory(prefix=f"rlaif-{name}-", ignore_cleanup_errors=True) as scratch:
-        previous, tempfile.tempdir = tempfile.tempdir, scratch
-        try:
-            yield
-        finally:
-            tempfile.tempdir = previous
-

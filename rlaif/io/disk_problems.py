@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import errno
 import shutil
-import tempfile
 from pathlib import Path
 
 from rlaif.io import storage
+from rlaif.scratch import machine_temp_dir
 
 DISK_FULL = ("No space left on device", "Disk quota exceeded", "StorageFull")
 READ_ONLY = ("Read-only file system", "ReadOnlyFilesystem")
@@ -78,7 +78,7 @@ def _room_left() -> str:
     serializer, a plain write): which of TMPDIR, the model cache and the working directory (the default storage
     root's) ran out. Places on one filesystem are named together."""
     filesystems: dict[int, tuple[list[str], int]] = {}
-    for name, where in (("TMPDIR", lambda: Path(tempfile.gettempdir())), ("the model cache", storage.cache_dir),
+    for name, where in (("TMPDIR", lambda: Path(machine_temp_dir())), ("the model cache", storage.cache_dir),
                         ("the working directory", Path.cwd)):
         try:  # each can fail too (a removed working directory, no usable TMPDIR): that place is left out
             path = where()

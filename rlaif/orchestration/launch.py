@@ -11,10 +11,10 @@ import shlex
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+from rlaif import scratch
 from rlaif.config import (
     PipelineConfig,
     cache_key_dump,
@@ -239,9 +239,13 @@ def run_locked(cfg: PipelineConfig, stage: Stage, config_url: str, config_hash: 
         if stage.resources.torchrun and "OMP_NUM_THREADS" not in env:  # ranks share this machine's cores
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
         print(f"[{name}] running: {shlex.join(cmd[1:])}", flush=True)  # quoted: pastes into a shell as is
-        with tempfile.NamedTemporaryFile("r", suffix=".err", encoding="utf-8") as errors:
-            code, agent_report = run_relaying_stderr(cmd, dict(env, RLAIF_ERROR_FILE=errors.name))
-            user_errors = list(dict.fromkeys(line.strip() for line in errors if line.strip()))
+        # The processes' TMPDIR is a scratch this launcher removes after them: a rank killed by a signal leaves no
+        # stage scratch, and torchrun no per-run log directory, in the machine's temp directory.
+        with scratch.for_processes(name, env) as env:
+            errors = Path(env["TMPDIR"]) / "user-errors"
+            code, agent_report = run_relaying_stderr(cmd, dict(env, RLAIF_ERROR_FILE=str(errors)))
+            lines = errors.read_text(encoding="utf-8").splitlines() if errors.exists() else []
+            user_errors = list(dict.fromkeys(line.strip() for line in lines if line.strip()))
         if code != 0 and user_errors:  # torchrun reports any rank's failure as exit code 1: keep the user error
             raise UserError(user_errors[0])
         # torchrun exits with 1 however a rank ended: its report says which rank, and how, and the line says it

@@ -1,6 +1,7 @@
 """Airflow's own environment (.venv-airflow): a throwaway AIRFLOW_HOME on SQLite, the DAGs folder pointing at dags/,
 set before Airflow is imported (it reads its configuration at import)."""
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -39,3 +40,8 @@ os.environ.setdefault("RLAIF_BIN", str(REPO / ".venv/bin/rlaif"))
 # The `rlaif launch` children import this checkout's rlaif, whichever checkout RLAIF_BIN's venv has installed.
 os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
 subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, capture_output=True, timeout=600)
+
+
+def pytest_unconfigure(config):
+    """The throwaway AIRFLOW_HOME goes with the session (one per test run was left in the temp directory)."""
+    shutil.rmtree(HOME, ignore_errors=True)

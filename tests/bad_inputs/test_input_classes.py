@@ -504,7 +504,7 @@ def test_a_full_disk_is_one_line_and_leaves_no_partial_files(cli, tmp_path, monk
     monkeypatch.setattr(storage.shutil, "copyfile", full)
     (tmp_path / "tmp").mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
-    # torch's kernel cache belongs in the temp directory and stays (runner.stage_scratch); elsewhere in this test
+    # torch's kernel cache belongs in the temp directory and stays (rlaif/scratch.py); elsewhere in this test
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     line = cli("stage", "generate", "--config", TINY, "--set", f"storage.root=file://{tmp_path}/root",
                needle="No space left on device: free space there")

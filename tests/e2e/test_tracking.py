@@ -2,8 +2,16 @@
 interval, strict JSON metrics, W&B offline, a tracker failing mid-run. The whole pipeline against a live MLflow server
 is tests/e2e/test_pipeline.py's S3 run."""
 import json
+import tempfile
 
 import pytest
+
+
+@pytest.fixture(autouse=True)
+def stage_scratch(tmp_path, monkeypatch):
+    """A tracker keeps its local files in the process temp directory, a stage's scratch (rlaif/scratch.py)."""
+    (tmp_path / "scratch").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "scratch"))
 
 
 def tracker_context(tmp_path, overrides: list[str]):

@@ -1,11 +1,13 @@
 """PPO and GRPO as real processes on the tiny config: the update is the same for 1 and 2 processes and for gradient
 accumulation; kill -9 of a rank, then a re-run, resumes and ends with the weights of an uninterrupted run; GRPO,
 Adafactor and DeepSpeed ZeRO-2 train and export."""
+import getpass
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,8 +20,9 @@ pytestmark = pytest.mark.slow
 
 def torchrun(nproc: int, *args, env=None, timeout=600):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
-    full_env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
-    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=full_env)
+    with tempfile.TemporaryDirectory() as scratch:  # torchrun's run directory goes, as under rlaif's launcher
+        full_env = dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=scratch, **(env or {}))
+        return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=full_env)
 
 
 @pytest.fixture(scope="module")
@@ -117,13 +120,19 @@ def test_kill_minus_nine_of_a_rank_then_resume_matches_uninterrupted(upstream, s
     settings = SETTINGS
 
     crash = copy_run(upstream, tmp_path, "crash")
-    killed = launch_ppo(crash, *settings, env={"RLAIF_FAULT": "ppo:2:1"})
+    machine_tmp = tmp_path / "tmp"  # the machine's temp directory, as the launcher and its processes see it
+    machine_tmp.mkdir()
+    killed = launch_ppo(crash, *settings, env={"RLAIF_FAULT": "ppo:2:1", "TMPDIR": str(machine_tmp)})
     assert killed.returncode != 0
     assert not (crash / "ppo/manifest.json").exists()
     assert json.loads((crash / "ppo/checkpoints/latest.json").read_text())["step"] == 2
-    resumed = launch_ppo(crash, *settings)
+    # the killed rank's scratch (its checkpoint's local copy, metrics) and torchrun's run directory went with it;
+    # torch's kernel cache stays where it would be
+    assert [path.name for path in machine_tmp.iterdir()] in ([], ["torchinductor_" + getpass.getuser()])
+    resumed = launch_ppo(crash, *settings, env={"TMPDIR": str(machine_tmp)})
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from checkpoint step-00000002" in resumed.stdout + resumed.stderr
+    assert [path.name for path in machine_tmp.iterdir()] in ([], ["torchinductor_" + getpass.getuser()])
 
     expected = load_file(str(straight / "ppo/adapter/adapter_model.safetensors"))
     got = load_file(str(crash / "ppo/adapter/adapter_model.safetensors"))

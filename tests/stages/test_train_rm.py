@@ -6,6 +6,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -65,9 +66,11 @@ def train(root: Path, run_id: str, backbone: Path, nproc: int, *extra: str, env=
     # Under torchrun as a multi-node TrainJob's pods run it: their launcher holds the stage's lock (a stage started by
     # hand, RLAIF_CACHE_CHECKED unset, is one process that takes the lock itself).
     launched = {"RLAIF_CACHE_CHECKED": ""} if nproc > 1 else {}
-    proc = subprocess.run([sys.executable, *launcher, *stage], cwd=REPO, capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, OMP_NUM_THREADS="1", **launched, **(env or {})))
-    return proc
+    # The stage's scratch (a killed rank's too) and torchrun's run directory go, as a pod's do with it.
+    with tempfile.TemporaryDirectory() as scratch:
+        return subprocess.run([sys.executable, *launcher, *stage], cwd=REPO, capture_output=True, text=True,
+                              timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=scratch, **launched,
+                                                    **(env or {})))
 
 
 def weights(root: Path, run_id: str) -> dict:
