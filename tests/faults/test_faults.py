@@ -281,9 +281,7 @@ def test_a_rank_that_fails_alone_is_reported_without_its_peers_traceback(tmp_pat
     script.write_text(ONE_RANK_FAILS)
     error_file = tmp_path / "stage.err"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
-    (tmp_path / "tmp").mkdir()  # torchrun's run directory
     code, agent_report = launch.run_relaying_stderr(cmd, dict(os.environ, OMP_NUM_THREADS="1",
-                                                              TMPDIR=str(tmp_path / "tmp"),
                                                               RLAIF_ERROR_FILE=str(error_file)))
     relayed = capfd.readouterr().err
     assert code != 0
