@@ -126,8 +126,7 @@ def launch_together(names: list[str], config_url: str, rerun: set[str] = frozens
         finally:
             _interrupt(list(procs.values()))
         if failed:
-            errors = Path(tmp) / f"{failed}.err"
-            lines = [line.strip() for line in errors.read_text().splitlines()] if errors.exists() else []
+            lines = launch.reported_errors(Path(tmp) / f"{failed}.err")
             if lines and procs[failed].returncode == 2:
                 raise UserError(lines[0])
             raise StageFailed(failed, procs[failed].returncode, lines[0] if lines else None)

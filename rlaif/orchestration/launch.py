@@ -222,6 +222,13 @@ def cache_hit(ctx, report: bool = True) -> dict | None:
     return hit
 
 
+def reported_errors(error_file: Path) -> list[str]:
+    """The user errors a launched stage's processes wrote to their RLAIF_ERROR_FILE, each once, in order (none where
+    no process wrote one)."""
+    lines = error_file.read_text(encoding="utf-8").splitlines() if error_file.exists() else []
+    return list(dict.fromkeys(line.strip() for line in lines if line.strip()))
+
+
 def run_locked(cfg: PipelineConfig, stage: Stage, config_url: str, config_hash: str, rerun: bool = False) -> None:
     """Runs the stage in its own process(es); `rerun`: from the start, not from a checkpoint of this config."""
     name = stage.name
@@ -244,8 +251,7 @@ def run_locked(cfg: PipelineConfig, stage: Stage, config_url: str, config_hash: 
         with scratch.for_processes(name, env) as env:
             errors = Path(env["TMPDIR"]) / "user-errors"
             code, agent_report = run_relaying_stderr(cmd, dict(env, RLAIF_ERROR_FILE=str(errors)))
-            lines = errors.read_text(encoding="utf-8").splitlines() if errors.exists() else []
-            user_errors = list(dict.fromkeys(line.strip() for line in lines if line.strip()))
+            user_errors = reported_errors(errors)
         if code != 0 and user_errors:  # torchrun reports any rank's failure as exit code 1: keep the user error
             raise UserError(user_errors[0])
         # torchrun exits with 1 however a rank ended: its report says which rank, and how, and the line says it
