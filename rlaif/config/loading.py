@@ -263,11 +263,13 @@ def _key_by_content(payload, path: list[str]) -> None:
 
 # Environment variables that change what a stage computes, with their defaults and the stages (config sections) that
 # read them: set to anything else, they key those stages, so a run under them never reuses, or is reused as, a run
-# without them. The sampler: generate, ppo, evaluate, and train_rm's student; packed or padded forwards: the trainers
-# and evaluate.
+# without them. The sampler: generate, ppo, evaluate, and train_rm's student; packed or padded forwards, and the fused
+# CPU kernels or the models' own layers: the trainers and evaluate.
 COMPUTING_SWITCHES = {"RLAIF_DECODER": ("auto", {"generate", "ppo", "evaluate", "train_rm"}),
-                      "RLAIF_PACKING": ("on", {"train_rm", "ppo", "evaluate"})}
-SWITCH_VALUES = {"RLAIF_DECODER": ("auto", "static", "generate"), "RLAIF_PACKING": ("on", "off")}  # default first
+                      "RLAIF_PACKING": ("on", {"train_rm", "ppo", "evaluate"}),
+                      "RLAIF_CPU_KERNELS": ("on", {"train_rm", "ppo", "evaluate"})}
+SWITCH_VALUES = {"RLAIF_DECODER": ("auto", "static", "generate"), "RLAIF_PACKING": ("on", "off"),
+                 "RLAIF_CPU_KERNELS": ("on", "off")}  # default first
 
 
 def switch(name: str) -> str:

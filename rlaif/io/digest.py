@@ -15,14 +15,16 @@ import rlaif
 # keeps the mtime (cp -p, rsync -a) of a file edited in place at the same size would otherwise be a stale hit.
 WHOLE_FILE_LIMIT = 64 * 2**20
 EDGE = 2**20
+SOURCE_SUFFIXES = (".py", ".c")
 
 
 @functools.lru_cache(maxsize=1)
 def code_digest() -> str:
-    """sha256 over the rlaif package's Python source: a code change invalidates cached stage outputs."""
+    """sha256 over the rlaif package's source (Python, and the C of its CPU kernels): a code change invalidates
+    cached stage outputs."""
     root = Path(rlaif.__file__).parent
     h = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
+    for path in sorted(p for p in root.rglob("*") if p.suffix in SOURCE_SUFFIXES):
         h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()
 

@@ -19,10 +19,10 @@ import torch
 import torch.nn.functional as F
 
 from rlaif.models.adapters import unwrapped
+from rlaif.models.cpu_kernels import NORMS, own_class
 from rlaif.models.packing import MODEL_TYPES, PACKED, windowed_attention
 
 ATTENTION = ("sdpa", "eager", PACKED)  # each computes softmax(q k^T * scaling + mask) v, as SDPA does here
-NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"}  # x * rsqrt(mean(x^2) + eps) * weight
 
 
 class Norm(NamedTuple):
@@ -68,7 +68,7 @@ def _linear(module) -> torch.nn.Linear | None:
 
 
 def _norm(module) -> Norm | None:
-    if module is None or type(module).__name__ not in NORMS:
+    if module is None or own_class(module).__name__ not in NORMS:  # the model's class, also under fused kernels
         return None
     return Norm(module.weight, module.variance_epsilon)
 

@@ -10,6 +10,7 @@ import torch.nn as nn
 
 from rlaif.algo.logprobs import chosen_logprobs
 from rlaif.models.adapters import stores_weights_transposed
+from rlaif.models.cpu_kernels import fuse
 from rlaif.models.generation import backbone_and_head, response_logprobs
 from rlaif.models.loading import load_policy
 from rlaif.models.packing import enable_packing
@@ -48,6 +49,7 @@ def build_policy(cfg, device):
     settings = cfg.ppo
     tokenizer, lm = load_policy(cfg.policy)
     enable_packing(lm)  # forwards over real tokens only, where the architecture allows (the reference copy too)
+    fuse(lm, device)  # fused element-wise kernels on CPUs (the reference copy too)
     torch.manual_seed(cfg.seed)  # the same adapter and value-head initialisation whether or not the policy was cached
     needs_reference, reference_logprobs = settings.kl_coef > 0 or settings.adaptive_kl_target is not None, None
     if settings.lora_rank > 0:

@@ -9,6 +9,7 @@ import torch
 
 from rlaif.errors import UserError
 from rlaif.models.adapters import stores_weights_transposed
+from rlaif.models.cpu_kernels import fuse
 from rlaif.models.loading import check_match, float32_weights, load_tokenizer, refused_if_unloadable
 from rlaif.models.packing import enable_packing, packed_scores
 
@@ -84,6 +85,7 @@ class NormalisedScorer:
         self.tokenizer, self.model = load_reward_model(path)
         self.model.to(device).eval().requires_grad_(False)
         enable_packing(self.model)  # scores from forwards over the real tokens only, where the architecture allows
+        fuse(self.model, device)  # fused element-wise kernels on CPUs
         stats = json.loads((path / "reward_stats.json").read_text())
         self.mean, self.std, self.max_length = stats["mean"], max(stats["std"], 1e-6), stats["max_length"]
         self.device, self.token_ids = device, False

@@ -273,7 +273,7 @@ def _check_variables_unique(secrets: tuple[SecretEnv, ...], env: dict[str, str])
 
 
 # Set by rlaif's launchers for the processes they start (and the test suite's fault switch); the documented switches
-# (RLAIF_DECODER, RLAIF_PACKING, RLAIF_CACHE, RLAIF_BIN, ...) stay the user's.
+# (RLAIF_DECODER, RLAIF_PACKING, RLAIF_CPU_KERNELS, RLAIF_CACHE, RLAIF_BIN, ...) stay the user's.
 INTERNAL_VARIABLES = ("RLAIF_CLUSTER_JSON", "RLAIF_POD_SIZED_FOR_JUDGE", "RLAIF_LOCK_OWNER", "RLAIF_CACHE_CHECKED",
                       "RLAIF_LAUNCHED_CONFIG", "RLAIF_ERROR_FILE", "RLAIF_FRESH_START", "RLAIF_FAULT",
                       "RLAIF_MACHINE_TMPDIR")

@@ -35,6 +35,7 @@ from rlaif.io.shards import read_samples, shuffled, shuffled_stream
 from rlaif.judges.reference import CLEAR_MARGIN as CLEAR
 from rlaif.judges.reference import grader as reference_grader
 from rlaif.models import card
+from rlaif.models.cpu_kernels import fuse
 from rlaif.models.distill import distill_student, save_student
 from rlaif.models.files import save_model, save_tokenizer
 from rlaif.models.loading import check_backbone_fits, resolve
@@ -127,6 +128,7 @@ def run(ctx: StageContext) -> dict:
     check_backbone_fits(settings, backbone)
     tokenizer, model = load_reward_model(backbone, settings.lora_rank, settings.lora_alpha)
     model.to(device).train()
+    fuse(model, device)  # fused element-wise kernels for Llama-family backbones on CPUs
     engine = Engine(model, strategy=settings.strategy, zero_stage=settings.zero_stage, optimizer=settings.optimizer,
                     lr=settings.lr, weight_decay=settings.weight_decay, grad_clip=settings.grad_clip,
                     accum_steps=settings.grad_accum_steps, micro_batch=micro_local,

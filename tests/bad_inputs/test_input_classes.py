@@ -431,7 +431,7 @@ def test_a_killed_tiny_policy_build_leaves_no_debris(tmp_path, monkeypatch):
     assert sorted(path.name for path in models.iterdir() if path.is_dir()) == [target.name]
 
 
-@pytest.mark.parametrize("variable", ["RLAIF_PACKING", "RLAIF_DECODER"])
+@pytest.mark.parametrize("variable", ["RLAIF_PACKING", "RLAIF_DECODER", "RLAIF_CPU_KERNELS"])
 def test_switch_variables_checked_before_the_first_stage(cli, tmp_path, root, monkeypatch, variable):
     """Read only by later stages (RLAIF_PACKING: the trainers): a misspelt value stops the run before generate."""
     monkeypatch.setenv(variable, "bogus")

@@ -70,7 +70,12 @@ def test_code_digest_follows_the_source(tmp_path, monkeypatch):
     assert digest.code_digest() == first
     (package / "algo" / "ppo.py").write_text((package / "algo" / "ppo.py").read_text() + "\n# edited\n")
     digest.code_digest.cache_clear()
-    assert digest.code_digest() != first
+    second = digest.code_digest()
+    assert second != first
+    kernels = package / "models" / "cpu_kernels.c"  # the C the stages compile and run is source too
+    kernels.write_text(kernels.read_text() + "\n/* edited */\n")
+    digest.code_digest.cache_clear()
+    assert digest.code_digest() not in (first, second)
     digest.code_digest.cache_clear()
 
 
@@ -144,6 +149,9 @@ def test_computing_switches_in_the_environment_are_keyed(monkeypatch):
                                                                                 "evaluate"}
     monkeypatch.delenv("RLAIF_DECODER")
     monkeypatch.setenv("RLAIF_PACKING", "off")  # padded forwards: the stages that pack
+    assert {name for name, key in stage_keys().items() if key != base[name]} == {"train_rm", "ppo", "evaluate"}
+    monkeypatch.delenv("RLAIF_PACKING")
+    monkeypatch.setenv("RLAIF_CPU_KERNELS", "off")  # the models' own layers: the stages that fuse them
     assert {name for name, key in stage_keys().items() if key != base[name]} == {"train_rm", "ppo", "evaluate"}
 
 
