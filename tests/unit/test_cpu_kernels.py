@@ -61,34 +61,49 @@ def test_swiglu_matches_eager():
         assert_close(got, want)
 
 
-def test_rotary_matches_eager_in_attention_layout():
+@pytest.mark.parametrize("cos_rows", [2, 1])  # one cos row per token, or one per position shared by the batch
+def test_rotary_is_transformers_rotary_to_the_bit(cos_rows):
     """q as attention makes it: [batch, seq, heads, d] projections viewed as [batch, heads, seq, d]."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    original = getattr(apply_rotary_pos_emb, "__wrapped__", apply_rotary_pos_emb)
     torch.manual_seed(0)
-    q = torch.randn(2, 11, 3, 10).transpose(1, 2)
-    cos, sin = torch.randn(2, 11, 10), torch.randn(2, 11, 10)
+    q, k = torch.randn(2, 11, 3, 10).transpose(1, 2), torch.randn(2, 11, 3, 10).transpose(1, 2)
+    cos, sin = torch.randn(cos_rows, 11, 10), torch.randn(cos_rows, 11, 10)
     upstream = torch.randn(2, 3, 11, 10)
     fused, (fused_grad,) = grads(lambda a: cpu_kernels._Rotary.apply(a, cos, sin), [q.requires_grad_()], upstream)
-    plain, (plain_grad,) = grads(lambda a: eager_rotary(a, cos, sin), [q], upstream)
+    plain, (plain_grad,) = grads(lambda a: original(a, k, cos, sin)[0], [q], upstream)
     assert fused.stride() == q.stride()  # the layout attention expects back
-    assert_close(fused, plain)
-    assert_close(fused_grad, plain_grad)
+    assert torch.equal(fused, plain) and torch.equal(fused_grad, plain_grad)
+
+
+def kernel_outputs(threads: int, x, weight, gate, up, upstream_norm, upstream_mlp):
+    """RMSNorm's and SwiGLU's outputs and gradients under `threads` threads."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        norm = grads(lambda a, w: cpu_kernels._RMSNorm.apply(a, w, 1e-6),
+                     [x.requires_grad_(), weight.requires_grad_()], upstream_norm)
+        swiglu = grads(cpu_kernels._SwiGLU.apply, [gate.requires_grad_(), up.requires_grad_()], upstream_mlp)
+    finally:
+        torch.set_num_threads(before)
+    return [norm[0], *norm[1], swiglu[0], *swiglu[1]]
 
 
 def test_same_bits_whatever_the_threads_and_wherever_a_row_sits():
-    """Sums run in a fixed order: one thread or two, and a row alone or in a batch, give identical results."""
+    """Sums in a fixed order and one exp for every element: one thread or two, and a row alone or in a batch (at any
+    offset from a vector boundary), give identical results."""
     torch.manual_seed(0)
-    x, weight, upstream = torch.randn(70, 200), torch.randn(200), torch.randn(70, 200)
-    threads = torch.get_num_threads()
-    results = []
-    for count in (1, 2):
-        torch.set_num_threads(count)
-        results.append(grads(lambda a, w: cpu_kernels._RMSNorm.apply(a, w, 1e-6),
-                             [x.requires_grad_(), weight.requires_grad_()], upstream))
-    torch.set_num_threads(threads)
-    (out_1, grads_1), (out_2, grads_2) = results
-    assert torch.equal(out_1, out_2) and all(torch.equal(a, b) for a, b in zip(grads_1, grads_2))
-    alone = cpu_kernels._RMSNorm.apply(x[5:6].detach().clone(), weight.detach(), 1e-6)
-    assert torch.equal(alone[0], out_1[5])
+    x, weight, upstream_norm = torch.randn(70, 200), torch.randn(200), torch.randn(70, 200)
+    gate, up, upstream_mlp = torch.randn(37, 77) * 4, torch.randn(37, 77), torch.randn(37, 77)
+    one, two = (kernel_outputs(threads, x, weight, gate, up, upstream_norm, upstream_mlp) for threads in (1, 2))
+    assert all(torch.equal(a, b) for a, b in zip(one, two))
+    row = 5
+    alone = kernel_outputs(1, x[row:row + 1].detach().clone(), weight.detach(), gate[row:row + 1].detach().clone(),
+                           up[row:row + 1].detach().clone(), upstream_norm[row:row + 1], upstream_mlp[row:row + 1])
+    norm_out, norm_dx, _, mlp_out, mlp_dgate, mlp_dup = one
+    for batched, single in zip((norm_out, norm_dx, mlp_out, mlp_dgate, mlp_dup), (alone[0], alone[1], *alone[3:])):
+        assert torch.equal(batched[row], single[0])
 
 
 def tiny(model_type: str):
@@ -156,3 +171,15 @@ def test_without_the_kernels_models_run_their_own_layers(tmp_path, setting, need
     assert "switched 0 0" in done.stdout
     assert done.stderr.count("fused CPU kernels unavailable") == (1 if needle else 0), done.stderr
     assert not list(tmp_path.rglob("*.so*"))  # nothing half-built left
+
+
+def test_a_cache_folder_that_cannot_be_written_falls_back_to_the_temp_directory(tmp_path):
+    """A pod whose home (torch's default cache) is read-only still gets the kernels, built under its temp dir."""
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(blocked / "below"), "TMPDIR": str(tmp_path / "tmp")}
+    (tmp_path / "tmp").mkdir()
+    script = "from rlaif.models.cpu_kernels import library; print('built', library() is not None)"
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "built True" in done.stdout, done.stderr
+    assert len(list((tmp_path / "tmp").glob("rlaif_cpu_kernels_*/*.so"))) == 1
