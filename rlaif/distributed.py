@@ -1,6 +1,7 @@
 """Process-group setup and rank helpers, nanoGPT style: the same stage script runs with and without torchrun."""
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import time
@@ -106,7 +107,14 @@ def all_reduce_mean(values: dict[str, float]) -> dict[str, float]:
 
 
 def teardown() -> None:
+    """Leave the group with no collective in flight. A gloo worker thread that finishes a collective frees its
+    tensors, which needs the GIL; if that happens while the interpreter is shutting down the thread is cancelled
+    inside a C++ destructor and the rank aborts (SIGABRT, "terminate called without an active exception") after its
+    work is done. So: collect the engines that hold unfinished handles (DeepSpeed's are in reference cycles), then a
+    barrier, which gloo runs only after every earlier collective of the group has completed."""
     if dist.is_initialized():
+        gc.collect()
+        dist.barrier()
         dist.destroy_process_group()
 
 

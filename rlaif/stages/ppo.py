@@ -388,7 +388,6 @@ def run(ctx: StageContext) -> dict:
     with engine.full_parameters():  # ZeRO-3: every rank takes part in gathering the weights
         if rank == 0:
             result = export(ctx, engine.model, tokenizer, rows, metrics)
-    dist.barrier()
     dist.teardown()
     return result
 

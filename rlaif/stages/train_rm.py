@@ -150,7 +150,6 @@ def run(ctx: StageContext) -> dict:
         result = publish(ctx, export_root / "model", metrics, summary) if rank == 0 else None
     finally:
         shutil.rmtree(export_root, ignore_errors=True)
-    dist.barrier()
     dist.teardown()
     return result
 

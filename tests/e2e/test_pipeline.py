@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from process_output import failure
 
 from rlaif.config import load_config
 from rlaif.graph import STAGES
@@ -112,7 +113,7 @@ def test_file_storage_run_then_cache_hits(tmp_path):
     report = tmp_path / "runs/tiny/evaluate/report.html"
     report.unlink()  # a view of evaluate's files, not in its manifest: a cache hit printed a path to nothing
     second = rlaif("run", "--config", "configs/tiny.yaml", "--storage-root", root, timeout=300)
-    assert second.returncode == 0, second.stderr[-3000:]
+    assert second.returncode == 0, failure(second)
     assert "running" not in second.stdout
     assert second.stdout.count("cache hit") == len(STAGES)
     assert f"report: {report.as_uri()}" in second.stdout and report.read_text().startswith("<!doctype html>")
@@ -124,25 +125,25 @@ def test_file_storage_run_then_cache_hits(tmp_path):
     size = shard.stat().st_size
     os.truncate(shard, size // 2)
     healed = rlaif("run", "--config", "configs/tiny.yaml", "--storage-root", root, timeout=600)
-    assert healed.returncode == 0, healed.stderr[-3000:]
+    assert healed.returncode == 0, failure(healed)
     assert (f"[generate] its output for this config is damaged ({shard.name} has {size // 2} bytes where its "
             f"manifest says {size}): running it again") in healed.stdout and "[generate] running" in healed.stdout
     listed = json.loads((tmp_path / "runs/tiny/generate/manifest.json").read_text())["shards"]
     assert shard.stat().st_size == next(s["bytes"] for s in listed if s["url"] == shard.name)
     forced = rlaif("run", "--config", "configs/tiny.yaml", "--storage-root", root, "--rerun", "label", timeout=600)
-    assert forced.returncode == 0 and "[label] running" in forced.stdout, forced.stderr[-3000:]
+    assert forced.returncode == 0 and "[label] running" in forced.stdout, failure(forced)
     assert "[generate] cache hit" in forced.stdout
 
     # A changed PPO setting re-runs ppo and evaluate only.
     # (checkpoint_every is not part of the key: a checkpoint per iteration, for the --rerun below)
     third = rlaif("run", "--config", "configs/tiny.yaml", "--storage-root", root, "--set", "ppo.lr=2e-3",
                   "--set", "ppo.checkpoint_every=1", timeout=600)
-    assert third.returncode == 0, third.stderr[-3000:]
+    assert third.returncode == 0, failure(third)
     assert [s.name for s in STAGES if f"[{s.name}] running" in third.stdout] == ["ppo", "evaluate"]
     # --rerun runs the stage again from its start, not from its last checkpoint; the same output leaves evaluate cached
     again = rlaif("run", "--config", "configs/tiny.yaml", "--storage-root", root, "--set", "ppo.lr=2e-3",
                   "--rerun", "ppo", timeout=600)
-    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.returncode == 0, failure(again)
     assert "[ppo] starting afresh: removing the previous output (" in again.stdout
     assert "resumed from checkpoint" not in again.stdout and "[evaluate] cache hit" in again.stdout
     # The rebuilt report of a run made this way has no notes: the report's recomputed cache keys are the stages' own

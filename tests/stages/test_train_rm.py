@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from process_output import failure
 from safetensors.torch import load_file
 
 from rlaif.io import manifest, storage
@@ -86,7 +87,7 @@ def reference_runs(tmp_path_factory, backbone):
     root = tmp_path_factory.mktemp("rm-runs")
     for run_id, nproc in (("one", 1), ("two", 2)):
         proc = train(root, run_id, backbone, nproc)
-        assert proc.returncode == 0, proc.stderr[-4000:]
+        assert proc.returncode == 0, failure(proc)
     return root
 
 
@@ -114,7 +115,7 @@ def test_kill_minus_nine_of_a_rank_then_resume_matches_uninterrupted(reference_r
     marker = json.loads((reference_runs / "crash/train_rm/checkpoints/latest.json").read_text())
     assert marker["step"] == 15
     resumed = train(reference_runs, "crash", backbone, 2)
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert resumed.returncode == 0, failure(resumed)
     assert "resumed from checkpoint step-00000015" in resumed.stdout + resumed.stderr
     expected, got = weights(reference_runs, "two"), weights(reference_runs, "crash")
     for name in expected:
@@ -123,7 +124,7 @@ def test_kill_minus_nine_of_a_rank_then_resume_matches_uninterrupted(reference_r
 
 def test_shard_split_mode_trains(reference_runs, backbone):
     proc = train(reference_runs, "shards", backbone, 2, "train_rm.data_split=shard", "train_rm.data_workers=1")
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.returncode == 0, failure(proc)
     assert summary(reference_runs, "shards")["held_out_accuracy"] >= 0.9
 
 
@@ -134,7 +135,7 @@ def test_deepspeed_zero2_with_accumulation_trains_as_ddp_and_exports_a_loadable_
     # (a KeyError inside ZeRO-2's step, probe 45). The same global batches as the DDP run "two".
     proc = train(reference_runs, "zero2", backbone, 2, "train_rm.strategy=deepspeed", "train_rm.zero_stage=2",
                  "train_rm.grad_accum_steps=2", env={"DS_ACCELERATOR": "cpu"})
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.returncode == 0, failure(proc)
     from transformers import AutoModelForSequenceClassification
 
     model = AutoModelForSequenceClassification.from_pretrained(str(reference_runs / "zero2/train_rm/model"))
@@ -147,7 +148,7 @@ def test_deepspeed_zero2_with_accumulation_trains_as_ddp_and_exports_a_loadable_
 
 def test_gradient_accumulation_matches_one_big_batch(reference_runs, backbone):
     proc = train(reference_runs, "accum", backbone, 1, "train_rm.grad_accum_steps=2")
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.returncode == 0, failure(proc)
     expected, got = weights(reference_runs, "one"), weights(reference_runs, "accum")
     for name in expected:
         torch.testing.assert_close(got[name], expected[name], atol=5e-5, rtol=1e-3, msg=name)
@@ -155,7 +156,7 @@ def test_gradient_accumulation_matches_one_big_batch(reference_runs, backbone):
 
 def test_lora_trains_and_exports_a_merged_model(reference_runs, backbone):
     proc = train(reference_runs, "lora", backbone, 1, "train_rm.lora_rank=4", "train_rm.lr=5e-3")
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.returncode == 0, failure(proc)
     got, init = weights(reference_runs, "lora"), load_file(str(backbone / "model.safetensors"))
     assert not any("lora" in k for k in got)  # merged into plain weights
     assert max((got[k] - init[k]).abs().max().item() for k in init if k in got and "encoder" in k) > 1e-4
@@ -165,7 +166,7 @@ def test_lora_trains_and_exports_a_merged_model(reference_runs, backbone):
 def test_deepspeed_zero3_on_cpu_gathers_weights_for_export(reference_runs, backbone):
     proc = train(reference_runs, "zero3", backbone, 2, "train_rm.strategy=deepspeed", "train_rm.zero_stage=3",
                  "train_rm.epochs=1", env={"DS_ACCELERATOR": "cpu"})
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.returncode == 0, failure(proc)
     got, init = weights(reference_runs, "zero3"), load_file(str(backbone / "model.safetensors"))
     assert all(got[k].shape == init[k].shape for k in init if k in got)  # whole tensors, not ZeRO-3 partitions
     assert summary(reference_runs, "zero3")["held_out_accuracy"] >= 0.8
@@ -174,7 +175,7 @@ def test_deepspeed_zero3_on_cpu_gathers_weights_for_export(reference_runs, backb
 def test_adafactor_trains_and_a_killed_run_resumes_to_its_weights(tmp_path, backbone):
     settings = ("train_rm.optimizer=adafactor", "train_rm.epochs=1")
     straight = train(tmp_path, "adafactor", backbone, 1, *settings)
-    assert straight.returncode == 0, straight.stderr[-4000:]
+    assert straight.returncode == 0, failure(straight)
     assert summary(tmp_path, "adafactor")["held_out_accuracy"] >= 0.8
     checkpoints = tmp_path / "adafactor/train_rm/checkpoints"
     name = json.loads((checkpoints / "latest.json").read_text())["name"]
@@ -184,7 +185,7 @@ def test_adafactor_trains_and_a_killed_run_resumes_to_its_weights(tmp_path, back
     crashed = train(tmp_path, "adafactor-crash", backbone, 1, *settings, env={"RLAIF_FAULT": "train_rm:10:0"})
     assert crashed.returncode != 0 and not (tmp_path / "adafactor-crash/train_rm/manifest.json").exists()
     resumed = train(tmp_path, "adafactor-crash", backbone, 1, *settings)
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert resumed.returncode == 0, failure(resumed)
     assert "resumed from checkpoint step-00000010" in resumed.stdout + resumed.stderr
     expected, got = weights(tmp_path, "adafactor"), weights(tmp_path, "adafactor-crash")
     for name in expected:
@@ -200,7 +201,7 @@ def test_a_distilled_student_is_exported_with_its_agreement(tmp_path, backbone):
              "train_rm.student.batch_size=16", "train_rm.student.epochs=3", "train_rm.student.lr=1e-3",
              "train_rm.checkpoint_every=0")
     proc = train(tmp_path, "student", backbone, 2, *extra)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.returncode == 0, failure(proc)
     student = summary(tmp_path, "student")["student"]
     assert student["layers"] == 1 and student["policy_samples"] == 48 and student["train_items"] > 300
     assert student["parameters"] < student["teacher_parameters"]
@@ -228,7 +229,7 @@ def test_a_damaged_checkpoint_gives_way_to_the_one_before_it(reference_runs, bac
         f.seek(engine.stat().st_size // 2)
         f.write(b"\x7f" * 8)
     resumed = train(reference_runs, "damaged", backbone, 2)  # both ranks take the same checkpoint
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert resumed.returncode == 0, failure(resumed)
     assert ("resumed from checkpoint step-00000010 (step 10), as step-00000015 is damaged (engine.pt does not match "
             "the checksum it was saved with)") in resumed.stdout
     marker = json.loads((checkpoints / "latest.json").read_text())
