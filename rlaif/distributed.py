@@ -110,8 +110,9 @@ def teardown() -> None:
     """Leave the group with no collective in flight. A gloo worker thread that finishes a collective frees its
     tensors, which needs the GIL; if that happens while the interpreter is shutting down the thread is cancelled
     inside a C++ destructor and the rank aborts (SIGABRT, "terminate called without an active exception") after its
-    work is done. So: collect the engines that hold unfinished handles (DeepSpeed's are in reference cycles), then a
-    barrier, which gloo runs only after every earlier collective of the group has completed."""
+    work is done; the group can outlive destroy_process_group when something else holds it, as DeepSpeed's engines
+    do. So: collect garbage (objects in reference cycles that hold unfinished handles go while Python can free them),
+    then a barrier, which gloo runs only after every earlier collective of the group has completed."""
     if dist.is_initialized():
         gc.collect()
         dist.barrier()

@@ -291,7 +291,6 @@ def test_a_rank_that_fails_alone_is_reported_without_its_peers_traceback(tmp_pat
     assert b"ChildFailedError" in agent_report  # torchrun's own report is held back for the launcher to drop
 
 
-
 LATE_COLLECTIVE = """
 import time
 import torch
